@@ -1,0 +1,350 @@
+"""Parse Unix manual pages (man(7) and mdoc(7) roff sources) into small summary dicts."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import re
+import unicodedata
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class ManPageError(ValueError):
+    """Raised when data is not a recognisable manual page."""
+
+
+_UNPACKERS: tuple[tuple[bytes, Callable[[bytes], bytes]], ...] = (
+    (b"\x1f\x8b", gzip.decompress), (b"BZh", bz2.decompress), (b"\xfd7zXZ\x00", lzma.decompress))
+_CHARS = dict(zip(
+    "em en hy mi - aq dq lq rq oq cq bu co rg tm de ga aa ti ha rs sl ba bv or ul ru ss mu di +- -> <- >= <= != "
+    "== Fo Fc fo fc ua da dg dd ps sc ct Eu eu Po Ye if pl eq ap at sh Do lB rB lC rC la ra ae AE oe OE "
+    "12 14 34 r! r? pc md ts .i sq".split(),
+    "— – - - - ' \" “ ” ‘ ’ • © ® ™ ° ` ´ ~ ^ \\ / | | | _ _ ß × ÷ ± → ← ≥ ≤ ≠ "
+    "≡ « » ‹ › ↑ ↓ † ‡ ¶ § ¢ € € £ ¥ ∞ + = ~ @ # $ [ ] { } ⟨ ⟩ æ Æ œ Œ "
+    "½ ¼ ¾ ¡ ¿ · ⋅ ς ı □".split(" ")))
+_GREEK = dict(zip("abgdezyhiklmncoprstufxqw", "αβγδεζηθικλμνξοπρστυφχψω"))
+_ACCENTS = {"'": "\u0301", "`": "\u0300", "^": "\u0302", ":": "\u0308", '"': "\u030b",
+            "~": "\u0303", ",": "\u0327", "o": "\u030a", "v": "\u030c", "/": "\u0338"}
+_STRINGS = {"R": "®", "Tm": "™", "lq": "“", "rq": "”", "Ba": "|", "Le": "≤", "Ge": "≥", "Lt": "<",
+            "Gt": ">", "Pm": "±", "If": "∞", "Na": "NaN", "Pi": "π", "Am": "&", "Ne": "≠", "Lq": "“",
+            "Rq": "”", "q": '"', "Ux": "UNIX", "Ua": "↑", "Ye": "¥"}
+_SIMPLE = {"\\": "\\", "e": "\\", "E": "\\", "-": "-", " ": " ", "~": " ", "0": " ", "'": "'", "`": "`",
+           "t": " ", ".": ".", "_": "_"}
+_DROPPED = set("&|^),/:%cadruprz{}!?*\"#\n")
+_ESCAPE = re.compile(r"""\\(?:
+      (?P<chr>\((?P<c2>..)|\[(?P<cb>[^\]]*)\])
+    | (?P<skip>(?:[fFgkmMVY$]|n[-+]?)(?:\[[^\]]*\]|\(..|.)
+        | s(?:[-+]?\(\d\d|[-+]?\[[^\]]*\]|[-+]?'[^']*'|[-+]\d|[1-3]\d|\d))
+    | (?P<dl>[hvwlLDbxRSHXoZNCAB])(?P<q>.)(?P<arg>.*?)(?P=q)
+    | (?P<one>.)
+)""", re.X | re.S)
+_STRING_REF = re.compile(r"(?<!\\)((?:\\\\)*)\\\*(?:\[([^\]\s]*)[^\]]*\]|\((..)|(.))")
+_COMMENT = re.compile(r'(?<!\\)((?:\\\\)*)\\["#].*', re.S)
+_ARG = re.compile(r'"((?:[^"]|"")*)"?|((?:\\.|[^\s\\])+)', re.S)
+_REQUEST = re.compile(r"[.'][ \t]*(\\[{}]|[^\s\\]*)[ \t]*(.*)", re.S)
+_SEPARATOR = re.compile(r"(?:^|\s)(?:-{1,2}|[—–])(?:\s+|$)")
+_PUNCT = re.compile(r"[.,:;)\]?!]+")
+_NAME_HEADINGS = {"NAME", "NAMES", "NAME(S)"}
+_PARAGRAPH = {"PP", "LP", "P", "IP", "TP", "TQ", "HP", "SS", "sp", "RS", "INDENT"}
+_FONT_MACROS = {"B", "I", "SM", "SB", "BR", "BI", "IB", "IR", "RB", "RI", "Nm"}
+_MDOC_TEXT = {"Nd", "Xr", "Fl", "Dq", "Ql", "Sq", "Pq", "Em", "Ar", "Pa", "Li", "Cm", "Ic", "Sy"}
+_MDOC_PAIRS = {"Dq": "“”", "Qq": '""', "Sq": "‘’", "Pq": "()", "Aq": "<>", "Bq": "[]", "Brq": "{}",
+               "Op": "[]", "Ql": "''"}
+_MDOC_PUNCT = {"Do": "“", "Qo": '"', "So": "‘", "Po": "(", "Ao": "<", "Bo": "[", "Bro": "{", "Oo": "[",
+               "Dc": "”", "Qc": '"', "Sc": "’", "Pc": ")", "Ac": ">", "Bc": "]", "Brc": "}", "Oc": "]"}
+_MDOC_OS = {"Ux": "UNIX", "Bx": "BSD", "Ox": "OpenBSD", "Nx": "NetBSD", "Fx": "FreeBSD", "Dx": "DragonFly",
+            "Bsx": "BSD/OS", "At": "AT&T UNIX"}
+_MDOC_CALLABLE = set("Ad An Ar Cd Cm Dv Em Er Ev Fa Fn Ft Ic Li Lk Ms Mt Nm No Pa Sx Sy Tn Va Vt Ot St "
+                     "Ex Rv Eo Ec Es En Fl Xr".split()) | set(_MDOC_PAIRS) | set(_MDOC_PUNCT) | set(_MDOC_OS)
+
+
+def decode_source(data: bytes) -> str:
+    """Decompress gzip/bzip2/xz data when needed and decode it as UTF-8 (latin-1 fallback)."""
+    for magic, unpack in _UNPACKERS:
+        if data.startswith(magic):
+            try:
+                data = unpack(data)
+            except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+                raise ManPageError(f"corrupt compressed data: {exc}") from exc
+            break
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    return text.removeprefix("\ufeff")
+
+
+def _special(name: str) -> str:
+    """Render a special character name such as ``em``, ``'e``, ``*a``, ``u00E9`` or ``char65``."""
+    if name in _CHARS:
+        return _CHARS[name]
+    if len(name) == 2 and name[0] == "*" and name[1].lower() in _GREEK:
+        greek = _GREEK[name[1].lower()]
+        return greek.upper() if name[1].isupper() else greek
+    if len(name) == 2 and name[0] in _ACCENTS and name[1].isalpha():
+        return unicodedata.normalize("NFC", name[1] + _ACCENTS[name[0]])
+    if re.fullmatch(r"u[0-9A-Fa-f]{4,6}(_[0-9A-Fa-f]{4,6})*", name):
+        codes = [int(part, 16) for part in name[1:].split("_")]
+        return unicodedata.normalize("NFC", "".join(map(chr, codes))) if max(codes) < 0x110000 else ""
+    return chr(int(name[4:])) if re.fullmatch(r"char\d{1,5}", name) and int(name[4:]) < 0x110000 else ""
+
+
+def _plain(text: str) -> str:
+    """Replace roff escapes (fonts, sizes, special characters...) with plain characters."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match["chr"]:
+            return _special(match["c2"] or match["cb"] or "")
+        if match["skip"]:
+            return ""
+        if match["dl"]:
+            kind, arg = match["dl"], match["arg"]
+            if kind == "N" and arg.isdigit() and int(arg) < 0x110000:
+                return chr(int(arg))
+            return _special(arg) if kind == "C" else _plain(arg) if kind in "oZ" else ""
+        return _SIMPLE.get(match["one"], "" if match["one"] in _DROPPED else match["one"])
+
+    return _ESCAPE.sub(replace, text)
+
+
+def _split_args(text: str) -> list[tuple[str, bool]]:
+    """Split a request's argument string into ``(argument, was_quoted)`` pairs."""
+    return [(m[1].replace('""', '"'), True) if m[1] is not None else (m[2], False)
+            for m in _ARG.finditer(text)]
+
+
+def _condition(cond: str) -> bool | None:
+    """Evaluate nroff conditions we can know (``n``, ``t``, groff check); ``None`` when unknown."""
+    base = cond.removeprefix("!")
+    value = {"n": True, "t": False, "\\n(.g": True, "\\n[.g]": True}.get(base)
+    return None if value is None else value != (base != cond)
+
+
+def _mdoc_inline(args: list[tuple[str, bool]]) -> str:
+    """Render mdoc macro arguments (``Fl``, ``Xr``, ``Dq``, ``Ns``...) as plain text."""
+    out, closers, tail, glue, i = "", [], "", False, 0
+    while args and not args[-1][1] and _PUNCT.fullmatch(args[-1][0]):
+        tail = args.pop()[0] + tail
+    while i < len(args):
+        (tok, quoted), i = args[i], i + 1
+        macro = "" if quoted else tok
+        if macro in _MDOC_PAIRS:
+            out, glue = out + (" " if out and not glue else "") + _MDOC_PAIRS[macro][0], True
+            closers.append(_MDOC_PAIRS[macro][1])
+            continue
+        if macro in ("Ns", "Pf", "Ap") or macro in _MDOC_PUNCT:
+            out += "'" if macro == "Ap" else _MDOC_PUNCT.get(macro, "")
+            glue = macro in ("Ns", "Pf", "Ap") or _MDOC_PUNCT.get(macro, "") in "“\"‘(<[{"
+            continue
+        word = _MDOC_OS.get(macro) or _plain(tok)
+        if macro == "Fl":
+            nxt = args[i][0] if i < len(args) and args[i][0] not in _MDOC_CALLABLE else ""
+            word, i = "-" + _plain(nxt), i + bool(nxt)
+        elif macro == "Xr" and i + 1 < len(args):
+            word, i = f"{_plain(args[i][0])}({_plain(args[i + 1][0])})", i + 2
+        elif macro in _MDOC_CALLABLE and macro not in _MDOC_OS:
+            continue
+        elif not quoted and _PUNCT.fullmatch(word):
+            out, glue = out + word, False
+            continue
+        out, glue = out + (" " if out and not glue else "") + word, word in ("(", "[")
+    return out + "".join(reversed(closers)) + tail
+
+
+@dataclass
+class _Section:
+    """Collected content of one ``.SH``/``.Sh`` section."""
+
+    heading: str
+    lines: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    description: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Parser:
+    """Single-pass line state machine over a roff document."""
+
+    fmt: str = ""
+    title: str = ""
+    section: str = ""
+    redirect: str | None = None
+    sections: list[_Section] = field(default_factory=list)
+    strings: dict[str, str] = field(default_factory=dict)
+    skip_until: str | None = None
+    depth: int = 0
+    block_truth: bool | None = None
+    last_ie: bool | None = None
+    pending_heading: bool = False
+
+    def interpolate(self, line: str) -> str:
+        """Expand ``\\*x``, ``\\*(xx`` and ``\\*[name]`` string references."""
+        def value(m: re.Match[str]) -> str:
+            name = m[2] if m[2] is not None else m[3] or m[4]
+            return m[1] + self.strings.get(name, _STRINGS.get(name, ""))
+
+        for _ in range(4):
+            line, count = _STRING_REF.subn(value, line)
+            if not count:
+                break
+        return line
+
+    def feed(self, line: str) -> None:
+        """Process one logical source line."""
+        match = _REQUEST.fullmatch(line)
+        if self.skip_until is not None:
+            if match and match[1] == self.skip_until:
+                self.skip_until = None
+            return
+        if self.depth > 0:
+            self.depth = max(0, self.depth + line.count("\\{") - line.count("\\}"))
+            self.conditional(line.replace("\\}", ""), self.block_truth)
+        else:
+            self.execute(line)
+
+    def execute(self, line: str) -> None:
+        """Interpolate strings in a line and dispatch it as a request or as text."""
+        line = self.interpolate(line)
+        match = _REQUEST.fullmatch(line)
+        if match is None:
+            self.text(_plain(line))
+        else:
+            self.request(match[1], match[2])
+
+    def conditional(self, body: str, truth: bool | None) -> None:
+        """Run a conditional body: fully when true, only definitions when unknown."""
+        match = _REQUEST.fullmatch(body)
+        if truth and body.strip():
+            self.execute(body)
+        elif match and (match[1] in ("de", "am") or truth is None and match[1] in ("ds", "as")):
+            if match[1] in ("de", "am") or (_split_args(match[2]) or [("", False)])[0][0] not in self.strings:
+                self.request(match[1], self.interpolate(match[2]))
+
+    def request(self, name: str, rest: str) -> None:
+        """Handle a control line ``.name rest``."""
+        args = _split_args(rest)
+        words = [_plain(arg).strip() for arg, _ in args]
+        if name in ("TH", "Dt") and not self.title:
+            self.fmt = "man" if name == "TH" else "mdoc"
+            self.title, self.section = (words + ["", ""])[:2]
+        elif name in ("SH", "Sh"):
+            self.fmt = self.fmt or ("man" if name == "SH" else "mdoc")
+            heading = (_mdoc_inline(args) if name == "Sh" else " ".join(words)).strip()
+            self.sections.append(_Section(heading))
+            self.pending_heading = not heading
+        elif name in ("de", "am", "ig", "de1", "am1"):
+            self.skip_until = "." if len(words) < 1 + (name != "ig") else words[name != "ig"]
+        elif name in ("ds", "as", "ds1", "as1") and args:
+            value = (rest.split(None, 1) + [""])[1].removeprefix('"')
+            self.strings[args[0][0]] = (self.strings.get(args[0][0], "") if name[0] == "a" else "") + value
+        elif name in ("if", "ie", "el"):
+            cond, body = ("", rest) if name == "el" else (rest.split(None, 1) + [""])[:2]
+            truth = (None if self.last_ie is None else not self.last_ie) if name == "el" else _condition(cond)
+            self.last_ie = truth if name == "ie" else self.last_ie
+            opened = body.count("\\{") - body.count("\\}")
+            self.block_truth = truth if opened > 0 else self.block_truth
+            self.depth = max(0, self.depth + opened)
+            self.conditional(body.replace("\\{", "").replace("\\}", "").lstrip(), truth)
+        elif name == "so" and words and not self.title and self.redirect is None:
+            self.redirect = words[0]
+        elif name in _FONT_MACROS:
+            joiner = "" if len(name) == 2 and name not in ("SM", "SB", "Nm") else " "
+            self.inline(name, joiner.join(words))
+        elif name in _MDOC_TEXT:
+            self.inline(name, _mdoc_inline(args if name == "Nd" else [(name, False)] + args))
+        elif name in _PARAGRAPH and self.sections and self.fmt == "man":
+            self.sections[-1].lines.append("\0")
+
+    def inline(self, name: str, rendered: str) -> None:
+        """Route the text of a font or mdoc macro line to the current section."""
+        current = self.sections[-1] if self.sections else None
+        if current is not None and self.fmt == "mdoc" and name == "Nd":
+            current.description.append(rendered)
+        elif current is not None and self.fmt == "mdoc" and name == "Nm" and not current.description:
+            current.names.extend(n for n in re.split(r"[,\s]+", rendered) if n)
+        elif name != "Nm" or self.fmt != "mdoc":
+            self.text(rendered)
+
+    def text(self, line: str) -> None:
+        """Handle a line of running text."""
+        if not self.sections or not line.strip():
+            return
+        if self.pending_heading:
+            self.sections[-1].heading, self.pending_heading = line.strip(), False
+        elif self.fmt == "mdoc" and self.sections[-1].description:
+            self.sections[-1].description.append(line)
+        else:
+            self.sections[-1].lines.append(line)
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Split source into comment-free lines, joining lines that end in an escaped newline."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        raw = _COMMENT.sub(r"\1", raw)
+        if (len(raw) - len(raw.rstrip("\\"))) % 2:
+            pending += raw[:-1]
+            continue
+        lines.append(pending + raw)
+        pending = ""
+    return lines + ([pending] if pending else [])
+
+
+def _name_entries(lines: list[str]) -> tuple[list[str], str]:
+    """Split man(7) NAME lines (``a, b \\- text``) into names and the first description."""
+    prefix: list[str] = []
+    names: list[str] = []
+    description: list[str] = []
+    entries = 0
+    for line in lines:
+        match = _SEPARATOR.search(line)
+        if line == "\0":
+            if entries:
+                break
+        elif match:
+            names += " ".join(prefix + [line[:match.start()]]).split(",")
+            description += [line[match.end():]] if entries == 0 else []
+            prefix, entries = [], entries + 1
+        elif entries == 1:
+            description.append(line)
+        elif entries == 0:
+            prefix.append(line)
+    if not names and prefix:
+        names = " ".join(prefix).split(",")
+    return [" ".join(n.split()) for n in names if n.strip()], " ".join(" ".join(description).split())
+
+
+def _summary(parser: _Parser) -> tuple[list[str], str]:
+    """Pick the NAME section (else the first section) and extract its names and description."""
+    if not parser.sections:
+        return [], ""
+    chosen = next((s for s in parser.sections if s.heading.upper() in _NAME_HEADINGS), parser.sections[0])
+    if chosen.names or chosen.description:
+        names, description = chosen.names, " ".join(" ".join(chosen.description).split())
+    else:
+        names, description = _name_entries(chosen.lines)
+    return list(dict.fromkeys(names)), description
+
+
+def parse_manpage(text: str) -> dict[str, Any]:
+    """Parse roff source into title, section, names, description, format, headings and redirect."""
+    try:
+        parser = _Parser()
+        for line in _logical_lines(text):
+            parser.feed(line)
+        if parser.redirect is not None and not parser.title:
+            return {"title": "", "section": "", "names": [], "description": "", "format": "man",
+                    "headings": [], "redirect": parser.redirect}
+        names, description = _summary(parser)
+    except Exception as exc:  # noqa: BLE001 - contract: bad input only ever raises ManPageError
+        raise ManPageError(f"unparseable manual page: {type(exc).__name__}: {exc}") from exc
+    if not parser.title:
+        raise ManPageError("no .TH/.Dt title line found")
+    if not names:
+        raise ManPageError("no NAME section with command names found")
+    return {"title": parser.title, "section": parser.section, "names": names, "description": description,
+            "format": parser.fmt, "headings": [s.heading for s in parser.sections], "redirect": None}

@@ -1,0 +1,21 @@
+"""conveyor: durable, idempotent multi-stage batch pipelines.
+
+Declare stages on a :class:`Pipeline`; run them with ``conveyor run``::
+
+    from conveyor import Pipeline, Retry
+
+    pipe = Pipeline("manuals")
+
+    @pipe.stage(version="1", timeout=30)
+    def parse(ctx, source: bytes) -> dict:
+        return {"text": source.decode()}
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from conveyor.errors import ConveyorError, RetryLater, TerminalError  # noqa: E402
+from conveyor.pipeline import Pipeline, Retry, Stage  # noqa: E402
+
+__all__ = ["ConveyorError", "Pipeline", "Retry", "RetryLater", "Stage", "TerminalError", "__version__"]

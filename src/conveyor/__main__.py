@@ -1,0 +1,3 @@
+from conveyor.cli.main import main
+
+main()

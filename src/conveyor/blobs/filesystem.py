@@ -1,0 +1,115 @@
+"""Blobs in a local folder, laid out as ``root/ab/cd/<digest>``."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks, sha256_hex
+from conveyor.errors import BlobCorrupt, BlobNotFound
+
+
+class FilesystemBlobs:
+    """Content-addressed blobs under ``root``; writes are atomic and fsynced.
+
+    Each put goes to a temp file in ``root/tmp/``, is hashed while written,
+    fsynced, then renamed to ``root/<d[0:2]>/<d[2:4]>/<d>``. Folders are made lazily.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+        self.url = self.root.as_uri()
+
+    def put(self, data: bytes) -> str:
+        """Store ``data``; return its digest."""
+        digest, _ = self.put_stream([data])
+        return digest
+
+    def put_stream(self, chunks: Iterable[bytes]) -> tuple[str, int]:
+        """Store a stream chunk by chunk; return (digest, size)."""
+        tmp = self._new_temp_path()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            with os.fdopen(fd, "wb") as out:
+                digest, size = copy_hashed(chunks, out.write)
+                out.flush()
+                os.fsync(out.fileno())
+            self._commit(tmp, digest)
+        finally:
+            # After a successful commit the temp name is gone; otherwise drop it.
+            tmp.unlink(missing_ok=True)
+        return digest, size
+
+    def put_file(self, path: Path) -> tuple[str, int]:
+        """Store a file's bytes, read in 1 MiB chunks; return (digest, size)."""
+        with Path(path).open("rb") as src:
+            return self.put_stream(read_chunks(src))
+
+    def get(self, digest: str) -> bytes:
+        """Return the blob's bytes after checking they still hash to ``digest``."""
+        path = self.path_for(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise BlobNotFound(f"no blob {digest} in {self.url}") from None
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise BlobCorrupt(f"blob {digest} is corrupt: {path} now hashes to {actual}")
+        return data
+
+    def exists(self, digest: str) -> bool:
+        """True if a blob is stored under ``digest``."""
+        return self.path_for(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        """Size in bytes, from a stat call."""
+        try:
+            return self.path_for(digest).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFound(f"no blob {digest} in {self.url}") from None
+
+    def path_for(self, digest: str) -> Path:
+        """Where the blob ``digest`` lives; raise BlobError for a non-digest."""
+        check_digest(digest)
+        return self.root / digest[0:2] / digest[2:4] / digest
+
+    def _new_temp_path(self) -> Path:
+        tmp_dir = self.root / "tmp"
+        _make_dirs(tmp_dir)
+        return tmp_dir / f"put-{secrets.token_hex(8)}.tmp"
+
+    def _commit(self, tmp: Path, digest: str) -> None:
+        """Move a fully written temp file into place, unless the blob is already there."""
+        final = self.path_for(digest)
+        if final.exists():
+            return
+        _make_dirs(final.parent)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+    if path.is_dir():
+        return
+    _make_dirs(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if path.is_dir():
+            return  # another writer made it first
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a folder's entries durable; a no-op where folders cannot be fsynced."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,1 @@
+"""The command line: Typer commands and Rich rendering."""

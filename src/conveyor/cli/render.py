@@ -1,0 +1,90 @@
+"""Human output: Rich tables on stdout, progress bars on stderr (only on a TTY)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+DONE = ("succeeded", "failed", "dead_lettered")
+
+
+@contextmanager
+def progress(enabled: bool = True) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+    """A callback that draws one bar per stage from a status dict; None when not on a TTY."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    bars = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
+    ids: dict[str, Any] = {}
+
+    def update(status: dict[str, Any]) -> None:
+        for stage, counts in status["stages"].items():
+            total = sum(counts.values())
+            done = sum(counts.get(k, 0) for k in DONE)
+            note = ", ".join(f"{counts[k]} {k}" for k in ("failed", "dead_lettered") if counts.get(k))
+            if stage not in ids:
+                ids[stage] = bars.add_task(stage, total=total or None, note=note)
+            bars.update(ids[stage], total=total or None, completed=done, note=note)
+
+    with bars:
+        yield update
+
+
+def summary(data: dict[str, Any]) -> None:
+    table = Table(title=f"run {data['run_id']} ({data['pipeline']})", show_header=True)
+    table.add_column("outcome")
+    table.add_column("items", justify="right")
+    for outcome, count in data["outcomes"].items():
+        table.add_row(outcome, str(count))
+    out.print(table)
+    out.print(f"expected {data['expected']}, unaccounted {data['unaccounted']}, "
+              f"stage calls {data['stage_calls']}, cached {data['cached']}, retries {data['retries']}")
+    for entry in data["not_done"][:20]:
+        classes = ", ".join(entry["error_classes"]) or "in progress"
+        out.print(f"  [yellow]{entry['item_key']}[/]: {classes}")
+    if len(data["not_done"]) > 20:
+        out.print(f"  … and {len(data['not_done']) - 20} more (use --json for all)")
+
+
+def status(data: dict[str, Any]) -> None:
+    for run in data.get("runs", [data]):
+        table = Table(title=f"run {run['run_id']} ({run['pipeline']}): {run['status']}, "
+                            f"{run['expected']} items, {run['stage_calls']} stage calls, {run['cached']} cached")
+        for column in ("stage", "queued", "running", "succeeded", "failed", "dead_lettered"):
+            table.add_column(column, justify="left" if column == "stage" else "right")
+        for stage, counts in run["stages"].items():
+            table.add_row(stage, *(str(counts.get(k, 0)) for k in
+                                   ("queued", "running", "succeeded", "failed", "dead_lettered")))
+        out.print(table)
+    if not data.get("runs", [data]):
+        out.print("no runs yet")
+
+
+def dlq(data: dict[str, Any]) -> None:
+    table = Table(title=f"{len(data['entries'])} dead letter(s)")
+    for column in ("id", "run", "item", "stage", "error class", "attempts", "error"):
+        table.add_column(column)
+    for e in data["entries"]:
+        first = (e["error"] or "").splitlines()[0][:80] if e["error"] else ""
+        table.add_row(str(e["id"]), e["run_id"], e["item_key"], e["stage"], e["error_class"] or "",
+                      str(e["attempts"]), first)
+    out.print(table)
+
+
+def dlq_entry(data: dict[str, Any]) -> None:
+    out.print(f"[bold]dead letter {data['id']}[/]: {data['item_key']} at stage {data['stage']} "
+              f"({data['error_class']}, {data['attempts']} attempts)")
+    if data["replayed_at"]:
+        out.print(f"replayed: {data['replay_reason']}")
+    out.print(data["error"] or "", markup=False, highlight=False)
+    for a in data["attempt_history"]:
+        out.print(f"  attempt {a['attempt']}: {a['outcome']} {a['error_class'] or ''} on {a['worker']}")

@@ -1,0 +1,106 @@
+"""The one error tree of conveyor.
+
+    ConveyorError                 root; every error has a stable ``code``
+    ├── UserError                 bad input from the user: the message says what to do
+    │   ├── TargetError           TARGET (file.py:name / module:name) cannot be loaded
+    │   ├── PipelineError         a broken pipeline declaration or graph
+    │   ├── InputError            unreadable input path or manifest line
+    │   ├── UrlError              a --db / --blobs URL that no backend understands
+    │   └── NotFound              a run, task or dead letter that does not exist
+    ├── StoreError                the database refused or lost something
+    │   └── BackendUnavailable    the database cannot be reached
+    ├── BlobError                 the blob store refused or lost something
+    │   ├── BlobNotFound          no blob under that digest
+    │   └── BlobCorrupt           the bytes on disk do not match their digest
+    └── StageSignal               raised *by stage code* to steer the runtime
+        ├── RetryLater            retry this task at a given time (``after`` seconds)
+        └── TerminalError         fail this task now, never retry
+
+The CLI prints ``str(error)`` of a ``UserError`` as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Root of every error conveyor raises on purpose."""
+
+    code = "conveyor_error"
+
+
+class UserError(ConveyorError):
+    code = "user_error"
+
+
+class TargetError(UserError):
+    code = "bad_target"
+
+
+class PipelineError(UserError):
+    code = "bad_pipeline"
+
+
+class InputError(UserError):
+    code = "bad_input"
+
+
+class UrlError(UserError):
+    code = "bad_url"
+
+
+class NotFound(UserError):
+    code = "not_found"
+
+
+class StoreError(ConveyorError):
+    code = "store_error"
+
+
+class BackendUnavailable(StoreError, UserError):
+    code = "backend_unavailable"
+
+
+class BlobError(ConveyorError):
+    code = "blob_error"
+
+
+class BlobNotFound(BlobError):
+    code = "blob_not_found"
+
+
+class BlobCorrupt(BlobError):
+    code = "blob_corrupt"
+
+
+class StageSignal(ConveyorError):
+    code = "stage_signal"
+
+
+class RetryLater(StageSignal):
+    """Ask the runtime to run this task again ``after`` seconds from now.
+
+    Counts as an attempt, so a stage that always asks for later still ends
+    on the dead-letter list after ``max_attempts``::
+
+        if job.status == "pending":
+            raise RetryLater(after=30, reason="batch job still running")
+    """
+
+    code = "retry_later"
+
+    def __init__(self, after: float, reason: str = "") -> None:
+        if after < 0:
+            raise ValueError("RetryLater(after=...) must be >= 0 seconds")
+        self.after = float(after)
+        self.reason = reason
+        super().__init__(reason or f"retry requested in {after:g}s")
+
+
+class TerminalError(StageSignal):
+    """Fail this task at once; retrying cannot help (bad document, refused content)."""
+
+    code = "terminal"
+
+    def __init__(self, message: str, error_class: str = "terminal") -> None:
+        self.error_class = error_class
+        super().__init__(message)

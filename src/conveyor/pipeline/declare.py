@@ -1,0 +1,196 @@
+"""The declaration API: a Pipeline of stages, declared with a decorator.
+
+Pure Python: nothing here touches a database, a file or the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from conveyor.errors import PipelineError
+from conveyor.pipeline.retry import Retry
+
+StageKind = Literal["map", "fanout", "publish"]
+KINDS: tuple[str, ...] = ("map", "fanout", "publish")
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One declared step. Calling it calls the underlying function."""
+
+    name: str
+    fn: Callable[..., Any]
+    after: str | None
+    version: str
+    kind: str
+    retry: Retry
+    timeout: float | None
+    max_input_bytes: int | None
+    max_memory_bytes: int | None
+    concurrency: int
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def guarded(self) -> bool:
+        """Sync stages with a timeout or memory limit run in a child process."""
+        return not self.is_async and (self.timeout is not None or self.max_memory_bytes is not None)
+
+    @property
+    def config_hash(self) -> str:
+        text = json.dumps(dict(self.config), sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+class Pipeline:
+    """A named graph of stages.
+
+    Example::
+
+        pipe = Pipeline("manuals")
+
+        @pipe.stage(version="1", max_input_bytes=20_000_000, timeout=30)
+        def parse(ctx, source: bytes) -> dict: ...
+
+        @pipe.stage(after=parse, version="3", retry=Retry(max_attempts=5))
+        async def extract(ctx, doc: dict) -> dict: ...
+
+        @pipe.stage(after=extract, kind="publish")
+        def publish(ctx, fields: dict) -> None: ...
+
+    Stages without ``after`` receive the item's bytes; every other stage
+    receives the output of the stage it comes after. A ``fanout`` stage
+    returns a list, and each element becomes a child item that flows on to
+    the stages after it.
+    """
+
+    def __init__(self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0) -> None:
+        if not name or not isinstance(name, str):
+            raise PipelineError("Pipeline(name) needs a non-empty name")
+        if lease_seconds <= 0:
+            raise PipelineError("Pipeline(lease_seconds=...) must be > 0")
+        self.name = name
+        self.default_retry = retry or Retry()
+        self.lease_seconds = float(lease_seconds)
+        self._stages: dict[str, Stage] = {}
+
+    def stage(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        after: Stage | Callable[..., Any] | str | None = None,
+        version: str = "1",
+        kind: str = "map",
+        retry: Retry | None = None,
+        timeout: float | None = None,
+        max_input_bytes: int | None = None,
+        max_memory_mb: float | None = None,
+        concurrency: int = 16,
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``."""
+
+        def register(func: Callable[..., Any]) -> Stage:
+            stage = Stage(
+                name=name or func.__name__,
+                fn=func,
+                after=self._parent_name(after),
+                version=str(version),
+                kind=kind,
+                retry=retry or self.default_retry,
+                timeout=_positive("timeout", timeout),
+                max_input_bytes=_positive_int("max_input_bytes", max_input_bytes),
+                max_memory_bytes=None if max_memory_mb is None else int(_positive("max_memory_mb", max_memory_mb) * 2**20),  # type: ignore[operator]
+                concurrency=_positive_int("concurrency", concurrency) or 1,
+                config=dict(config or {}),
+            )
+            self._add(stage)
+            return stage
+
+        return register(fn) if fn is not None else register
+
+    def _parent_name(self, after: Stage | Callable[..., Any] | str | None) -> str | None:
+        if after is None:
+            return None
+        if isinstance(after, Stage):
+            return after.name
+        if isinstance(after, str):
+            return after
+        name = getattr(after, "__name__", None)
+        if name is None:
+            raise PipelineError(f"after={after!r} is not a stage; pass the decorated stage or its name")
+        return str(name)
+
+    def _add(self, stage: Stage) -> None:
+        if stage.kind not in KINDS:
+            raise PipelineError(f"stage {stage.name!r}: kind={stage.kind!r}; use one of {', '.join(KINDS)}")
+        if stage.name in self._stages:
+            raise PipelineError(f"stage {stage.name!r} is declared twice in pipeline {self.name!r}")
+        if stage.after is not None and stage.after not in self._stages:
+            raise PipelineError(
+                f"stage {stage.name!r} comes after {stage.after!r}, which is not declared before it"
+            )
+        if stage.after is not None and self._stages[stage.after].kind == "publish":
+            raise PipelineError(f"stage {stage.name!r} cannot come after publish stage {stage.after!r}")
+        self._stages[stage.name] = stage
+
+    # --- the graph -------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Stage:
+        try:
+            return self._stages[name]
+        except KeyError:
+            raise PipelineError(f"pipeline {self.name!r} has no stage {name!r}") from None
+
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self._stages.values())
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
+    @property
+    def roots(self) -> list[Stage]:
+        return [s for s in self._stages.values() if s.after is None]
+
+    def children(self, name: str) -> list[Stage]:
+        return [s for s in self._stages.values() if s.after == name]
+
+    def depth(self, name: str) -> int:
+        depth, stage = 0, self[name]
+        while stage.after is not None:
+            depth, stage = depth + 1, self[stage.after]
+        return depth
+
+    @property
+    def has_publish(self) -> bool:
+        return any(s.kind == "publish" for s in self._stages.values())
+
+    def validate(self) -> Pipeline:
+        """Raise PipelineError unless this pipeline can run; return it."""
+        if not self._stages:
+            raise PipelineError(f"pipeline {self.name!r} declares no stages; add one with @pipe.stage")
+        return self
+
+
+def _positive(what: str, value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise PipelineError(f"{what}={value!r} must be > 0")
+    return None if value is None else float(value)
+
+
+def _positive_int(what: str, value: int | None) -> int | None:
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise PipelineError(f"{what}={value!r} must be a positive integer")
+    return value

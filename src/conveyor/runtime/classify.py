@@ -1,0 +1,114 @@
+"""Error classification: which failures retry and which end the task at once.
+
+Retryable: timeouts, connection errors, HTTP 408/429/5xx, RetryLater, and any
+exception nobody declared terminal (a poison item then reaches the dead-letter
+list after ``max_attempts``). Terminal: TerminalError, types a stage declares
+in ``Retry(terminal=...)``, other HTTP 4xx, validation errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from conveyor.errors import RetryLater, TerminalError
+
+RETRYABLE_STATUS = {408, 409, 425, 429}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure, picklable across a process boundary."""
+
+    error_class: str
+    retryable: bool
+    message: str
+    retry_after: float | None = None
+    detail: str = ""
+
+
+def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (), detail: str = "") -> Failure:
+    message = f"{type(exc).__name__}: {exc}"[:4000]
+    if isinstance(exc, RetryLater):
+        return Failure("retry_later", True, message, exc.after, detail)
+    if isinstance(exc, TerminalError):
+        return Failure(exc.error_class, False, message, None, detail)
+    if terminal and isinstance(exc, terminal):
+        return Failure("terminal", False, message, None, detail)
+    status = _status_code(exc)
+    if status is not None:
+        return _classify_status(status, exc, message, detail)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return Failure("timeout", True, message, None, detail)
+    if isinstance(exc, (ConnectionError,)):
+        return Failure("connection", True, message, None, detail)
+    if isinstance(exc, MemoryError):
+        return Failure("memory_limit", False, message, None, detail)
+    if _is_validation_error(exc):
+        return Failure("validation", False, message, None, detail)
+    return Failure(_snake(type(exc).__name__), True, message, None, detail)
+
+
+def _classify_status(status: int, exc: BaseException, message: str, detail: str) -> Failure:
+    retry_after = _retry_after(exc)
+    if status == 429:
+        return Failure("rate_limited", True, message, retry_after, detail)
+    if status in RETRYABLE_STATUS:
+        return Failure(f"http_{status}", True, message, retry_after, detail)
+    if status >= 500:
+        return Failure("server_error", True, message, retry_after, detail)
+    if 400 <= status < 500:
+        return Failure(f"http_{status}", False, message, None, detail)
+    return Failure(f"http_{status}", True, message, retry_after, detail)
+
+
+def _status_code(exc: BaseException) -> int | None:
+    for holder in (exc, getattr(exc, "response", None)):
+        value = getattr(holder, "status_code", None) or getattr(holder, "status", None)
+        if isinstance(value, int) and 100 <= value <= 599:
+            return value
+    return None
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    explicit = getattr(exc, "retry_after", None)
+    if isinstance(explicit, (int, float)):
+        return float(explicit)
+    headers: Any = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
+    if not headers:
+        return None
+    try:
+        raw = headers.get("retry-after-ms")
+        if raw is not None:
+            return float(raw) / 1000.0
+        raw = headers.get("retry-after") or headers.get("Retry-After")
+    except AttributeError:
+        return None
+    return parse_retry_after(raw)
+
+
+def parse_retry_after(raw: str | None) -> float | None:
+    """Seconds from a Retry-After header: a number of seconds or an HTTP date."""
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        import time
+
+        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "ValidationError" and type(exc).__module__.startswith("pydantic")
+
+
+def _snake(name: str) -> str:
+    out = [("_" + c.lower()) if c.isupper() and i else c.lower() for i, c in enumerate(name)]
+    return "".join(out)

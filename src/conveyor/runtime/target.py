@@ -1,0 +1,60 @@
+"""Load a pipeline from a TARGET: ``path/to/file.py:name`` or ``package.module:name``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from conveyor.errors import TargetError
+from conveyor.pipeline import Pipeline
+
+_cache: dict[str, Pipeline] = {}
+
+
+def load_target(target: str) -> Pipeline:
+    """Import the module named by ``target`` and return its Pipeline object."""
+    if target in _cache:
+        return _cache[target]
+    module_ref, sep, attr = target.rpartition(":")
+    if not sep or not module_ref or not attr:
+        raise TargetError(f"TARGET {target!r} must look like file.py:pipeline or package.module:pipeline")
+    module = _import(module_ref, target)
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise TargetError(f"{module_ref} has no attribute {attr!r}; name the Pipeline object after the colon")
+    if not isinstance(obj, Pipeline):
+        raise TargetError(f"{target} is a {type(obj).__name__}, not a conveyor Pipeline")
+    _cache[target] = obj.validate()
+    return obj
+
+
+def _import(module_ref: str, target: str) -> object:
+    if module_ref.endswith(".py") or "/" in module_ref:
+        return _import_file(Path(module_ref), target)
+    try:
+        return importlib.import_module(module_ref)
+    except ModuleNotFoundError as exc:
+        raise TargetError(f"cannot import module {module_ref!r} ({exc}); check TARGET and PYTHONPATH") from None
+
+
+def _import_file(path: Path, target: str) -> object:
+    if not path.is_file():
+        raise TargetError(f"pipeline file {str(path)!r} does not exist (TARGET {target!r})")
+    resolved = path.resolve()
+    name = f"conveyor_target_{abs(hash(str(resolved)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot load {str(path)!r} as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(resolved.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module

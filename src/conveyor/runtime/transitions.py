@@ -1,0 +1,153 @@
+"""Every state transition of a task, in one place, in batches.
+
+queued → running (claim, attempt counted) → succeeded | queued again after a
+backoff (retry) | failed (terminal) | dead_lettered (attempts exhausted).
+A running task whose lease expired goes back to queued, or to the dead-letter
+list when that was its last attempt. A worker commits only the tasks whose
+lease it still holds; the rest are recorded as ``lease_lost`` and discarded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from conveyor import __version__
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.values import Ref
+from conveyor.store import AttemptRecord, ClaimedTask, NewItem, SqlStore, StoredOutput
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt of one task came to, before it is committed."""
+
+    task: ClaimedTask
+    started: float
+    duration: float
+    invoked: bool
+    output: Ref | None = None
+    cached: bool = False
+    failure: Failure | None = None
+
+
+class Transitions:
+    def __init__(self, pipeline: Pipeline, store: SqlStore, worker: str, rng: random.Random | None = None) -> None:
+        self.pipeline = pipeline
+        self.store = store
+        self.expander = Expander(pipeline, store)
+        self.worker = worker
+        self.rng = rng or random.Random()
+
+    def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
+        """Commit a batch of outcomes in one transaction; return counts by what happened."""
+        counts: Counter[str] = Counter()
+        if not outcomes:
+            return counts
+        with self.store.transaction():
+            held = self.store.held_leases([(o.task.id, o.task.lease_token) for o in outcomes])
+            attempts = [self._lost(o) for o in outcomes if o.task.id not in held]
+            counts["lease_lost"] = len(attempts)
+            mine = [o for o in outcomes if o.task.id in held]
+            attempts += self._succeed([o for o in mine if o.failure is None], now, counts)
+            attempts += self._fail([o for o in mine if o.failure is not None], now, counts)
+            self.store.insert_attempts(attempts)
+        return counts
+
+    def _succeed(self, done: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
+        if not done:
+            return []
+        fresh = [o for o in done if not o.cached]
+        self.store.insert_outputs(
+            [StoredOutput(o.task.task_key, o.task.stage, o.output.kind, o.output.digest,  # type: ignore[union-attr]
+                          o.output.inline, o.output.size) for o in fresh],  # type: ignore[union-attr]
+            done[0].task.run_id, now,
+        )
+        self.store.mark_succeeded(
+            [(o.task.id, o.output.digest, o.output.kind, o.cached) for o in done], now  # type: ignore[union-attr]
+        )
+        seeds: list[Seed] = []
+        items: list[NewItem] = []
+        for o in done:
+            seed = Seed(o.task.run_id, o.task.item_key, o.task.root_key, o.task.stage, o.output)  # type: ignore[arg-type]
+            more, new_items = self.expander.successors(seed, o.output)  # type: ignore[arg-type]
+            seeds.extend(more)
+            items.extend(new_items)
+        counts["cached"] += len(done) - len(fresh) + self.expander.expand(seeds, now, items)
+        counts["succeeded"] += len(done)
+        return [self._attempt(o, "cached" if o.cached else "succeeded", None) for o in done]
+
+    def _fail(self, failed: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
+        retry, ended, dead, attempts = [], [], [], []
+        for o in failed:
+            f, task = o.failure, o.task
+            assert f is not None
+            limit = self.pipeline[task.stage].retry.attempts_for(f.error_class)
+            if not f.retryable:
+                ended.append((task.id, "failed", f.error_class, _full(f)))
+                attempts.append(self._attempt(o, "failed", f))
+            elif task.attempts >= limit:
+                ended.append((task.id, "dead_lettered", f.error_class, _full(f)))
+                dead.append((task.id, task.run_id, task.item_key, task.stage, f.error_class, _full(f), task.attempts))
+                attempts.append(self._attempt(o, "dead_lettered", f))
+            else:
+                retry.append((task.id, now + self._delay(task, f), f.error_class, f.message))
+                attempts.append(self._attempt(o, "retry", f))
+        self.store.mark_retry(retry)
+        self.store.mark_ended(ended, now)
+        self.store.insert_dead_letters(dead, now)
+        counts.update(retried=len(retry), failed=len(ended) - len(dead), dead_lettered=len(dead))
+        return attempts
+
+    def _delay(self, task: ClaimedTask, failure: Failure) -> float:
+        if failure.retry_after is not None:
+            return failure.retry_after
+        return self.pipeline[task.stage].retry.delay(task.attempts, self.rng)
+
+    def reclaim_expired(self, now: float, limit: int = 1000) -> Counter[str]:
+        """Requeue tasks whose worker stopped renewing its lease; dead-letter those out of attempts."""
+        counts: Counter[str] = Counter()
+        with self.store.transaction():
+            expired = self.store.expired_leases(now, limit)
+            if not expired:
+                return counts
+            retry, ended, dead, attempts = [], [], [], []
+            for lease in expired:
+                message = (f"lease of worker {lease.lease_owner} expired during attempt {lease.attempts}; "
+                           "the worker died or stalled")
+                attempts.append(AttemptRecord(
+                    lease.id, lease.run_id, lease.attempts, "lease_expired", False, "lease_expired", message,
+                    lease.lease_owner, lease.lease_token, None, __version__, None, None))
+                if lease.attempts >= lease.max_attempts:
+                    ended.append((lease.id, "dead_lettered", "lease_expired", message))
+                    dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
+                                 lease.attempts))
+                else:
+                    retry.append((lease.id, now, "lease_expired", message))
+            self.store.mark_retry(retry)
+            self.store.mark_ended(ended, now)
+            self.store.insert_dead_letters(dead, now)
+            self.store.insert_attempts(attempts)
+            self.store.notify()
+        counts.update(requeued=len(retry), dead_lettered=len(dead))
+        return counts
+
+    def _lost(self, o: Outcome) -> AttemptRecord:
+        failure = Failure("lease_lost", True, "the lease expired before this attempt committed; result discarded")
+        return self._attempt(o, "lease_lost", failure)
+
+    def _attempt(self, o: Outcome, outcome: str, f: Failure | None) -> AttemptRecord:
+        stage = self.pipeline[o.task.stage]
+        return AttemptRecord(
+            o.task.id, o.task.run_id, o.task.attempts, outcome, o.invoked,
+            f.error_class if f else None, f.message if f else None, self.worker, o.task.lease_token,
+            stage.version, __version__, o.started, o.duration,
+        )
+
+
+def _full(failure: Failure) -> str:
+    return f"{failure.message}\n{failure.detail}".strip()

@@ -1,0 +1,103 @@
+"""Status, reconciliation and the dead-letter list, as plain dicts for CLI and API."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+from conveyor.errors import NotFound, UserError
+from conveyor.store import RunRecord, SqlStore
+
+# Outcomes that are final for an item; anything else is not accounted for yet.
+KNOWN_OUTCOMES = ("published", "completed", "failed", "dead_lettered", "awaiting_review")
+
+
+def find_run(store: SqlStore, run_id: str | None) -> RunRecord:
+    if run_id is None:
+        runs = store.list_runs(1)
+        if not runs:
+            raise NotFound("there are no runs in this store yet; start one with `conveyor run TARGET --input PATH`")
+        return runs[0]
+    run = store.get_run(run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r} in this store; `conveyor status` lists the runs")
+    return run
+
+
+def publish_stages(run: RunRecord) -> list[str]:
+    return [s["name"] for s in json.loads(run.stages) if s["kind"] == "publish"]
+
+
+def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    """Per-stage task counts of a run, and its totals."""
+    stages: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    cached = 0
+    for stage, status, is_cached, count in store.task_counts(run.run_id):
+        stages[stage][status] += count
+        cached += count if is_cached else 0
+    order = [s["name"] for s in json.loads(run.stages)]
+    attempts = store.attempt_counts(run.run_id)
+    open_tasks = sum(c.get("queued", 0) + c.get("running", 0) for c in stages.values())
+    return {
+        "run_id": run.run_id, "pipeline": run.pipeline, "status": run.status if open_tasks or
+        run.status == "submitting" else "finished", "expected": run.expected, "created_at": run.created_at,
+        "stages": {name: dict(stages.get(name, {})) for name in order},
+        "open_tasks": open_tasks, "cached": cached, "stage_calls": attempts.get("stage_calls", 0),
+        "retries": attempts.get("retry", 0), "lease_lost": attempts.get("lease_lost", 0),
+    }
+
+
+def list_status(store: SqlStore, limit: int = 20) -> dict[str, Any]:
+    return {"runs": [run_status(store, run) for run in store.list_runs(limit)]}
+
+
+def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str, Any]:
+    """Every expected item with a known outcome; ``unaccounted`` must be 0 for a finished run."""
+    outcomes = store.item_outcomes(run.run_id, publish_stages(run))
+    known = sum(outcomes.get(k, 0) for k in KNOWN_OUTCOMES)
+    not_done: dict[str, dict[str, Any]] = {}
+    for task in store.unfinished_tasks(run.run_id, limit):
+        entry = not_done.setdefault(task["item_key"], {"item_key": task["item_key"], "tasks": []})
+        entry["tasks"].append({k: task[k] for k in ("child_key", "stage", "status", "attempts", "error_class")}
+                              | {"error": (task["error"] or "").splitlines()[0] if task["error"] else None})
+    for entry in not_done.values():
+        entry["error_classes"] = sorted({t["error_class"] for t in entry["tasks"] if t["error_class"]})
+    status = run_status(store, run)
+    return {
+        "run_id": run.run_id, "pipeline": run.pipeline, "expected": run.expected,
+        "outcomes": {k: v for k, v in sorted(outcomes.items())},
+        "unaccounted": run.expected - known, "not_done": list(not_done.values()),
+        "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
+    }
+
+
+def dlq_list(
+    store: SqlStore, run_id: str | None = None, stage: str | None = None, error_class: str | None = None,
+    include_replayed: bool = False, limit: int = 1000,
+) -> dict[str, Any]:
+    entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit)
+    return {"entries": [e.as_json() for e in entries]}
+
+
+def dlq_show(store: SqlStore, dead_letter_id: int) -> dict[str, Any]:
+    entry = store.dead_letter(dead_letter_id)
+    if entry is None:
+        raise NotFound(f"no dead letter {dead_letter_id}; `conveyor dlq list` shows their ids")
+    return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
+
+
+def dlq_replay(
+    store: SqlStore, ids: list[int], reason: str, run_id: str | None = None, stage: str | None = None,
+    error_class: str | None = None, everything: bool = False,
+) -> dict[str, Any]:
+    """Queue dead-lettered tasks again, by id or by filter; every replay records its reason."""
+    if not reason.strip():
+        raise UserError("a replay needs --reason \"why\"; it is recorded with the dead letter")
+    if not ids:
+        if run_id is None and stage is None and error_class is None and not everything:
+            raise UserError("name dead-letter ids, or select them with --run/--stage/--error-class (or --all)")
+        ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
+    replayed = store.replay_dead_letters(ids, reason, time.time())
+    return {"replayed": replayed, "ids": ids, "reason": reason}

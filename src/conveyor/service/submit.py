@@ -1,0 +1,127 @@
+"""Create a run: stream the input, ingest sources, create the first tasks.
+
+A submission is all or nothing: if any input is bad, the run's rows are
+removed again and the error says which line or file to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from conveyor.blobs import Blobs
+from conveyor.errors import InputError
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.values import INLINE_MAX, Ref
+from conveyor.service.inputs import SourceItem, iter_items
+from conveyor.store import NewItem, RunRecord, SqlStore
+
+BATCH = 2000
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    expected: int
+    cached: int
+
+
+def new_run_id(now: float) -> str:
+    return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime(now)) + secrets.token_hex(3)
+
+
+def stages_json(pipeline: Pipeline) -> str:
+    return json.dumps([
+        {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash}
+        for s in pipeline
+    ])
+
+
+def submit(
+    pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
+    clock: Callable[[], float] = time.time, items: Iterable[SourceItem] | None = None,
+) -> Submitted:
+    """Create a run for every item of ``input_path`` (or of ``items``); return its id."""
+    now = clock()
+    run_id = new_run_id(now)
+    store.create_run(RunRecord(run_id, pipeline.name, target, str(input_path), "submitting", 0,
+                               pipeline.has_publish, stages_json(pipeline), now, None, None))
+    try:
+        cached = _ingest(pipeline, run_id, items if items is not None else iter_items(input_path),
+                         store, blobs, clock)
+    except BaseException:
+        store.discard_run(run_id)
+        raise
+    expected = store.item_count(run_id)
+    store.set_run_status(run_id, "submitted", clock(), expected)
+    return Submitted(run_id, expected, cached)
+
+
+def _ingest(
+    pipeline: Pipeline, run_id: str, items: Iterable[SourceItem], store: SqlStore, blobs: Blobs,
+    clock: Callable[[], float],
+) -> int:
+    expander = Expander(pipeline, store)
+    read_limit = _read_limit(pipeline)
+    cached, batch = 0, []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= BATCH:
+            cached += _add_batch(expander, run_id, batch, blobs, read_limit, clock())
+            batch = []
+    if batch:
+        cached += _add_batch(expander, run_id, batch, blobs, read_limit, clock())
+    return cached
+
+
+def _add_batch(
+    expander: Expander, run_id: str, batch: list[SourceItem], blobs: Blobs, read_limit: int | None, now: float,
+) -> int:
+    new_items: list[NewItem] = []
+    seeds: list[Seed] = []
+    for item in batch:
+        ref = source_ref(item, blobs, read_limit)
+        new_items.append(NewItem(run_id, item.key, None, item.key, ref.digest, ref.size))
+        seeds.extend(expander.roots(run_id, item.key, ref))
+    with expander.store.transaction():
+        return expander.expand(seeds, now, new_items)
+
+
+def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
+    """Store an item's bytes (inline when small) and return the reference.
+
+    A file larger than every root stage accepts is never read: its task is
+    refused on the size check, so its key comes from its path, size and mtime.
+    """
+    if item.text is not None:
+        return _bytes_ref(item.text, blobs)
+    assert item.path is not None
+    try:
+        stat = item.path.stat()
+        if read_limit is not None and stat.st_size > read_limit:
+            marker = f"unread\0{item.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+            return Ref("bytes", hashlib.sha256(marker.encode()).hexdigest(), stat.st_size, None)
+        if stat.st_size <= INLINE_MAX:
+            return _bytes_ref(item.path.read_bytes(), blobs)
+        digest, size = blobs.put_file(item.path)
+    except OSError as exc:
+        raise InputError(f"cannot read input {str(item.path)!r}: {exc.strerror}; fix or remove it") from None
+    return Ref("bytes", digest, size, None)
+
+
+def _bytes_ref(data: bytes, blobs: Blobs) -> Ref:
+    if len(data) <= INLINE_MAX:
+        return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data)
+    return Ref("bytes", blobs.put(data), len(data), None)
+
+
+def _read_limit(pipeline: Pipeline) -> int | None:
+    limits = [s.max_input_bytes for s in pipeline.roots]
+    if any(limit is None for limit in limits):
+        return None
+    return max(limit for limit in limits if limit is not None)

@@ -1,0 +1,159 @@
+"""The few things SQLite and PostgreSQL do differently, chosen by URL.
+
+Every query in ``store`` is written once with ``?`` placeholders; a dialect
+turns it into what its driver wants and owns the connection's transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+
+class Dialect(Protocol):
+    name: str
+    types: dict[str, str]
+    skip_locked: str
+    max_params: int
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    def transaction(self) -> Any: ...
+
+    def notify(self) -> None: ...
+
+    def wait_for_work(self, timeout: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteDialect:
+    """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout."""
+
+    name = "sqlite"
+    types = {"id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB"}
+    skip_locked = ""
+    max_params = 30000
+
+    def __init__(self, path: str) -> None:
+        import sqlite3
+
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=60000",
+                       "foreign_keys=OFF", "cache_size=-65536", "temp_store=MEMORY"):
+            self.conn.execute(f"PRAGMA {pragma}")
+        self._depth = 0
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self.conn.execute(sql, params).rowcount
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.conn.executemany(sql, rows)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.conn.execute("COMMIT")
+
+    def notify(self) -> None:
+        """SQLite has no wake-ups across processes; idle workers poll."""
+
+    def wait_for_work(self, timeout: float) -> None:
+        import time
+
+        time.sleep(timeout)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresDialect:
+    """PostgreSQL through psycopg 3: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups."""
+
+    name = "postgres"
+    types = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA"}
+    skip_locked = "FOR UPDATE SKIP LOCKED"
+    max_params = 60000
+    channel = "conveyor_tasks"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = url
+        self.conn = psycopg.connect(url, autocommit=True)
+        self._listener: Any = None
+        self._depth = 0
+        self._sql_cache: dict[str, str] = {}
+
+    def _sql(self, sql: str) -> str:
+        out = self._sql_cache.get(sql)
+        if out is None:
+            out = self._sql_cache[sql] = sql.replace("%", "%%").replace("?", "%s")
+        return out
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(self._sql(sql), params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+    def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self.conn.execute(self._sql(sql), params).rowcount  # type: ignore[arg-type]
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            with self.conn.cursor() as cur:
+                cur.executemany(self._sql(sql), rows)  # type: ignore[arg-type]
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction; nested calls join it instead of making savepoints."""
+        if self._depth:
+            yield
+            return
+        self._depth = 1
+        try:
+            with self.conn.transaction():
+                yield
+        finally:
+            self._depth = 0
+
+    def notify(self) -> None:
+        self.conn.execute(f"NOTIFY {self.channel}")
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until a NOTIFY arrives or ``timeout`` passes."""
+        import psycopg
+
+        if self._listener is None:
+            self._listener = psycopg.connect(self.url, autocommit=True)
+            self._listener.execute(f"LISTEN {self.channel}")
+        for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+            break
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        self.conn.close()

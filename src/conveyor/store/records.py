@@ -1,0 +1,145 @@
+"""Frozen records that cross the store boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class TaskStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+
+
+OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task row to insert: queued, or already succeeded from the memo (cached)."""
+
+    run_id: str
+    pipeline: str
+    stage: str
+    item_key: str
+    root_key: str
+    task_key: str
+    stage_version: str
+    config_hash: str
+    input_digest: str
+    input_kind: str
+    input_inline: bytes | None
+    input_size: int
+    max_attempts: int
+    status: str = TaskStatus.QUEUED.value
+    output_digest: str | None = None
+    output_kind: str | None = None
+    cached: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    run_id: str
+    item_key: str
+    parent_key: str | None
+    root_key: str
+    source_digest: str | None
+    source_size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOutput:
+    task_key: str
+    stage: str
+    kind: str
+    digest: str
+    inline: bytes | None
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    id: int
+    run_id: str
+    stage: str
+    item_key: str
+    root_key: str
+    task_key: str
+    input_digest: str
+    input_kind: str
+    input_inline: bytes | None
+    input_size: int
+    attempts: int
+    max_attempts: int
+    lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    task_id: int
+    run_id: str
+    attempt: int
+    outcome: str
+    invoked: bool
+    error_class: str | None
+    message: str | None
+    worker: str | None
+    lease_token: int | None
+    stage_version: str | None
+    code_version: str | None
+    started_at: float | None
+    duration: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    id: int
+    run_id: str
+    item_key: str
+    stage: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    lease_owner: str | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    pipeline: str
+    target: str
+    input: str
+    status: str
+    expected: int
+    has_publish: bool
+    stages: str
+    created_at: float
+    submitted_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    task_id: int
+    run_id: str
+    item_key: str
+    stage: str
+    error_class: str | None
+    error: str | None
+    attempts: int
+    created_at: float
+    replayed_at: float | None
+    replay_reason: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "task_id": self.task_id, "run_id": self.run_id, "item_key": self.item_key,
+            "stage": self.stage, "error_class": self.error_class, "error": self.error,
+            "attempts": self.attempts, "dead_lettered_at": self.created_at,
+            "replayed_at": self.replayed_at, "replay_reason": self.replay_reason,
+        }

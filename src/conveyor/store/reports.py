@@ -1,0 +1,202 @@
+"""Runs, status counts, reconciliation and the dead-letter list: the read side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.records import DeadLetter, RunRecord
+
+RUN_COLUMNS = (
+    "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at"
+)
+DLQ_COLUMNS = (
+    "id, task_id, run_id, item_key, stage, error_class, error, attempts, created_at, replayed_at, replay_reason"
+)
+
+# One outcome per expected (root) item, from all of its tasks and its children's.
+ITEM_OUTCOMES = """
+SELECT i.item_key,
+  CASE
+    WHEN COUNT(t.id) = 0 THEN 'missing'
+    WHEN SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END) > 0 THEN 'in_progress'
+    WHEN SUM(CASE WHEN t.status = 'dead_lettered' THEN 1 ELSE 0 END) > 0 THEN 'dead_lettered'
+    WHEN SUM(CASE WHEN t.status = 'failed' THEN 1 ELSE 0 END) > 0 THEN 'failed'
+    WHEN SUM(CASE WHEN t.status = 'succeeded' AND t.stage IN ({publish}) THEN 1 ELSE 0 END) > 0
+      THEN 'published'
+    ELSE 'completed'
+  END AS outcome
+FROM items i LEFT JOIN tasks t ON t.run_id = i.run_id AND t.root_key = i.item_key
+WHERE i.run_id = ? AND i.parent_key IS NULL
+GROUP BY i.item_key
+"""
+
+
+class ReportQueries:
+    db: Dialect
+
+    # --- runs -------------------------------------------------------------
+
+    def create_run(self, run: RunRecord) -> None:
+        with self.db.transaction():
+            self.db.execute(
+                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.run_id, run.pipeline, run.target, run.input, run.status, run.expected,
+                 int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at),
+            )
+
+    def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None) -> None:
+        column = "submitted_at" if status == "submitted" else "finished_at"
+        with self.db.transaction():
+            self.db.execute(
+                f"UPDATE runs SET status = ?, {column} = ?, expected = COALESCE(?, expected) WHERE run_id = ?",
+                (status, now, expected, run_id),
+            )
+
+    def discard_run(self, run_id: str) -> None:
+        """Remove a run whose submission failed, so nothing half-submitted is left."""
+        with self.db.transaction():
+            for table in ("attempts", "dead_letters", "tasks", "items", "runs"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def list_runs(self, limit: int = 20) -> list[RunRecord]:
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [_run(r) for r in rows]
+
+    # --- progress -----------------------------------------------------------
+
+    def task_counts(self, run_id: str) -> list[tuple[str, str, int, int]]:
+        """(stage, status, cached, count) for every task of the run."""
+        rows = self.db.execute(
+            "SELECT stage, status, cached, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY stage, status, cached",
+            (run_id,),
+        )
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+
+    def open_tasks(self, run_id: str | None = None, pipeline: str | None = None) -> int:
+        """Tasks still queued or running (retry waits included)."""
+        where, params = _scope(run_id, pipeline)
+        rows = self.db.execute(
+            f"SELECT COUNT(*) FROM tasks WHERE status IN ('queued', 'running') {where}", params
+        )
+        return int(rows[0][0])
+
+    def next_due(self, pipeline: str, run_id: str | None = None) -> float | None:
+        where, params = _scope(run_id, None)
+        rows = self.db.execute(
+            f"SELECT MIN(available_at) FROM tasks WHERE status = 'queued' AND pipeline = ? {where}",
+            (pipeline, *params),
+        )
+        return rows[0][0]
+
+    def attempt_counts(self, run_id: str) -> dict[str, int]:
+        """Attempts of this run by outcome, and ``stage_calls``: stage functions actually invoked."""
+        rows = self.db.execute(
+            "SELECT outcome, SUM(invoked), COUNT(*) FROM attempts WHERE run_id = ? GROUP BY outcome",
+            (run_id,),
+        )
+        out = {str(r[0]): int(r[2]) for r in rows}
+        out["stage_calls"] = sum(int(r[1] or 0) for r in rows)
+        return out
+
+    # --- reconciliation ---------------------------------------------------
+
+    def item_outcomes(self, run_id: str, publish_stages: Sequence[str]) -> dict[str, int]:
+        publish = ",".join("?" * len(publish_stages)) or "NULL"
+        rows = self.db.execute(
+            f"SELECT outcome, COUNT(*) FROM ({ITEM_OUTCOMES.format(publish=publish)}) per_item GROUP BY outcome",
+            (*publish_stages, run_id),
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def item_count(self, run_id: str) -> int:
+        rows = self.db.execute(
+            "SELECT COUNT(*) FROM items WHERE run_id = ? AND parent_key IS NULL", (run_id,)
+        )
+        return int(rows[0][0])
+
+    def unfinished_tasks(self, run_id: str, limit: int) -> list[dict[str, Any]]:
+        """Tasks that keep their item from being done, with why."""
+        rows = self.db.execute(
+            """SELECT root_key, item_key, stage, status, attempts, error_class, last_error FROM tasks
+            WHERE run_id = ? AND status IN ('failed', 'dead_lettered', 'queued', 'running')
+            ORDER BY root_key, item_key, stage LIMIT ?""",
+            (run_id, limit),
+        )
+        keys = ("item_key", "child_key", "stage", "status", "attempts", "error_class", "error")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    # --- dead letters -----------------------------------------------------
+
+    def dead_letters(
+        self, run_id: str | None, stage: str | None, error_class: str | None,
+        include_replayed: bool = False, limit: int = 1000,
+    ) -> list[DeadLetter]:
+        clauses, params = [], []
+        for column, value in (("run_id", run_id), ("stage", stage), ("error_class", error_class)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if not include_replayed:
+            clauses.append("replayed_at IS NULL")
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self.db.execute(
+            f"SELECT {DLQ_COLUMNS} FROM dead_letters {where} ORDER BY id LIMIT ?", (*params, limit)
+        )
+        return [DeadLetter(*r) for r in rows]
+
+    def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
+        rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE id = ?", (dead_letter_id,))
+        return DeadLetter(*rows[0]) if rows else None
+
+    def task_attempts(self, task_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            """SELECT attempt, outcome, invoked, error_class, message, worker, lease_token, stage_version,
+            code_version, started_at, duration FROM attempts WHERE task_id = ? ORDER BY id""",
+            (task_id,),
+        )
+        keys = ("attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
+                "stage_version", "code_version", "started_at", "duration")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def replay_dead_letters(self, ids: Sequence[int], reason: str, now: float) -> int:
+        """Queue dead-lettered tasks again with a fresh attempt budget; record why."""
+        replayed = 0
+        with self.db.transaction():
+            for dead_letter_id in ids:
+                rows = self.db.execute(
+                    "UPDATE dead_letters SET replayed_at = ?, replay_reason = ? WHERE id = ? AND replayed_at IS NULL"
+                    " RETURNING task_id",
+                    (now, reason, dead_letter_id),
+                )
+                if not rows:
+                    continue
+                replayed += self.db.execute_rowcount(
+                    """UPDATE tasks SET status = 'queued', attempts = 0, available_at = ?, finished_at = NULL
+                    WHERE id = ? AND status = 'dead_lettered'""",
+                    (now, rows[0][0]),
+                )
+            self.db.notify()
+        return replayed
+
+
+def _scope(run_id: str | None, pipeline: str | None) -> tuple[str, tuple[Any, ...]]:
+    clauses, params = [], []
+    if run_id:
+        clauses.append("AND run_id = ?")
+        params.append(run_id)
+    if pipeline:
+        clauses.append("AND pipeline = ?")
+        params.append(pipeline)
+    return " ".join(clauses), tuple(params)
+
+
+def _run(row: tuple[Any, ...]) -> RunRecord:
+    values = list(row)
+    values[6] = bool(values[6])
+    return RunRecord(*values)

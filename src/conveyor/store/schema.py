@@ -1,0 +1,120 @@
+"""The schema, as versioned migrations written once for both backends.
+
+Types are spelled with placeholders that each dialect fills in:
+``{id}`` an auto-increment primary key, ``{real}`` a float, ``{blob}`` bytes.
+Timestamps are epoch seconds (float) so the clock can be passed in.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "engine core: runs, items, tasks, outputs, attempts, dead letters",
+        """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    target TEXT NOT NULL,
+    input TEXT NOT NULL,
+    status TEXT NOT NULL,
+    expected INTEGER NOT NULL DEFAULT 0,
+    has_publish INTEGER NOT NULL DEFAULT 0,
+    stages TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    submitted_at {real},
+    finished_at {real}
+);
+
+CREATE TABLE items (
+    run_id TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    parent_key TEXT,
+    root_key TEXT NOT NULL,
+    source_digest TEXT,
+    source_size INTEGER,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (run_id, item_key)
+);
+
+CREATE TABLE tasks (
+    id {id},
+    run_id TEXT NOT NULL,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    root_key TEXT NOT NULL,
+    status TEXT NOT NULL,
+    task_key TEXT NOT NULL,
+    stage_version TEXT NOT NULL,
+    config_hash TEXT NOT NULL,
+    input_digest TEXT NOT NULL,
+    input_kind TEXT NOT NULL,
+    input_inline {blob},
+    input_size INTEGER NOT NULL,
+    output_digest TEXT,
+    output_kind TEXT,
+    cached INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    available_at {real} NOT NULL,
+    lease_token INTEGER NOT NULL DEFAULT 0,
+    lease_owner TEXT,
+    lease_expires_at {real},
+    error_class TEXT,
+    last_error TEXT,
+    created_at {real} NOT NULL,
+    started_at {real},
+    finished_at {real},
+    UNIQUE (run_id, root_key, item_key, stage)
+);
+-- The hot queue: only runnable and leased rows are indexed.
+CREATE INDEX tasks_runnable ON tasks (pipeline, stage, available_at) WHERE status = 'queued';
+CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'running';
+
+CREATE TABLE outputs (
+    task_key TEXT PRIMARY KEY,
+    stage TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    inline {blob},
+    size INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at {real} NOT NULL
+);
+
+CREATE TABLE attempts (
+    id {id},
+    task_id BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    invoked INTEGER NOT NULL,
+    error_class TEXT,
+    message TEXT,
+    worker TEXT,
+    lease_token INTEGER,
+    stage_version TEXT,
+    code_version TEXT,
+    started_at {real},
+    duration {real}
+);
+CREATE INDEX attempts_run_task ON attempts (run_id, task_id);
+
+CREATE TABLE dead_letters (
+    id {id},
+    task_id BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    error_class TEXT,
+    error TEXT,
+    attempts INTEGER NOT NULL,
+    created_at {real} NOT NULL,
+    replayed_at {real},
+    replay_reason TEXT
+);
+CREATE INDEX dead_letters_run ON dead_letters (run_id, replayed_at);
+""",
+    ),
+]

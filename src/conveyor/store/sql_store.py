@@ -1,0 +1,72 @@
+"""The store: one schema, two backends, every SQL statement of conveyor."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Any
+
+from conveyor.errors import StoreError
+from conveyor.store.dialect import Dialect
+from conveyor.store.reports import ReportQueries
+from conveyor.store.schema import MIGRATIONS
+from conveyor.store.tasks import TaskQueries
+
+
+class SqlStore(TaskQueries, ReportQueries):
+    """A store over one connection. Not thread-safe: give each thread its own."""
+
+    def __init__(self, db: Dialect, url: str) -> None:
+        self.db = db
+        self.url = url
+
+    @property
+    def backend(self) -> str:
+        return self.db.name
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """Group several operations into one transaction (nested calls join it)."""
+        return self.db.transaction()
+
+    def migrate(self) -> int:
+        """Apply every migration not applied yet; return the schema version."""
+        with self.db.transaction():
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                f"description TEXT NOT NULL, applied_at {self.db.types['real']} NOT NULL)"
+            )
+            if self.db.name == "postgres":
+                # Two processes migrating at once must not both apply the same step.
+                self.db.execute("SELECT pg_advisory_xact_lock(7305814)")
+            done = {int(r[0]) for r in self.db.execute("SELECT version FROM schema_migrations")}
+            for version, description, ddl in MIGRATIONS:
+                if version in done:
+                    continue
+                for statement in _statements(ddl.format(**self.db.types)):
+                    self.db.execute(statement)
+                self.db.execute(
+                    "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+                    (version, description, time.time()),
+                )
+        return max(v for v, _, _ in MIGRATIONS)
+
+    def schema_version(self) -> int:
+        try:
+            rows = self.db.execute("SELECT MAX(version) FROM schema_migrations")
+        except Exception as exc:  # noqa: BLE001 - the table may simply not exist yet
+            raise StoreError(f"the store at {self.url} is not initialised ({exc})") from None
+        return int(rows[0][0] or 0)
+
+    def notify(self) -> None:
+        self.db.notify()
+
+    def wait_for_work(self, timeout: float) -> None:
+        self.db.wait_for_work(timeout)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _statements(ddl: str) -> list[str]:
+    lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

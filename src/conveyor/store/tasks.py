@@ -1,0 +1,222 @@
+"""The hot path: insert, claim, fence, complete and lease tasks, in batches.
+
+Each method runs inside the caller's transaction when there is one
+(``with store.transaction():``) and in a transaction of its own otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.records import (
+    AttemptRecord,
+    ClaimedTask,
+    ExpiredLease,
+    NewItem,
+    NewTask,
+    StoredOutput,
+)
+
+T = TypeVar("T")
+
+CLAIM_COLUMNS = (
+    "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
+    "input_size, attempts, max_attempts, lease_token"
+)
+
+INSERT_TASK = """
+INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key, stage_version,
+    config_hash, input_digest, input_kind, input_inline, input_size, output_digest, output_kind,
+    cached, max_attempts, available_at, created_at, finished_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING
+"""
+
+INSERT_ITEM = """
+INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, item_key) DO NOTHING
+"""
+
+INSERT_OUTPUT = """
+INSERT INTO outputs (task_key, stage, kind, digest, inline, size, run_id, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_key) DO NOTHING
+"""
+
+INSERT_ATTEMPT = """
+INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, error_class, message, worker,
+    lease_token, stage_version, code_version, started_at, duration)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+MARK_SUCCEEDED = """
+UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = ?, cached = ?,
+    finished_at = ?, lease_owner = NULL, lease_expires_at = NULL, error_class = NULL, last_error = NULL
+WHERE id = ?
+"""
+
+MARK_RETRY = """
+UPDATE tasks SET status = 'queued', available_at = ?, error_class = ?, last_error = ?,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ?
+"""
+
+MARK_ENDED = """
+UPDATE tasks SET status = ?, error_class = ?, last_error = ?, finished_at = ?,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ?
+"""
+
+RELEASE = """
+UPDATE tasks SET status = 'queued', attempts = attempts - 1, lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ? AND lease_token = ? AND status = 'running'
+"""
+
+INSERT_DEAD_LETTER = """
+INSERT INTO dead_letters (task_id, run_id, item_key, stage, error_class, error, attempts, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+
+def chunks(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+class TaskQueries:
+    """Batched task operations over one dialect's connection."""
+
+    db: Dialect
+
+    def insert_items(self, items: Sequence[NewItem], now: float) -> None:
+        rows = [(i.run_id, i.item_key, i.parent_key, i.root_key, i.source_digest, i.source_size, now)
+                for i in items]
+        with self.db.transaction():
+            self.db.executemany(INSERT_ITEM, rows)
+
+    def insert_tasks(self, tasks: Sequence[NewTask], now: float) -> None:
+        rows = [
+            (t.run_id, t.pipeline, t.stage, t.item_key, t.root_key, t.status, t.task_key, t.stage_version,
+             t.config_hash, t.input_digest, t.input_kind, t.input_inline, t.input_size, t.output_digest,
+             t.output_kind, int(t.cached), t.max_attempts, now, now,
+             now if t.status != "queued" else None)
+            for t in tasks
+        ]
+        with self.db.transaction():
+            self.db.executemany(INSERT_TASK, rows)
+            if any(t.status == "queued" for t in tasks):
+                self.db.notify()
+
+    def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
+        """The memo: one indexed lookup per key, batched."""
+        keys = list(dict.fromkeys(task_keys))
+        found: dict[str, StoredOutput] = {}
+        for part in chunks(keys, 900):
+            marks = ",".join("?" * len(part))
+            for row in self.db.execute(
+                f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE task_key IN ({marks})",
+                part,
+            ):
+                found[row[0]] = StoredOutput(row[0], row[1], row[2], row[3], _bytes(row[4]), row[5])
+        return found
+
+    def insert_outputs(self, outputs: Sequence[StoredOutput], run_id: str, now: float) -> None:
+        """Insert-or-ignore: when two workers race on one key, the first write wins, both are fine."""
+        rows = [(o.task_key, o.stage, o.kind, o.digest, o.inline, o.size, run_id, now) for o in outputs]
+        with self.db.transaction():
+            self.db.executemany(INSERT_OUTPUT, rows)
+
+    def claim(
+        self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
+        lease_seconds: float, run_id: str | None = None,
+    ) -> list[ClaimedTask]:
+        """Lease up to ``limit`` runnable tasks, later stages first; count the attempt now."""
+        claimed: list[ClaimedTask] = []
+        run_filter = "AND run_id = ?" if run_id else ""
+        with self.db.transaction():
+            for stage in stages:
+                want = limit - len(claimed)
+                if want <= 0:
+                    break
+                params: list[Any] = [owner, now + lease_seconds, now, pipeline, stage, now]
+                if run_id:
+                    params.append(run_id)
+                params.append(want)
+                rows = self.db.execute(
+                    f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
+                        lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
+                    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND pipeline = ? AND stage = ?
+                        AND available_at <= ? {run_filter} ORDER BY available_at LIMIT ? {self.db.skip_locked})
+                    RETURNING {CLAIM_COLUMNS}""",
+                    params,
+                )
+                claimed.extend(ClaimedTask(*r[:8], _bytes(r[8]), *r[9:]) for r in rows)
+        return claimed
+
+    def held_leases(self, tokens: Sequence[tuple[int, int]]) -> set[int]:
+        """The ids among (id, token) whose lease this worker still holds."""
+        held: set[int] = set()
+        wanted = dict(tokens)
+        for part in chunks(list(wanted), 900):
+            marks = ",".join("?" * len(part))
+            for task_id, token in self.db.execute(
+                f"SELECT id, lease_token FROM tasks WHERE status = 'running' AND id IN ({marks})"
+                f" {self.db.skip_locked}",
+                part,
+            ):
+                if wanted.get(task_id) == token:
+                    held.add(task_id)
+        return held
+
+    def mark_succeeded(self, rows: Sequence[tuple[int, str, str, bool]], now: float) -> None:
+        """rows: (task id, output digest, output kind, cached)."""
+        self.db.executemany(MARK_SUCCEEDED, [(d, k, int(c), now, i) for i, d, k, c in rows])
+
+    def mark_retry(self, rows: Sequence[tuple[int, float, str, str]]) -> None:
+        """rows: (task id, available at, error class, message)."""
+        self.db.executemany(MARK_RETRY, [(at, cls, msg, i) for i, at, cls, msg in rows])
+
+    def mark_ended(self, rows: Sequence[tuple[int, str, str, str]], now: float) -> None:
+        """rows: (task id, 'failed' | 'dead_lettered', error class, message)."""
+        self.db.executemany(MARK_ENDED, [(st, cls, msg, now, i) for i, st, cls, msg in rows])
+
+    def insert_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
+        self.db.executemany(INSERT_ATTEMPT, [
+            (a.task_id, a.run_id, a.attempt, a.outcome, int(a.invoked), a.error_class, a.message, a.worker,
+             a.lease_token, a.stage_version, a.code_version, a.started_at, a.duration)
+            for a in attempts
+        ])
+
+    def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int]], now: float) -> None:
+        """rows: (task id, run id, item key, stage, error class, error, attempts)."""
+        self.db.executemany(INSERT_DEAD_LETTER, [(*r, now) for r in rows])
+
+    def renew_leases(self, tokens: Sequence[tuple[int, int]], expires_at: float) -> int:
+        renewed = 0
+        with self.db.transaction():
+            for task_id, token in tokens:
+                renewed += self.db.execute_rowcount(
+                    "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
+                    (expires_at, task_id, token),
+                )
+        return renewed
+
+    def release(self, tokens: Sequence[tuple[int, int]]) -> None:
+        """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
+        with self.db.transaction():
+            self.db.executemany(RELEASE, list(tokens))
+            self.db.notify()
+
+    def expired_leases(self, now: float, limit: int = 1000) -> list[ExpiredLease]:
+        rows = self.db.execute(
+            f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner
+            FROM tasks WHERE status = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?
+            {self.db.skip_locked}""",
+            (now, limit),
+        )
+        return [ExpiredLease(*r) for r in rows]
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)

@@ -1,0 +1,248 @@
+"""The engine on both backends: memo, re-runs, fan-out, retries, dead letters, guards."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conveyor.service.report import dlq_list, dlq_replay, find_run, reconcile
+from conveyor.store import open_store
+from tests.helpers import make_docs, submit_and_work, work, write_pipeline
+
+BASIC = """
+    import os
+    from conveyor import Pipeline, Retry
+
+    pipe = Pipeline("basic")
+    SINK = os.environ.get("SINK", "sink.log")
+
+    @pipe.stage(version=os.environ.get("PARSE_VERSION", "1"))
+    def parse(ctx, source: bytes) -> dict:
+        return {"text": source.decode(), "n": len(source)}
+
+    @pipe.stage(after=parse, version=os.environ.get("EXTRACT_VERSION", "1"))
+    async def extract(ctx, doc: dict) -> dict:
+        return {"words": doc["text"].split()}
+
+    @pipe.stage(after=extract, kind="fanout")
+    def chunk(ctx, doc: dict) -> list[dict]:
+        return [{"word": w} for w in doc["words"]]
+
+    @pipe.stage(after=chunk)
+    def upper(ctx, part: dict) -> str:
+        return part["word"].upper()
+
+    @pipe.stage(after=extract, kind="publish")
+    def publish(ctx, fields: dict) -> None:
+        with open(SINK, "a") as sink:
+            sink.write(f"{ctx.item_key} {ctx.idempotency_key}\\n")
+"""
+
+
+def _reconcile(store_url: str, run_id: str) -> dict:
+    store = open_store(store_url)
+    try:
+        return reconcile(store, find_run(store, run_id))
+    finally:
+        store.close()
+
+
+def test_run_publishes_every_item_once_and_rerun_makes_no_calls(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = tmp_path / "sink.log"
+    monkeypatch.setenv("SINK", str(sink))
+    target = write_pipeline(tmp_path, BASIC)
+    docs = make_docs(tmp_path / "docs", 20, "alpha beta {i}")
+
+    first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = _reconcile(store_url, first.run_id)
+    assert report["expected"] == 20
+    assert report["outcomes"] == {"published": 20}
+    assert report["unaccounted"] == 0
+    # parse, extract, chunk, publish per item, plus upper for 3 words each.
+    assert report["stage_calls"] == 20 * 4 + 20 * 3
+    assert len(sink.read_text().splitlines()) == 20
+
+    second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    again = _reconcile(store_url, second.run_id)
+    assert again["stage_calls"] == 0
+    assert again["cached"] == 20 * 7
+    assert again["outcomes"] == {"published": 20}
+    assert len(sink.read_text().splitlines()) == 20, "a cached re-run must not publish again"
+
+
+def test_version_bump_reruns_that_stage_and_downstream_only_on_changed_input(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SINK", str(tmp_path / "sink.log"))
+    target = write_pipeline(tmp_path, BASIC)
+    docs = make_docs(tmp_path / "docs", 5, "one two {i}")
+    submit_and_work(target, docs, store_url, tmp_path / "blobs")
+
+    # extract v2 gives the same output: only extract re-runs, everything after it is cached.
+    monkeypatch.setenv("EXTRACT_VERSION", "2")
+    from conveyor.runtime import target as target_module
+
+    target_module._cache.clear()
+    target2 = write_pipeline(tmp_path, BASIC, name="pipe_v2.py")
+    second = submit_and_work(target2, docs, store_url, tmp_path / "blobs")
+    report = _reconcile(store_url, second.run_id)
+    assert report["stage_calls"] == 5  # extract only
+    assert report["outcomes"] == {"published": 5}
+
+    # One document changes: its whole chain runs again, the others stay cached.
+    (docs / "doc0000.txt").write_text("changed text here")
+    third = submit_and_work(target2, docs, store_url, tmp_path / "blobs")
+    report = _reconcile(store_url, third.run_id)
+    assert report["stage_calls"] == 4 + 3  # parse, extract, chunk, publish + 3 words
+    assert len((tmp_path / "sink.log").read_text().splitlines()) == 6
+
+
+FLAKY = """
+    import os
+    from pathlib import Path
+    from conveyor import Pipeline, Retry, RetryLater, TerminalError
+
+    pipe = Pipeline("flaky", retry=Retry(max_attempts=3, base=0.01, cap=0.05))
+    STATE = Path(os.environ["STATE"])
+
+    def bump(ctx) -> int:
+        path = STATE / f"{ctx.stage}-{ctx.item_key}".replace("/", "_")
+        count = int(path.read_text()) + 1 if path.exists() else 1
+        path.write_text(str(count))
+        return count
+
+    class HttpError(Exception):
+        def __init__(self, status_code, retry_after=None):
+            super().__init__(f"HTTP {status_code}")
+            self.status_code = status_code
+            self.headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+
+    @pipe.stage(version="1")
+    def work(ctx, source: bytes) -> str:
+        n = bump(ctx)
+        text = source.decode()
+        if text.startswith("flaky") and n < 3:
+            raise ConnectionError("connection reset")
+        if text.startswith("poison"):
+            raise KeyError("no such field")
+        if text.startswith("terminal"):
+            raise TerminalError("document refused", error_class="refused")
+        if text.startswith("declared"):
+            raise ValueError("bad value")
+        if text.startswith("badrequest"):
+            raise HttpError(400)
+        if text.startswith("ratelimited") and n < 2:
+            raise HttpError(429, retry_after=1)
+        if text.startswith("later") and n < 2:
+            raise RetryLater(after=1)
+        return text
+
+    @pipe.stage(after=work, retry=Retry(max_attempts=3, base=0.01, terminal=(ValueError,)))
+    def check(ctx, text: str) -> str:
+        return text
+"""
+
+
+def test_retries_terminal_errors_and_dead_letters(tmp_path: Path, store_url: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("STATE", str(state))
+    target = write_pipeline(tmp_path, FLAKY)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("ok", "flaky", "poison", "terminal", "badrequest", "ratelimited", "later"):
+        (docs / name).write_text(f"{name} text")
+    started = time.monotonic()
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    elapsed = time.monotonic() - started
+    report = _reconcile(store_url, done.run_id)
+
+    assert report["outcomes"] == {"completed": 4, "dead_lettered": 1, "failed": 2}
+    assert report["unaccounted"] == 0
+    calls = {p.name: int(p.read_text()) for p in state.iterdir()}
+    assert calls["work-flaky"] == 3
+    assert calls["work-poison"] == 3, "poison must be dead-lettered after exactly max_attempts"
+    assert calls["work-terminal"] == 1 and calls["work-badrequest"] == 1, "terminal errors never retry"
+    assert calls["work-ratelimited"] == 2 and calls["work-later"] == 2
+    assert elapsed >= 1.0, "Retry-After / RetryLater(after=1) must be honoured"
+    classes = {e["item_key"]: e["error_classes"] for e in report["not_done"]}
+    assert classes == {"poison": ["key_error"], "terminal": ["refused"], "badrequest": ["http_400"]}
+
+    store = open_store(store_url)
+    try:
+        entries = dlq_list(store, run_id=done.run_id)["entries"]
+        assert [(e["item_key"], e["stage"], e["error_class"], e["attempts"]) for e in entries] == [
+            ("poison", "work", "key_error", 3)]
+        assert "KeyError" in entries[0]["error"] and "Traceback" in entries[0]["error"]
+        replay = dlq_replay(store, [entries[0]["id"]], reason="parser fixed")
+        assert replay["replayed"] == 1
+        assert dlq_list(store, run_id=done.run_id)["entries"] == []
+        assert dlq_list(store, run_id=done.run_id, include_replayed=True)["entries"][0]["replay_reason"] == \
+            "parser fixed"
+    finally:
+        store.close()
+    work(target, store_url, tmp_path / "blobs", run_id=done.run_id)
+    assert int((state / "work-poison").read_text()) == 6, "a replay gets a fresh attempt budget"
+
+
+def test_declared_terminal_exception_fails_at_once(tmp_path: Path, store_url: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("STATE", str(state))
+    source = FLAKY.replace('raise ValueError("bad value")', 'raise ValueError("bad value")').replace(
+        "return text\n\n    @pipe", "return text\n\n    @pipe")
+    target = write_pipeline(tmp_path, source + """
+    @pipe.stage(after=check, retry=Retry(max_attempts=5, terminal=(ValueError,)))
+    def strict(ctx, text: str) -> str:
+        raise ValueError("never valid")
+""")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ok").write_text("ok")
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = _reconcile(store_url, done.run_id)
+    assert report["outcomes"] == {"failed": 1}
+    task = report["not_done"][0]["tasks"][0]
+    assert (task["stage"], task["status"], task["attempts"], task["error_class"]) == (
+        "strict", "failed", 1, "terminal")
+
+
+GUARDED = """
+    import time
+    from conveyor import Pipeline, Retry
+
+    pipe = Pipeline("guarded", retry=Retry(max_attempts=1))
+
+    @pipe.stage(version="1", timeout=1, max_input_bytes=1000)
+    def parse(ctx, source: bytes) -> str:
+        if source.startswith(b"hang"):
+            time.sleep(3600)
+        return source.decode()[:10]
+"""
+
+
+def test_hang_becomes_timeout_and_oversize_input_is_never_read(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, GUARDED)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "hang").write_text("hang forever")
+    (docs / "small").write_text("small doc")
+    with open(docs / "huge", "wb") as huge:  # 900 MB, sparse: reading it would show in time and memory
+        huge.truncate(900_000_000)
+    started = time.monotonic()
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    elapsed = time.monotonic() - started
+    report = _reconcile(store_url, done.run_id)
+    assert report["outcomes"] == {"completed": 1, "dead_lettered": 1, "failed": 1}
+    classes = {e["item_key"]: e["error_classes"] for e in report["not_done"]}
+    assert classes == {"hang": ["timeout"], "huge": ["input_too_large"]}
+    assert elapsed < 1 + 2 + 5, f"the hang took {elapsed:.1f}s to become a failure"
+    blob_bytes = sum(f.stat().st_size for f in (tmp_path / "blobs").rglob("*") if f.is_file())
+    assert blob_bytes < 1_000_000, "the oversize input must not be copied into the blob store"
