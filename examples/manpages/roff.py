@@ -8,8 +8,9 @@ import lzma
 import re
 import unicodedata
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class ManPageError(ValueError):
@@ -18,27 +19,31 @@ class ManPageError(ValueError):
 
 _UNPACKERS: tuple[tuple[bytes, Callable[[bytes], bytes]], ...] = (
     (b"\x1f\x8b", gzip.decompress), (b"BZh", bz2.decompress), (b"\xfd7zXZ\x00", lzma.decompress))
-_CHARS = dict(zip(
-    "em en hy mi - aq dq lq rq oq cq bu co rg tm de ga aa ti ha rs sl ba bv or ul ru ss mu di +- -> <- >= <= != "
-    "== Fo Fc fo fc ua da dg dd ps sc ct Eu eu Po Ye if pl eq ap at sh Do lB rB lC rC la ra ae AE oe OE "
-    "12 14 34 r! r? pc md ts .i sq".split(),
-    "— – - - - ' \" “ ” ‘ ’ • © ® ™ ° ` ´ ~ ^ \\ / | | | _ _ ß × ÷ ± → ← ≥ ≤ ≠ "
-    "≡ « » ‹ › ↑ ↓ † ‡ ¶ § ¢ € € £ ¥ ∞ + = ~ @ # $ [ ] { } ⟨ ⟩ æ Æ œ Œ "
-    "½ ¼ ¾ ¡ ¿ · ⋅ ς ı □".split(" ")))
-_GREEK = dict(zip("abgdezyhiklmncoprstufxqw", "αβγδεζηθικλμνξοπρστυφχψω"))
+_CHARS = {
+    "em": "—", "en": "–", "hy": "-", "mi": "-", "-": "-", "aq": "'", "dq": '"', "lq": "“", "rq": "”",
+    "oq": "‘", "cq": "’", "Bq": "„", "bq": "‚", "Fo": "«", "Fc": "»", "fo": "‹", "fc": "›", "bu": "•",
+    "co": "©", "rg": "®", "tm": "™", "de": "°", "ga": "`", "aa": "´", "ti": "~", "ha": "^", "rs": "\\",
+    "sl": "/", "ba": "|", "bv": "|", "or": "|", "ul": "_", "ru": "_", "ss": "ß", "mu": "×", "di": "÷",
+    "+-": "±", "->": "→", "<-": "←", ">=": "≥", "<=": "≤", "!=": "≠", "==": "≡", "ua": "↑", "da": "↓",
+    "dg": "†", "dd": "‡", "ps": "¶", "sc": "§", "ct": "¢", "Eu": "€", "eu": "€", "Po": "£", "Ye": "¥",
+    "if": "∞", "pl": "+", "eq": "=", "ap": "~", "at": "@", "sh": "#", "Do": "$", "lB": "[", "rB": "]",
+    "lC": "{", "rC": "}", "la": "⟨", "ra": "⟩", "ae": "æ", "AE": "Æ", "oe": "œ", "OE": "Œ", "/l": "ł",
+    "/L": "Ł", "/o": "ø", "/O": "Ø", "-D": "Đ", "Sd": "ð", "TP": "Þ", "Tp": "þ", ".i": "ı", "12": "½",
+    "14": "¼", "34": "¾", "r!": "¡", "r?": "¿", "pc": "·", "md": "⋅", "ts": "ς", "sq": "□"}
+_GREEK = dict(zip("abgdezyhiklmncoprstufxqw", "αβγδεζηθικλμνξοπρστυφχψω", strict=True))
 _ACCENTS = {"'": "\u0301", "`": "\u0300", "^": "\u0302", ":": "\u0308", '"': "\u030b",
-            "~": "\u0303", ",": "\u0327", "o": "\u030a", "v": "\u030c", "/": "\u0338"}
-_STRINGS = {"R": "®", "Tm": "™", "lq": "“", "rq": "”", "Ba": "|", "Le": "≤", "Ge": "≥", "Lt": "<",
-            "Gt": ">", "Pm": "±", "If": "∞", "Na": "NaN", "Pi": "π", "Am": "&", "Ne": "≠", "Lq": "“",
-            "Rq": "”", "q": '"', "Ux": "UNIX", "Ua": "↑", "Ye": "¥"}
+            "~": "\u0303", ",": "\u0327", "o": "\u030a", "v": "\u030c"}
+_STRINGS = {"R": "®", "Tm": "™", "lq": "“", "rq": "”", "Lq": "“", "Rq": "”", "q": '"', "Ba": "|",
+            "Le": "≤", "Ge": "≥", "Lt": "<", "Gt": ">", "Pm": "±", "If": "∞", "Na": "NaN", "Pi": "π",
+            "Am": "&", "Ne": "≠", "Ux": "UNIX", "Ua": "↑", "Ye": "¥"}
 _SIMPLE = {"\\": "\\", "e": "\\", "E": "\\", "-": "-", " ": " ", "~": " ", "0": " ", "'": "'", "`": "`",
            "t": " ", ".": ".", "_": "_"}
-_DROPPED = set("&|^),/:%cadruprz{}!?*\"#\n")
+_DROPPED = frozenset("&|^),/:%cadruprz{}!?*\"#\n")
 _ESCAPE = re.compile(r"""\\(?:
       (?P<chr>\((?P<c2>..)|\[(?P<cb>[^\]]*)\])
     | (?P<skip>(?:[fFgkmMVY$]|n[-+]?)(?:\[[^\]]*\]|\(..|.)
         | s(?:[-+]?\(\d\d|[-+]?\[[^\]]*\]|[-+]?'[^']*'|[-+]\d|[1-3]\d|\d))
-    | (?P<dl>[hvwlLDbxRSHXoZNCAB])(?P<q>.)(?P<arg>.*?)(?P=q)
+    | (?P<dl>[hvwlLDbxRSHXoZNCAB])(?P<q>.)(?P<arg>.{0,200}?)(?P=q)
     | (?P<one>.)
 )""", re.X | re.S)
 _STRING_REF = re.compile(r"(?<!\\)((?:\\\\)*)\\\*(?:\[([^\]\s]*)[^\]]*\]|\((..)|(.))")
@@ -47,18 +52,20 @@ _ARG = re.compile(r'"((?:[^"]|"")*)"?|((?:\\.|[^\s\\])+)', re.S)
 _REQUEST = re.compile(r"[.'][ \t]*(\\[{}]|[^\s\\]*)[ \t]*(.*)", re.S)
 _SEPARATOR = re.compile(r"(?:^|\s)(?:-{1,2}|[—–])(?:\s+|$)")
 _PUNCT = re.compile(r"[.,:;)\]?!]+")
-_NAME_HEADINGS = {"NAME", "NAMES", "NAME(S)"}
-_PARAGRAPH = {"PP", "LP", "P", "IP", "TP", "TQ", "HP", "SS", "sp", "RS", "INDENT"}
-_FONT_MACROS = {"B", "I", "SM", "SB", "BR", "BI", "IB", "IR", "RB", "RI", "Nm"}
-_MDOC_TEXT = {"Nd", "Xr", "Fl", "Dq", "Ql", "Sq", "Pq", "Em", "Ar", "Pa", "Li", "Cm", "Ic", "Sy"}
+_MAX_STRING = 10_000
+_NAME_HEADINGS = frozenset({"NAME", "NAMES", "NAME(S)"})
+_PARAGRAPH = frozenset({"PP", "LP", "P", "IP", "TP", "TQ", "HP", "SS", "sp", "RS", "INDENT"})
+_FONT_MACROS = frozenset({"B", "I", "SM", "SB", "BR", "BI", "IB", "IR", "RB", "RI", "Nm"})
 _MDOC_PAIRS = {"Dq": "“”", "Qq": '""', "Sq": "‘’", "Pq": "()", "Aq": "<>", "Bq": "[]", "Brq": "{}",
                "Op": "[]", "Ql": "''"}
 _MDOC_PUNCT = {"Do": "“", "Qo": '"', "So": "‘", "Po": "(", "Ao": "<", "Bo": "[", "Bro": "{", "Oo": "[",
                "Dc": "”", "Qc": '"', "Sc": "’", "Pc": ")", "Ac": ">", "Bc": "]", "Brc": "}", "Oc": "]"}
 _MDOC_OS = {"Ux": "UNIX", "Bx": "BSD", "Ox": "OpenBSD", "Nx": "NetBSD", "Fx": "FreeBSD", "Dx": "DragonFly",
             "Bsx": "BSD/OS", "At": "AT&T UNIX"}
-_MDOC_CALLABLE = set("Ad An Ar Cd Cm Dv Em Er Ev Fa Fn Ft Ic Li Lk Ms Mt Nm No Pa Sx Sy Tn Va Vt Ot St "
-                     "Ex Rv Eo Ec Es En Fl Xr".split()) | set(_MDOC_PAIRS) | set(_MDOC_PUNCT) | set(_MDOC_OS)
+_MDOC_CALLABLE = frozenset({
+    "Ad", "An", "Ar", "Cd", "Cm", "Dv", "Em", "Er", "Ev", "Fa", "Fn", "Ft", "Ic", "Li", "Lk", "Ms", "Mt", "Nm",
+    "No", "Pa", "Sx", "Sy", "Tn", "Va", "Vt", "Ot", "St", "Ex", "Rv", "Eo", "Ec", "Es", "En", "Fl", "Xr",
+    *_MDOC_PAIRS, *_MDOC_PUNCT, *_MDOC_OS})
 
 
 def decode_source(data: bytes) -> str:
@@ -93,7 +100,7 @@ def _special(name: str) -> str:
 
 
 def _plain(text: str) -> str:
-    """Replace roff escapes (fonts, sizes, special characters...) with plain characters."""
+    """Replace roff escapes (fonts, sizes, motions, special characters...) with plain characters."""
 
     def replace(match: re.Match[str]) -> str:
         if match["chr"]:
@@ -117,10 +124,15 @@ def _split_args(text: str) -> list[tuple[str, bool]]:
 
 
 def _condition(cond: str) -> bool | None:
-    """Evaluate nroff conditions we can know (``n``, ``t``, groff check); ``None`` when unknown."""
+    """Evaluate conditions known for nroff output (``n``, ``t``, groff check); ``None`` if unknown."""
     base = cond.removeprefix("!")
     value = {"n": True, "t": False, "\\n(.g": True, "\\n[.g]": True}.get(base)
     return None if value is None else value != (base != cond)
+
+
+def _join(out: str, word: str, glue: bool) -> str:
+    """Append ``word`` to ``out`` with a separating space unless glued."""
+    return out + (" " if out and not glue else "") + word
 
 
 def _mdoc_inline(args: list[tuple[str, bool]]) -> str:
@@ -132,25 +144,25 @@ def _mdoc_inline(args: list[tuple[str, bool]]) -> str:
         (tok, quoted), i = args[i], i + 1
         macro = "" if quoted else tok
         if macro in _MDOC_PAIRS:
-            out, glue = out + (" " if out and not glue else "") + _MDOC_PAIRS[macro][0], True
+            out, glue = _join(out, _MDOC_PAIRS[macro][0], glue), True
             closers.append(_MDOC_PAIRS[macro][1])
-            continue
-        if macro in ("Ns", "Pf", "Ap") or macro in _MDOC_PUNCT:
-            out += "'" if macro == "Ap" else _MDOC_PUNCT.get(macro, "")
-            glue = macro in ("Ns", "Pf", "Ap") or _MDOC_PUNCT.get(macro, "") in "“\"‘(<[{"
-            continue
-        word = _MDOC_OS.get(macro) or _plain(tok)
-        if macro == "Fl":
+        elif macro in ("Ns", "Pf", "Ap"):
+            out, glue = out + ("'" if macro == "Ap" else ""), True
+        elif macro in _MDOC_PUNCT:
+            opener = macro.endswith("o")
+            out, glue = (_join(out, _MDOC_PUNCT[macro], glue) if opener else out + _MDOC_PUNCT[macro]), opener
+        elif macro == "Fl":
             nxt = args[i][0] if i < len(args) and args[i][0] not in _MDOC_CALLABLE else ""
-            word, i = "-" + _plain(nxt), i + bool(nxt)
+            out, glue, i = _join(out, "-" + _plain(nxt), glue), False, i + bool(nxt)
         elif macro == "Xr" and i + 1 < len(args):
-            word, i = f"{_plain(args[i][0])}({_plain(args[i + 1][0])})", i + 2
-        elif macro in _MDOC_CALLABLE and macro not in _MDOC_OS:
-            continue
-        elif not quoted and _PUNCT.fullmatch(word):
-            out, glue = out + word, False
-            continue
-        out, glue = out + (" " if out and not glue else "") + word, word in ("(", "[")
+            ref = f"{_plain(args[i][0])}({_plain(args[i + 1][0])})"
+            out, glue, i = _join(out, ref, glue), False, i + 2
+        elif macro in _MDOC_OS:
+            out, glue = _join(out, _MDOC_OS[macro], glue), False
+        elif macro not in _MDOC_CALLABLE:
+            word = _plain(tok)
+            out = out + word if not quoted and _PUNCT.fullmatch(word) else _join(out, word, glue)
+            glue = word in ("(", "[")
     return out + "".join(reversed(closers)) + tail
 
 
@@ -160,13 +172,11 @@ class _Section:
 
     heading: str
     lines: list[str] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    description: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Parser:
-    """Single-pass line state machine over a roff document."""
+    """Single-pass line state machine over a roff document (a tiny, forgiving nroff subset)."""
 
     fmt: str = ""
     title: str = ""
@@ -179,34 +189,34 @@ class _Parser:
     block_truth: bool | None = None
     last_ie: bool | None = None
     pending_heading: bool = False
+    nesting: int = 0
 
     def interpolate(self, line: str) -> str:
-        """Expand ``\\*x``, ``\\*(xx`` and ``\\*[name]`` string references."""
+        """Expand ``\\*x``, ``\\*(xx`` and ``\\*[name]`` string references (bounded)."""
         def value(m: re.Match[str]) -> str:
             name = m[2] if m[2] is not None else m[3] or m[4]
             return m[1] + self.strings.get(name, _STRINGS.get(name, ""))
 
         for _ in range(4):
             line, count = _STRING_REF.subn(value, line)
-            if not count:
+            if not count or len(line) > _MAX_STRING:
                 break
         return line
 
     def feed(self, line: str) -> None:
-        """Process one logical source line."""
+        """Process one logical source line, honouring ``.de``/``.ig`` skips and ``\\{ \\}`` blocks."""
         match = _REQUEST.fullmatch(line)
         if self.skip_until is not None:
             if match and match[1] == self.skip_until:
                 self.skip_until = None
-            return
-        if self.depth > 0:
+        elif self.depth > 0:
             self.depth = max(0, self.depth + line.count("\\{") - line.count("\\}"))
             self.conditional(line.replace("\\}", ""), self.block_truth)
         else:
             self.execute(line)
 
     def execute(self, line: str) -> None:
-        """Interpolate strings in a line and dispatch it as a request or as text."""
+        """Interpolate strings, then dispatch the line as a request or as running text."""
         line = self.interpolate(line)
         match = _REQUEST.fullmatch(line)
         if match is None:
@@ -215,12 +225,17 @@ class _Parser:
             self.request(match[1], match[2])
 
     def conditional(self, body: str, truth: bool | None) -> None:
-        """Run a conditional body: fully when true, only definitions when unknown."""
+        """Run a conditional body: fully when true, only new definitions when unknown."""
         match = _REQUEST.fullmatch(body)
-        if truth and body.strip():
+        if truth and body.strip() and self.nesting < 16:
+            self.nesting += 1
             self.execute(body)
-        elif match and (match[1] in ("de", "am") or truth is None and match[1] in ("ds", "as")):
-            if match[1] in ("de", "am") or (_split_args(match[2]) or [("", False)])[0][0] not in self.strings:
+            self.nesting -= 1
+        elif match and match[1] in ("de", "am"):
+            self.request(match[1], match[2])
+        elif match and truth is None and match[1] in ("ds", "as"):
+            name = (_split_args(match[2]) or [("", False)])[0][0]
+            if name not in self.strings:
                 self.request(match[1], self.interpolate(match[2]))
 
     def request(self, name: str, rest: str) -> None:
@@ -229,44 +244,44 @@ class _Parser:
         words = [_plain(arg).strip() for arg, _ in args]
         if name in ("TH", "Dt") and not self.title:
             self.fmt = "man" if name == "TH" else "mdoc"
-            self.title, self.section = (words + ["", ""])[:2]
+            self.title, self.section = [*words, "", ""][:2]
         elif name in ("SH", "Sh"):
             self.fmt = self.fmt or ("man" if name == "SH" else "mdoc")
             heading = (_mdoc_inline(args) if name == "Sh" else " ".join(words)).strip()
             self.sections.append(_Section(heading))
             self.pending_heading = not heading
         elif name in ("de", "am", "ig", "de1", "am1"):
-            self.skip_until = "." if len(words) < 1 + (name != "ig") else words[name != "ig"]
+            end_index = 0 if name == "ig" else 1
+            self.skip_until = words[end_index] if len(words) > end_index else "."
         elif name in ("ds", "as", "ds1", "as1") and args:
-            value = (rest.split(None, 1) + [""])[1].removeprefix('"')
-            self.strings[args[0][0]] = (self.strings.get(args[0][0], "") if name[0] == "a" else "") + value
+            value = [*rest.split(None, 1), ""][1].removeprefix('"')
+            value = (self.strings.get(args[0][0], "") if name[0] == "a" else "") + value
+            self.strings[args[0][0]] = value[:_MAX_STRING]
         elif name in ("if", "ie", "el"):
-            cond, body = ("", rest) if name == "el" else (rest.split(None, 1) + [""])[:2]
-            truth = (None if self.last_ie is None else not self.last_ie) if name == "el" else _condition(cond)
-            self.last_ie = truth if name == "ie" else self.last_ie
-            opened = body.count("\\{") - body.count("\\}")
-            self.block_truth = truth if opened > 0 else self.block_truth
-            self.depth = max(0, self.depth + opened)
-            self.conditional(body.replace("\\{", "").replace("\\}", "").lstrip(), truth)
+            self.branch(name, rest)
         elif name == "so" and words and not self.title and self.redirect is None:
             self.redirect = words[0]
-        elif name in _FONT_MACROS:
-            joiner = "" if len(name) == 2 and name not in ("SM", "SB", "Nm") else " "
-            self.inline(name, joiner.join(words))
-        elif name in _MDOC_TEXT:
-            self.inline(name, _mdoc_inline(args if name == "Nd" else [(name, False)] + args))
+        elif name in _FONT_MACROS and self.fmt != "mdoc":
+            self.text(("" if len(name) == 2 and name not in ("SM", "SB", "Nm") else " ").join(words))
+        elif name in _MDOC_CALLABLE or name == "Nd":
+            rendered = _mdoc_inline(args if name == "Nd" else [(name, False), *args])
+            self.text({"Nd": "- ", "Nm": ","}.get(name, "") + rendered)
         elif name in _PARAGRAPH and self.sections and self.fmt == "man":
             self.sections[-1].lines.append("\0")
 
-    def inline(self, name: str, rendered: str) -> None:
-        """Route the text of a font or mdoc macro line to the current section."""
-        current = self.sections[-1] if self.sections else None
-        if current is not None and self.fmt == "mdoc" and name == "Nd":
-            current.description.append(rendered)
-        elif current is not None and self.fmt == "mdoc" and name == "Nm" and not current.description:
-            current.names.extend(n for n in re.split(r"[,\s]+", rendered) if n)
-        elif name != "Nm" or self.fmt != "mdoc":
-            self.text(rendered)
+    def branch(self, name: str, rest: str) -> None:
+        """Handle ``.if``/``.ie``/``.el``, tracking ``\\{ ... \\}`` blocks."""
+        if name == "el":
+            cond, body = "", rest
+            truth = None if self.last_ie is None else not self.last_ie
+        else:
+            cond, body = [*rest.split(None, 1), ""][:2]
+            truth = _condition(cond)
+            self.last_ie = truth if name == "ie" else self.last_ie
+        opened = body.count("\\{") - body.count("\\}")
+        self.block_truth = truth if opened > 0 else self.block_truth
+        self.depth = max(0, self.depth + opened)
+        self.conditional(body.replace("\\{", "").replace("\\}", "").lstrip(), truth)
 
     def text(self, line: str) -> None:
         """Handle a line of running text."""
@@ -274,8 +289,6 @@ class _Parser:
             return
         if self.pending_heading:
             self.sections[-1].heading, self.pending_heading = line.strip(), False
-        elif self.fmt == "mdoc" and self.sections[-1].description:
-            self.sections[-1].description.append(line)
         else:
             self.sections[-1].lines.append(line)
 
@@ -291,25 +304,27 @@ def _logical_lines(text: str) -> list[str]:
             continue
         lines.append(pending + raw)
         pending = ""
-    return lines + ([pending] if pending else [])
+    return [*lines, pending] if pending else lines
 
 
 def _name_entries(lines: list[str]) -> tuple[list[str], str]:
-    """Split man(7) NAME lines (``a, b \\- text``) into names and the first description."""
+    """Split man(7) NAME lines (``a, b \\- text``) into names and the first entry's description."""
     prefix: list[str] = []
     names: list[str] = []
     description: list[str] = []
-    entries = 0
+    entries, broken = 0, False
     for line in lines:
         match = _SEPARATOR.search(line)
         if line == "\0":
-            if entries:
-                break
+            broken = entries > 0
         elif match:
-            names += " ".join(prefix + [line[:match.start()]]).split(",")
+            head = " ".join([*prefix, line[:match.start()]]).split(",")
+            if broken and any(len(n.split()) > 1 for n in head):
+                break
+            names += head
             description += [line[match.end():]] if entries == 0 else []
             prefix, entries = [], entries + 1
-        elif entries == 1:
+        elif entries == 1 and not broken:
             description.append(line)
         elif entries == 0:
             prefix.append(line)
@@ -323,10 +338,7 @@ def _summary(parser: _Parser) -> tuple[list[str], str]:
     if not parser.sections:
         return [], ""
     chosen = next((s for s in parser.sections if s.heading.upper() in _NAME_HEADINGS), parser.sections[0])
-    if chosen.names or chosen.description:
-        names, description = chosen.names, " ".join(" ".join(chosen.description).split())
-    else:
-        names, description = _name_entries(chosen.lines)
+    names, description = _name_entries(chosen.lines)
     return list(dict.fromkeys(names)), description
 
 
@@ -340,7 +352,7 @@ def parse_manpage(text: str) -> dict[str, Any]:
             return {"title": "", "section": "", "names": [], "description": "", "format": "man",
                     "headings": [], "redirect": parser.redirect}
         names, description = _summary(parser)
-    except Exception as exc:  # noqa: BLE001 - contract: bad input only ever raises ManPageError
+    except Exception as exc:  # contract: malformed input only ever raises ManPageError
         raise ManPageError(f"unparseable manual page: {type(exc).__name__}: {exc}") from exc
     if not parser.title:
         raise ManPageError("no .TH/.Dt title line found")

@@ -36,18 +36,17 @@ class Stage:
     config: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
-
-    @property
     def guarded(self) -> bool:
         """Sync stages with a timeout or memory limit run in a child process."""
         return not self.is_async and (self.timeout is not None or self.max_memory_bytes is not None)
 
-    @property
-    def config_hash(self) -> str:
+    config_hash: str = ""
+    is_async: bool = False
+
+    def __post_init__(self) -> None:
         text = json.dumps(dict(self.config), sort_keys=True, default=str, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        object.__setattr__(self, "config_hash", hashlib.sha256(text.encode()).hexdigest()[:16])
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

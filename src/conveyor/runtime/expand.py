@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.values import Ref, parse_fanout
-from conveyor.store import NewItem, NewTask, SqlStore, StoredOutput
+from conveyor.store import NewItem, NewTask, SqlStore
 
 
-@dataclass(frozen=True, slots=True)
-class Seed:
+class Seed(NamedTuple):
     """An item that needs ``stage`` run on ``ref``."""
 
     run_id: str
@@ -28,10 +27,13 @@ class Seed:
     ref: Ref
 
 
+def _key_prefix(stage: Stage) -> bytes:
+    return f"{stage.name}\0{stage.version}\0{stage.config_hash}\0".encode()
+
+
 def task_key(stage: Stage, ref: Ref) -> str:
     """hash(stage name, stage version, config hash, input kind and digest): the memo key."""
-    text = f"{stage.name}\0{stage.version}\0{stage.config_hash}\0{ref.kind}\0{ref.digest}"
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_key_prefix(stage) + f"{ref.kind}\0{ref.digest}".encode()).hexdigest()
 
 
 def idempotency_key(pipeline: str, item_key: str, stage: str, input_digest: str) -> str:
@@ -49,59 +51,61 @@ class Expander:
     def __init__(self, pipeline: Pipeline, store: SqlStore) -> None:
         self.pipeline = pipeline
         self.store = store
+        self._stages = {s.name: s for s in pipeline}
+        self._prefix = {s.name: _key_prefix(s) for s in pipeline}
+        self._next = {s.name: [c.name for c in pipeline.children(s.name)] for s in pipeline}
+        self._roots = [s.name for s in pipeline.roots]
 
     def roots(self, run_id: str, item_key: str, source: Ref) -> list[Seed]:
-        return [Seed(run_id, item_key, item_key, s.name, source) for s in self.pipeline.roots]
+        return [Seed(run_id, item_key, item_key, name, source) for name in self._roots]
 
-    def successors(self, seed: Seed, output: Ref) -> tuple[list[Seed], list[NewItem]]:
+    def successors(self, seed: Seed, output: Ref, now: float) -> tuple[list[Seed], list[NewItem]]:
         """The seeds that follow ``seed``'s stage having produced ``output``."""
-        stage = self.pipeline[seed.stage]
-        children = self.pipeline.children(stage.name)
-        if stage.kind != "fanout":
-            return [Seed(seed.run_id, seed.item_key, seed.root_key, c.name, output) for c in children], []
+        children = self._next[seed.stage]
+        if self._stages[seed.stage].kind != "fanout":
+            run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
+            return [Seed(run_id, item_key, root_key, c, output) for c in children], []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
         seeds, items = [], []
         for index, element in enumerate(parse_fanout(output.inline)):
             key = child_key(seed.item_key, index)
-            items.append(NewItem(seed.run_id, key, seed.item_key, seed.root_key, element.digest, element.size))
-            seeds.extend(Seed(seed.run_id, key, seed.root_key, c.name, element) for c in children)
+            items.append(NewItem(seed.run_id, key, seed.item_key, seed.root_key, element.digest, element.size, now))
+            seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in children)
         return seeds, items
 
     def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> int:
         """Insert tasks for ``seeds`` and, through memo hits, their successors; return cached count."""
         cached = 0
         frontier, pending_items = list(seeds), list(items)
+        prefix, sha256 = self._prefix, hashlib.sha256
         while frontier or pending_items:
-            keys = [task_key(self.pipeline[s.stage], s.ref) for s in frontier]
+            keys = [sha256(prefix[s.stage] + f"{s.ref.kind}\0{s.ref.digest}".encode()).hexdigest()
+                    for s in frontier]
             memo = self.store.lookup_outputs(keys) if frontier else {}
             tasks, next_frontier = [], []
             for seed, key in zip(frontier, keys, strict=True):
                 hit = memo.get(key)
-                tasks.append(self._task(seed, key, hit))
+                tasks.append(self._task(seed, key, hit, now))
                 if hit is not None:
                     cached += 1
-                    more, new_items = self.successors(seed, _ref(hit))
-                    next_frontier.extend(more)
-                    pending_items.extend(new_items)
+                    more, new_items = self.successors(seed, Ref(hit.kind, hit.digest, hit.size, hit.inline), now)
+                    next_frontier += more
+                    pending_items += new_items
             if pending_items:
-                self.store.insert_items(pending_items, now)
+                self.store.insert_items(pending_items)
                 pending_items = []
             if tasks:
-                self.store.insert_tasks(tasks, now)
+                self.store.insert_tasks(tasks)
             frontier = next_frontier
         return cached
 
-    def _task(self, seed: Seed, key: str, hit: StoredOutput | None) -> NewTask:
-        stage = self.pipeline[seed.stage]
-        return NewTask(
-            run_id=seed.run_id, pipeline=self.pipeline.name, stage=stage.name, item_key=seed.item_key,
-            root_key=seed.root_key, task_key=key, stage_version=stage.version, config_hash=stage.config_hash,
-            input_digest=seed.ref.digest, input_kind=seed.ref.kind, input_inline=seed.ref.inline,
-            input_size=seed.ref.size, max_attempts=stage.retry.max_attempts,
-            status="succeeded" if hit else "queued", cached=hit is not None,
-            output_digest=hit.digest if hit else None, output_kind=hit.kind if hit else None,
-        )
-
-
-def _ref(output: StoredOutput) -> Ref:
-    return Ref(output.kind, output.digest, output.size, output.inline)
+    def _task(self, seed: Seed, key: str, hit: tuple[str, str, str, str, bytes | None, int] | None,
+              now: float) -> NewTask:
+        stage, ref = self._stages[seed.stage], seed.ref
+        if hit is None:
+            return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "queued", key,
+                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
+                           0, stage.retry.max_attempts, now, now, None)
+        return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "succeeded", key,
+                       stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, hit[3], hit[2],
+                       1, stage.retry.max_attempts, now, now, now)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
@@ -33,6 +33,7 @@ STARTUP_TIMEOUT = 120.0  # seconds for a child to import the pipeline
 EXIT_GRACE = 1.0  # seconds a dying child gets to exit before SIGKILL
 KILL_WAIT = 5.0  # seconds to wait for a SIGKILLed child before leaving it to close()
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class _Child:
         self.proc.start()
         child_conn.close()
         self.code: int | None = None
-        self.busy = False  # a caller is watching its file descriptors: do not close them yet
+        self.busy = False  # the event loop or a thread is using its descriptors: do not close them yet
         self.released = False
         _LIVE.add(self)
 
@@ -132,7 +133,7 @@ class _Child:
             self.proc.kill()
 
     def reap(self) -> bool:
-        """Without blocking: reap the process if it has exited; True once it has."""
+        """Without blocking: reap the process if it has exited; True once it is reaped and released."""
         if self.code is None and self.proc.exitcode is not None:
             self.code = self.proc.exitcode
             _LIVE.discard(self)
@@ -140,7 +141,7 @@ class _Child:
             self.released = True
             self.proc.close()
             self.conn.close()
-        return self.code is not None
+        return self.released
 
     def exit_text(self) -> str:
         if self.code is None:
@@ -242,7 +243,7 @@ class GuardedPool:
         """Send ``request`` (None: just listen) and return the child's answer as (status, payload)."""
         try:
             if request is not None:
-                child.conn.send_bytes(request)
+                await _in_thread(child, child.conn.send_bytes, request)
             message = await _answer(child, timeout)
         except TimeoutError:
             child.kill()
@@ -299,7 +300,20 @@ async def _answer(child: _Child, timeout: float | None) -> tuple[str, Any] | Non
         for fd in fds:
             loop.remove_reader(fd)
         child.busy = False
-    return _receive(child)
+    return await _in_thread(child, _receive, child)  # a large output must not block the event loop
+
+
+async def _in_thread(child: _Child, fn: Callable[..., _T], *args: Any) -> _T:
+    """Run ``fn`` in a thread; ``child`` keeps its descriptors open until it returns, even on cancel."""
+    child.busy = True
+    return await asyncio.get_running_loop().run_in_executor(None, _then_idle, child, fn, *args)
+
+
+def _then_idle(child: _Child, fn: Callable[..., _T], *args: Any) -> _T:
+    try:
+        return fn(*args)
+    finally:
+        child.busy = False
 
 
 def _receive(child: _Child) -> tuple[str, Any] | None:

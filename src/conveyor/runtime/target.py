@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -43,7 +44,7 @@ def _import_file(path: Path, target: str) -> object:
     if not path.is_file():
         raise TargetError(f"pipeline file {str(path)!r} does not exist (TARGET {target!r})")
     resolved = path.resolve()
-    name = f"conveyor_target_{abs(hash(str(resolved)))}"
+    name = "conveyor_target_" + hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)

@@ -74,7 +74,7 @@ class Transitions:
         items: list[NewItem] = []
         for o in done:
             seed = Seed(o.task.run_id, o.task.item_key, o.task.root_key, o.task.stage, o.output)  # type: ignore[arg-type]
-            more, new_items = self.expander.successors(seed, o.output)  # type: ignore[arg-type]
+            more, new_items = self.expander.successors(seed, o.output, now)  # type: ignore[arg-type]
             seeds.extend(more)
             items.extend(new_items)
         counts["cached"] += len(done) - len(fresh) + self.expander.expand(seeds, now, items)
@@ -120,7 +120,7 @@ class Transitions:
                 message = (f"lease of worker {lease.lease_owner} expired during attempt {lease.attempts}; "
                            "the worker died or stalled")
                 attempts.append(AttemptRecord(
-                    lease.id, lease.run_id, lease.attempts, "lease_expired", False, "lease_expired", message,
+                    lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, __version__, None, None))
                 if lease.attempts >= lease.max_attempts:
                     ended.append((lease.id, "dead_lettered", "lease_expired", message))
@@ -143,7 +143,7 @@ class Transitions:
     def _attempt(self, o: Outcome, outcome: str, f: Failure | None) -> AttemptRecord:
         stage = self.pipeline[o.task.stage]
         return AttemptRecord(
-            o.task.id, o.task.run_id, o.task.attempts, outcome, o.invoked,
+            o.task.id, o.task.run_id, o.task.attempts, outcome, int(o.invoked),
             f.error_class if f else None, f.message if f else None, self.worker, o.task.lease_token,
             stage.version, __version__, o.started, o.duration,
         )

@@ -86,7 +86,7 @@ def _add_batch(
     seeds: list[Seed] = []
     for item in batch:
         ref = source_ref(item, blobs, read_limit)
-        new_items.append(NewItem(run_id, item.key, None, item.key, ref.digest, ref.size))
+        new_items.append(NewItem(run_id, item.key, None, item.key, ref.digest, ref.size, now))
         seeds.extend(expander.roots(run_id, item.key, ref))
     with expander.store.transaction():
         return expander.expand(seeds, now, new_items)

@@ -36,7 +36,7 @@ class SqliteDialect:
     """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout."""
 
     name = "sqlite"
-    types = {"id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB"}
+    types = {"id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"}
     skip_locked = ""
     max_params = 30000
 
@@ -45,7 +45,8 @@ class SqliteDialect:
 
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=60000",
-                       "foreign_keys=OFF", "cache_size=-65536", "temp_store=MEMORY"):
+                       "foreign_keys=OFF", "cache_size=-131072", "temp_store=MEMORY",
+                       "wal_autocheckpoint=20000", "mmap_size=1073741824"):
             self.conn.execute(f"PRAGMA {pragma}")
         self._depth = 0
 
@@ -95,7 +96,7 @@ class PostgresDialect:
     """PostgreSQL through psycopg 3: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups."""
 
     name = "postgres"
-    types = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA"}
+    types = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": ""}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     channel = "conveyor_tasks"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class TaskStatus(StrEnum):
@@ -18,8 +18,11 @@ class TaskStatus(StrEnum):
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 
 
-@dataclass(frozen=True, slots=True)
-class NewTask:
+# The hot records are NamedTuples whose fields follow their table's column order,
+# so a batch of them goes to executemany as it is, without a copy per row.
+
+
+class NewTask(NamedTuple):
     """A task row to insert: queued, or already succeeded from the memo (cached)."""
 
     run_id: str
@@ -27,6 +30,7 @@ class NewTask:
     stage: str
     item_key: str
     root_key: str
+    status: str
     task_key: str
     stage_version: str
     config_hash: str
@@ -34,25 +38,26 @@ class NewTask:
     input_kind: str
     input_inline: bytes | None
     input_size: int
+    output_digest: str | None
+    output_kind: str | None
+    cached: int
     max_attempts: int
-    status: str = TaskStatus.QUEUED.value
-    output_digest: str | None = None
-    output_kind: str | None = None
-    cached: bool = False
+    available_at: float
+    created_at: float
+    finished_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class NewItem:
+class NewItem(NamedTuple):
     run_id: str
     item_key: str
     parent_key: str | None
     root_key: str
     source_digest: str | None
     source_size: int | None
+    created_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class StoredOutput:
+class StoredOutput(NamedTuple):
     task_key: str
     stage: str
     kind: str
@@ -61,8 +66,7 @@ class StoredOutput:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedTask:
+class ClaimedTask(NamedTuple):
     id: int
     run_id: str
     stage: str
@@ -78,13 +82,12 @@ class ClaimedTask:
     lease_token: int
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
     task_id: int
     run_id: str
     attempt: int
     outcome: str
-    invoked: bool
+    invoked: int
     error_class: str | None
     message: str | None
     worker: str | None

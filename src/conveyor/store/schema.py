@@ -71,6 +71,8 @@ CREATE TABLE tasks (
 -- The hot queue: only runnable and leased rows are indexed.
 CREATE INDEX tasks_runnable ON tasks (pipeline, stage, available_at) WHERE status = 'queued';
 CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'running';
+-- "Is this run done?" must not scan its finished tasks.
+CREATE INDEX tasks_open ON tasks (run_id) WHERE status IN ('queued', 'running');
 
 CREATE TABLE outputs (
     task_key TEXT PRIMARY KEY,
@@ -81,7 +83,7 @@ CREATE TABLE outputs (
     size INTEGER NOT NULL,
     run_id TEXT NOT NULL,
     created_at {real} NOT NULL
-);
+){without_rowid};
 
 CREATE TABLE attempts (
     id {id},

@@ -89,22 +89,13 @@ class TaskQueries:
 
     db: Dialect
 
-    def insert_items(self, items: Sequence[NewItem], now: float) -> None:
-        rows = [(i.run_id, i.item_key, i.parent_key, i.root_key, i.source_digest, i.source_size, now)
-                for i in items]
+    def insert_items(self, items: Sequence[NewItem]) -> None:
         with self.db.transaction():
-            self.db.executemany(INSERT_ITEM, rows)
+            self.db.executemany(INSERT_ITEM, items)
 
-    def insert_tasks(self, tasks: Sequence[NewTask], now: float) -> None:
-        rows = [
-            (t.run_id, t.pipeline, t.stage, t.item_key, t.root_key, t.status, t.task_key, t.stage_version,
-             t.config_hash, t.input_digest, t.input_kind, t.input_inline, t.input_size, t.output_digest,
-             t.output_kind, int(t.cached), t.max_attempts, now, now,
-             now if t.status != "queued" else None)
-            for t in tasks
-        ]
+    def insert_tasks(self, tasks: Sequence[NewTask]) -> None:
         with self.db.transaction():
-            self.db.executemany(INSERT_TASK, rows)
+            self.db.executemany(INSERT_TASK, tasks)
             if any(t.status == "queued" for t in tasks):
                 self.db.notify()
 
@@ -118,7 +109,7 @@ class TaskQueries:
                 f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE task_key IN ({marks})",
                 part,
             ):
-                found[row[0]] = StoredOutput(row[0], row[1], row[2], row[3], _bytes(row[4]), row[5])
+                found[row[0]] = StoredOutput._make(row)
         return found
 
     def insert_outputs(self, outputs: Sequence[StoredOutput], run_id: str, now: float) -> None:
@@ -151,7 +142,7 @@ class TaskQueries:
                     RETURNING {CLAIM_COLUMNS}""",
                     params,
                 )
-                claimed.extend(ClaimedTask(*r[:8], _bytes(r[8]), *r[9:]) for r in rows)
+                claimed.extend(map(ClaimedTask._make, rows))
         return claimed
 
     def held_leases(self, tokens: Sequence[tuple[int, int]]) -> set[int]:
@@ -182,11 +173,7 @@ class TaskQueries:
         self.db.executemany(MARK_ENDED, [(st, cls, msg, now, i) for i, st, cls, msg in rows])
 
     def insert_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
-        self.db.executemany(INSERT_ATTEMPT, [
-            (a.task_id, a.run_id, a.attempt, a.outcome, int(a.invoked), a.error_class, a.message, a.worker,
-             a.lease_token, a.stage_version, a.code_version, a.started_at, a.duration)
-            for a in attempts
-        ])
+        self.db.executemany(INSERT_ATTEMPT, attempts)
 
     def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int]], now: float) -> None:
         """rows: (task id, run id, item key, stage, error class, error, attempts)."""
@@ -216,7 +203,3 @@ class TaskQueries:
             (now, limit),
         )
         return [ExpiredLease(*r) for r in rows]
-
-
-def _bytes(value: Any) -> bytes | None:
-    return None if value is None else bytes(value)
