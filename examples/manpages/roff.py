@@ -58,14 +58,18 @@ _PARAGRAPH = frozenset({"PP", "LP", "P", "IP", "TP", "TQ", "HP", "SS", "sp", "RS
 _FONT_MACROS = frozenset({"B", "I", "SM", "SB", "BR", "BI", "IB", "IR", "RB", "RI", "Nm"})
 _MDOC_PAIRS = {"Dq": "“”", "Qq": '""', "Sq": "‘’", "Pq": "()", "Aq": "<>", "Bq": "[]", "Brq": "{}",
                "Op": "[]", "Ql": "''"}
-_MDOC_PUNCT = {"Do": "“", "Qo": '"', "So": "‘", "Po": "(", "Ao": "<", "Bo": "[", "Bro": "{", "Oo": "[",
-               "Dc": "”", "Qc": '"', "Sc": "’", "Pc": ")", "Ac": ">", "Bc": "]", "Brc": "}", "Oc": "]"}
-_MDOC_OS = {"Ux": "UNIX", "Bx": "BSD", "Ox": "OpenBSD", "Nx": "NetBSD", "Fx": "FreeBSD", "Dx": "DragonFly",
-            "Bsx": "BSD/OS", "At": "AT&T UNIX"}
+# mdoc words: macro -> (text, attach to previous word, glue the next word)
+_MDOC_WORDS = {
+    "Ns": ("", True, True), "Pf": ("", True, True), "Ap": ("'", True, True),
+    **{m: (c, False, True) for m, c in zip(["Do", "Qo", "So", "Po", "Ao", "Bo", "Bro", "Oo"], "“\"‘(<[{[", strict=True)},
+    **{m: (c, True, False) for m, c in zip(["Dc", "Qc", "Sc", "Pc", "Ac", "Bc", "Brc", "Oc"], "”\"’)>]}]", strict=True)},
+    **{m: (t, False, False) for m, t in [("Ux", "UNIX"), ("Bx", "BSD"), ("Ox", "OpenBSD"), ("Nx", "NetBSD"),
+                                         ("Fx", "FreeBSD"), ("Dx", "DragonFly"), ("At", "AT&T UNIX"),
+                                         ("Bsx", "BSD/OS")]}}
 _MDOC_CALLABLE = frozenset({
     "Ad", "An", "Ar", "Cd", "Cm", "Dv", "Em", "Er", "Ev", "Fa", "Fn", "Ft", "Ic", "Li", "Lk", "Ms", "Mt", "Nm",
     "No", "Pa", "Sx", "Sy", "Tn", "Va", "Vt", "Ot", "St", "Ex", "Rv", "Eo", "Ec", "Es", "En", "Fl", "Xr",
-    *_MDOC_PAIRS, *_MDOC_PUNCT, *_MDOC_OS})
+    *_MDOC_PAIRS, *_MDOC_WORDS})
 
 
 def decode_source(data: bytes) -> str:
@@ -146,32 +150,20 @@ def _mdoc_inline(args: list[tuple[str, bool]]) -> str:
         if macro in _MDOC_PAIRS:
             out, glue = _join(out, _MDOC_PAIRS[macro][0], glue), True
             closers.append(_MDOC_PAIRS[macro][1])
-        elif macro in ("Ns", "Pf", "Ap"):
-            out, glue = out + ("'" if macro == "Ap" else ""), True
-        elif macro in _MDOC_PUNCT:
-            opener = macro.endswith("o")
-            out, glue = (_join(out, _MDOC_PUNCT[macro], glue) if opener else out + _MDOC_PUNCT[macro]), opener
+        elif macro in _MDOC_WORDS:
+            text, attach, next_glue = _MDOC_WORDS[macro]
+            out, glue = (out + text if attach else _join(out, text, glue)), next_glue
         elif macro == "Fl":
             nxt = args[i][0] if i < len(args) and args[i][0] not in _MDOC_CALLABLE else ""
             out, glue, i = _join(out, "-" + _plain(nxt), glue), False, i + bool(nxt)
         elif macro == "Xr" and i + 1 < len(args):
             ref = f"{_plain(args[i][0])}({_plain(args[i + 1][0])})"
             out, glue, i = _join(out, ref, glue), False, i + 2
-        elif macro in _MDOC_OS:
-            out, glue = _join(out, _MDOC_OS[macro], glue), False
         elif macro not in _MDOC_CALLABLE:
             word = _plain(tok)
             out = out + word if not quoted and _PUNCT.fullmatch(word) else _join(out, word, glue)
             glue = word in ("(", "[")
     return out + "".join(reversed(closers)) + tail
-
-
-@dataclass
-class _Section:
-    """Collected content of one ``.SH``/``.Sh`` section."""
-
-    heading: str
-    lines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -182,7 +174,7 @@ class _Parser:
     title: str = ""
     section: str = ""
     redirect: str | None = None
-    sections: list[_Section] = field(default_factory=list)
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)  # (heading, text lines)
     strings: dict[str, str] = field(default_factory=dict)
     skip_until: str | None = None
     depth: int = 0
@@ -248,7 +240,7 @@ class _Parser:
         elif name in ("SH", "Sh"):
             self.fmt = self.fmt or ("man" if name == "SH" else "mdoc")
             heading = (_mdoc_inline(args) if name == "Sh" else " ".join(words)).strip()
-            self.sections.append(_Section(heading))
+            self.sections.append((heading, []))
             self.pending_heading = not heading
         elif name in ("de", "am", "ig", "de1", "am1"):
             end_index = 0 if name == "ig" else 1
@@ -265,9 +257,9 @@ class _Parser:
             self.text(("" if len(name) == 2 and name not in ("SM", "SB", "Nm") else " ").join(words))
         elif name in _MDOC_CALLABLE or name == "Nd":
             rendered = _mdoc_inline(args if name == "Nd" else [(name, False), *args])
-            self.text({"Nd": "- ", "Nm": ","}.get(name, "") + rendered)
+            self.text({"Nd": "- ", "Nm": "\x01"}.get(name, "") + rendered)
         elif name in _PARAGRAPH and self.sections and self.fmt == "man":
-            self.sections[-1].lines.append("\0")
+            self.sections[-1][1].append("\0")
 
     def branch(self, name: str, rest: str) -> None:
         """Handle ``.if``/``.ie``/``.el``, tracking ``\\{ ... \\}`` blocks."""
@@ -288,9 +280,9 @@ class _Parser:
         if not self.sections or not line.strip():
             return
         if self.pending_heading:
-            self.sections[-1].heading, self.pending_heading = line.strip(), False
+            self.sections[-1], self.pending_heading = (line.strip(), self.sections[-1][1]), False
         else:
-            self.sections[-1].lines.append(line)
+            self.sections[-1][1].append(line)
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -318,7 +310,7 @@ def _name_entries(lines: list[str]) -> tuple[list[str], str]:
         if line == "\0":
             broken = entries > 0
         elif match:
-            head = " ".join([*prefix, line[:match.start()]]).split(",")
+            head = " ".join([*prefix, line[:match.start()]]).replace("\x01", ",").split(",")
             if broken and any(len(n.split()) > 1 for n in head):
                 break
             names += head
@@ -329,16 +321,17 @@ def _name_entries(lines: list[str]) -> tuple[list[str], str]:
         elif entries == 0:
             prefix.append(line)
     if not names and prefix:
-        names = " ".join(prefix).split(",")
-    return [" ".join(n.split()) for n in names if n.strip()], " ".join(" ".join(description).split())
+        names = " ".join(prefix).replace("\x01", ",").split(",")
+    text = " ".join(" ".join(description).replace("\x01", "").split())
+    return [" ".join(n.split()) for n in names if n.strip()], text
 
 
 def _summary(parser: _Parser) -> tuple[list[str], str]:
     """Pick the NAME section (else the first section) and extract its names and description."""
     if not parser.sections:
         return [], ""
-    chosen = next((s for s in parser.sections if s.heading.upper() in _NAME_HEADINGS), parser.sections[0])
-    names, description = _name_entries(chosen.lines)
+    chosen = next((s for s in parser.sections if s[0].upper() in _NAME_HEADINGS), parser.sections[0])
+    names, description = _name_entries(chosen[1])
     return list(dict.fromkeys(names)), description
 
 
@@ -359,4 +352,4 @@ def parse_manpage(text: str) -> dict[str, Any]:
     if not names:
         raise ManPageError("no NAME section with command names found")
     return {"title": parser.title, "section": parser.section, "names": names, "description": description,
-            "format": parser.fmt, "headings": [s.heading for s in parser.sections], "redirect": None}
+            "format": parser.fmt, "headings": [s[0] for s in parser.sections], "redirect": None}

@@ -35,26 +35,13 @@ def main() -> None:
     logging.basicConfig(level=os.environ.get("CONVEYOR_LOG", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        app(standalone_mode=False)
+        app()  # standalone: Typer itself reports usage errors and exits 2
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
     except ConveyorError as exc:
         typer.echo(f"error [{exc.code}]: {exc}", err=True)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except typer.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
-    except Exception as exc:  # click's usage errors and aborts
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        if isinstance(exc, click.exceptions.Abort):
-            raise SystemExit(1) from None
-        raise
 
 
 @contextmanager

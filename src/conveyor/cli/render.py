@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-out = Console()
+# Piped output gets room enough that ids and numbers are never cut.
+out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 DONE = ("succeeded", "failed", "dead_lettered")
 
@@ -56,17 +57,38 @@ def summary(data: dict[str, Any]) -> None:
 
 
 def status(data: dict[str, Any]) -> None:
-    for run in data.get("runs", [data]):
-        table = Table(title=f"run {run['run_id']} ({run['pipeline']}): {run['status']}, "
-                            f"{run['expected']} items, {run['stage_calls']} stage calls, {run['cached']} cached")
-        for column in ("stage", "queued", "running", "succeeded", "failed", "dead_lettered"):
-            table.add_column(column, justify="left" if column == "stage" else "right")
-        for stage, counts in run["stages"].items():
-            table.add_row(stage, *(str(counts.get(k, 0)) for k in
-                                   ("queued", "running", "succeeded", "failed", "dead_lettered")))
-        out.print(table)
-    if not data.get("runs", [data]):
-        out.print("no runs yet")
+    if "runs" in data:
+        _runs(data["runs"])
+        return
+    table = Table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
+                        f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
+    columns = ("queued", "running", "succeeded", "failed", "dead_lettered")
+    table.add_column("stage")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for stage, counts in data["stages"].items():
+        table.add_row(stage, *(str(counts.get(k, 0)) for k in columns))
+    out.print(table)
+
+
+def _runs(runs: list[dict[str, Any]]) -> None:
+    if not runs:
+        out.print("no runs yet: start one with `conveyor run TARGET --input PATH`")
+        return
+    table = Table(title="recent runs")
+    table.add_column("run", no_wrap=True, min_width=24)
+    for column in ("pipeline", "status", "items", "tasks done", "failed", "dead", "calls", "cached"):
+        table.add_column(column, justify="left" if column in ("pipeline", "status") else "right")
+    for run in runs:
+        totals: dict[str, int] = {}
+        for counts in run["stages"].values():
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0) + value
+        done = sum(totals.get(k, 0) for k in DONE)
+        table.add_row(run["run_id"], run["pipeline"], run["status"], str(run["expected"]),
+                      f"{done}/{sum(totals.values())}", str(totals.get("failed", 0)),
+                      str(totals.get("dead_lettered", 0)), str(run["stage_calls"]), str(run["cached"]))
+    out.print(table)
 
 
 def dlq(data: dict[str, Any]) -> None:

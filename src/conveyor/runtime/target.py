@@ -6,9 +6,10 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 
-from conveyor.errors import TargetError
+from conveyor.errors import ConveyorError, TargetError
 from conveyor.pipeline import Pipeline
 
 _cache: dict[str, Pipeline] = {}
@@ -55,7 +56,19 @@ def _import_file(path: Path, target: str) -> object:
     sys.path.insert(0, str(resolved.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except ConveyorError:
         del sys.modules[name]
         raise
+    except Exception as exc:
+        del sys.modules[name]
+        raise TargetError(f"importing {path} failed: {_where(exc, resolved)}") from exc
     return module
+
+
+def _where(exc: Exception, path: Path) -> str:
+    """The error and the line of the pipeline file it came from, in one line."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError at line {exc.lineno}: {exc.msg}"
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+    at = f" (line {lines[-1]})" if lines else ""
+    return f"{type(exc).__name__}: {exc}{at}"
