@@ -63,8 +63,10 @@ def test_run_publishes_every_item_once_and_rerun_makes_no_calls(
     assert report["expected"] == 20
     assert report["outcomes"] == {"published": 20}
     assert report["unaccounted"] == 0
-    # parse, extract, chunk, publish per item, plus upper for 3 words each.
-    assert report["stage_calls"] == 20 * 4 + 20 * 3
+    # parse, extract, chunk, publish per item; upper once per distinct word:
+    # "alpha" and "beta" are in every item and are paid for once.
+    assert report["stage_calls"] == 20 * 4 + 2 + 20
+    assert report["cached"] == 2 * 19
     assert len(sink.read_text().splitlines()) == 20
 
     second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
@@ -246,3 +248,51 @@ def test_hang_becomes_timeout_and_oversize_input_is_never_read(tmp_path: Path, s
     assert elapsed < 1 + 2 + 5, f"the hang took {elapsed:.1f}s to become a failure"
     blob_bytes = sum(f.stat().st_size for f in (tmp_path / "blobs").rglob("*") if f.is_file())
     assert blob_bytes < 1_000_000, "the oversize input must not be copied into the blob store"
+
+
+DEDUPE = """
+    import os
+    from conveyor import Pipeline, TerminalError
+
+    pipe = Pipeline("dedupe")
+
+    @pipe.stage(version="1")
+    def parse(ctx, source: bytes) -> str:
+        with open(os.environ["CALLS"], "a") as calls:
+            calls.write(ctx.item_key + "\\n")
+        if source.startswith(b"refuse"):
+            raise TerminalError("not a document", error_class="not_a_document")
+        return source.decode().upper()
+
+    @pipe.stage(after=parse, kind="publish")
+    def publish(ctx, text: str) -> None:
+        with open(os.environ["SINK"], "a") as sink:
+            sink.write(f"{ctx.item_key} {text}\\n")
+"""
+
+
+def test_same_content_is_paid_once_but_published_per_item_and_refusals_are_memoised(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, sink = tmp_path / "calls.log", tmp_path / "sink.log"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("SINK", str(sink))
+    target = write_pipeline(tmp_path, DEDUPE)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("a", "b", "c"):
+        (docs / name).write_text("same words")
+    (docs / "bad").write_text("refuse me")
+
+    first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = _reconcile(store_url, first.run_id)
+    assert report["outcomes"] == {"published": 3, "failed": 1}
+    assert len(calls.read_text().splitlines()) == 2, "identical content is parsed once"
+    assert sorted(line.split()[0] for line in sink.read_text().splitlines()) == ["a", "b", "c"]
+
+    second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    again = _reconcile(store_url, second.run_id)
+    assert again["stage_calls"] == 0, "a refusal decided by the content is not paid for again"
+    assert again["outcomes"] == {"published": 3, "failed": 1}
+    assert again["not_done"][0]["error_classes"] == ["not_a_document"]
+    assert len(sink.read_text().splitlines()) == 3

@@ -53,23 +53,27 @@ _REQUEST = re.compile(r"[.'][ \t]*(\\[{}]|[^\s\\]*)[ \t]*(.*)", re.S)
 _SEPARATOR = re.compile(r"(?:^|\s)(?:-{1,2}|[—–])(?:\s+|$)")
 _PUNCT = re.compile(r"[.,:;)\]?!]+")
 _MAX_STRING = 10_000
+_NM = "\x01"  # marks an mdoc .Nm line, so consecutive names form one comma-separated list
+_BREAK = "\0"  # marks a paragraph macro inside a man(7) section
+_KNOWN_CONDITIONS = {"n": True, "t": False, "\\n(.g": True, "\\n[.g]": True}  # we render like nroff
 _NAME_HEADINGS = frozenset({"NAME", "NAMES", "NAME(S)"})
 _PARAGRAPH = frozenset({"PP", "LP", "P", "IP", "TP", "TQ", "HP", "SS", "sp", "RS", "INDENT"})
 _FONT_MACROS = frozenset({"B", "I", "SM", "SB", "BR", "BI", "IB", "IR", "RB", "RI", "Nm"})
 _MDOC_PAIRS = {"Dq": "“”", "Qq": '""', "Sq": "‘’", "Pq": "()", "Aq": "<>", "Bq": "[]", "Brq": "{}",
                "Op": "[]", "Ql": "''"}
-# mdoc words: macro -> (text, attach to previous word, glue the next word)
-_MDOC_WORDS = {
-    "Ns": ("", True, True), "Pf": ("", True, True), "Ap": ("'", True, True),
-    **{m: (c, False, True) for m, c in zip(["Do", "Qo", "So", "Po", "Ao", "Bo", "Bro", "Oo"], "“\"‘(<[{[", strict=True)},
-    **{m: (c, True, False) for m, c in zip(["Dc", "Qc", "Sc", "Pc", "Ac", "Bc", "Brc", "Oc"], "”\"’)>]}]", strict=True)},
-    **{m: (t, False, False) for m, t in [("Ux", "UNIX"), ("Bx", "BSD"), ("Ox", "OpenBSD"), ("Nx", "NetBSD"),
-                                         ("Fx", "FreeBSD"), ("Dx", "DragonFly"), ("At", "AT&T UNIX"),
-                                         ("Bsx", "BSD/OS")]}}
+_MDOC_OPEN = dict(zip(["Do", "Qo", "So", "Po", "Ao", "Bo", "Bro", "Oo"], "“\"‘(<[{[", strict=True))
+_MDOC_CLOSE = dict(zip(["Dc", "Qc", "Sc", "Pc", "Ac", "Bc", "Brc", "Oc"], "”\"’)>]}]", strict=True))
+_MDOC_OS = {"Ux": "UNIX", "Bx": "BSD", "Ox": "OpenBSD", "Nx": "NetBSD", "Fx": "FreeBSD", "Dx": "DragonFly",
+            "Bsx": "BSD/OS", "At": "AT&T UNIX"}
+# mdoc words: macro -> (text, attach to the previous word, glue the next word)
+_MDOC_WORDS = {"Ns": ("", True, True), "Pf": ("", True, True), "Ap": ("'", True, True),
+               **{m: (c, False, True) for m, c in _MDOC_OPEN.items()},
+               **{m: (c, True, False) for m, c in _MDOC_CLOSE.items()},
+               **{m: (t, False, False) for m, t in _MDOC_OS.items()}}
 _MDOC_CALLABLE = frozenset({
-    "Ad", "An", "Ar", "Cd", "Cm", "Dv", "Em", "Er", "Ev", "Fa", "Fn", "Ft", "Ic", "Li", "Lk", "Ms", "Mt", "Nm",
-    "No", "Pa", "Sx", "Sy", "Tn", "Va", "Vt", "Ot", "St", "Ex", "Rv", "Eo", "Ec", "Es", "En", "Fl", "Xr",
-    *_MDOC_PAIRS, *_MDOC_WORDS})
+    "Ad", "An", "Ar", "Cd", "Cm", "Dv", "Em", "Er", "Ev", "Fa", "Fn", "Ft", "Ic", "Li", "Lk", "Ms", "Mt",
+    "Nm", "No", "Pa", "Sx", "Sy", "Tn", "Va", "Vt", "Ot", "St", "Ex", "Rv", "Eo", "Ec", "Es", "En", "Fl",
+    "Xr", *_MDOC_PAIRS, *_MDOC_WORDS})
 
 
 def decode_source(data: bytes) -> str:
@@ -127,13 +131,6 @@ def _split_args(text: str) -> list[tuple[str, bool]]:
             for m in _ARG.finditer(text)]
 
 
-def _condition(cond: str) -> bool | None:
-    """Evaluate conditions known for nroff output (``n``, ``t``, groff check); ``None`` if unknown."""
-    base = cond.removeprefix("!")
-    value = {"n": True, "t": False, "\\n(.g": True, "\\n[.g]": True}.get(base)
-    return None if value is None else value != (base != cond)
-
-
 def _join(out: str, word: str, glue: bool) -> str:
     """Append ``word`` to ``out`` with a separating space unless glued."""
     return out + (" " if out and not glue else "") + word
@@ -141,7 +138,7 @@ def _join(out: str, word: str, glue: bool) -> str:
 
 def _mdoc_inline(args: list[tuple[str, bool]]) -> str:
     """Render mdoc macro arguments (``Fl``, ``Xr``, ``Dq``, ``Ns``...) as plain text."""
-    out, closers, tail, glue, i = "", [], "", False, 0
+    args, out, closers, tail, glue, i = list(args), "", [], "", False, 0
     while args and not args[-1][1] and _PUNCT.fullmatch(args[-1][0]):
         tail = args.pop()[0] + tail
     while i < len(args):
@@ -257,18 +254,18 @@ class _Parser:
             self.text(("" if len(name) == 2 and name not in ("SM", "SB", "Nm") else " ").join(words))
         elif name in _MDOC_CALLABLE or name == "Nd":
             rendered = _mdoc_inline(args if name == "Nd" else [(name, False), *args])
-            self.text({"Nd": "- ", "Nm": "\x01"}.get(name, "") + rendered)
+            self.text({"Nd": "- ", "Nm": _NM}.get(name, "") + rendered)
         elif name in _PARAGRAPH and self.sections and self.fmt == "man":
-            self.sections[-1][1].append("\0")
+            self.sections[-1][1].append(_BREAK)
 
     def branch(self, name: str, rest: str) -> None:
         """Handle ``.if``/``.ie``/``.el``, tracking ``\\{ ... \\}`` blocks."""
         if name == "el":
-            cond, body = "", rest
-            truth = None if self.last_ie is None else not self.last_ie
+            body, truth = rest, None if self.last_ie is None else not self.last_ie
         else:
             cond, body = [*rest.split(None, 1), ""][:2]
-            truth = _condition(cond)
+            truth = _KNOWN_CONDITIONS.get(cond.removeprefix("!"))
+            truth = None if truth is None else truth != cond.startswith("!")
             self.last_ie = truth if name == "ie" else self.last_ie
         opened = body.count("\\{") - body.count("\\}")
         self.block_truth = truth if opened > 0 else self.block_truth
@@ -299,18 +296,18 @@ def _logical_lines(text: str) -> list[str]:
     return [*lines, pending] if pending else lines
 
 
-def _name_entries(lines: list[str]) -> tuple[list[str], str]:
-    """Split man(7) NAME lines (``a, b \\- text``) into names and the first entry's description."""
+def _name_entries(lines: list[str], bare_names: bool = True) -> tuple[list[str], str]:
+    """Split NAME lines (``a, b \\- text``) into names and the first entry's description."""
     prefix: list[str] = []
     names: list[str] = []
     description: list[str] = []
     entries, broken = 0, False
     for line in lines:
         match = _SEPARATOR.search(line)
-        if line == "\0":
+        if line == _BREAK:
             broken = entries > 0
         elif match:
-            head = " ".join([*prefix, line[:match.start()]]).replace("\x01", ",").split(",")
+            head = " ".join([*prefix, line[:match.start()]]).replace(_NM, ",").split(",")
             if broken and any(len(n.split()) > 1 for n in head):
                 break
             names += head
@@ -320,19 +317,18 @@ def _name_entries(lines: list[str]) -> tuple[list[str], str]:
             description.append(line)
         elif entries == 0:
             prefix.append(line)
-    if not names and prefix:
-        names = " ".join(prefix).replace("\x01", ",").split(",")
-    text = " ".join(" ".join(description).replace("\x01", "").split())
+    if not names and prefix and bare_names:
+        names = " ".join(prefix).replace(_NM, ",").split(",")
+    text = " ".join(" ".join(description).replace(_NM, "").split())
     return [" ".join(n.split()) for n in names if n.strip()], text
 
 
-def _summary(parser: _Parser) -> tuple[list[str], str]:
-    """Pick the NAME section (else the first section) and extract its names and description."""
-    if not parser.sections:
-        return [], ""
-    chosen = next((s for s in parser.sections if s[0].upper() in _NAME_HEADINGS), parser.sections[0])
-    names, description = _name_entries(chosen[1])
-    return list(dict.fromkeys(names)), description
+def _summary(sections: list[tuple[str, list[str]]]) -> tuple[list[str], str]:
+    """Read the NAME section, else a first section that holds ``name \\- text`` (translated pages)."""
+    named = [lines for heading, lines in sections if heading.upper() in _NAME_HEADINGS]
+    if named or not sections:
+        return _name_entries(named[0] if named else [])
+    return _name_entries(sections[0][1], bare_names=False)
 
 
 def parse_manpage(text: str) -> dict[str, Any]:
@@ -344,12 +340,14 @@ def parse_manpage(text: str) -> dict[str, Any]:
         if parser.redirect is not None and not parser.title:
             return {"title": "", "section": "", "names": [], "description": "", "format": "man",
                     "headings": [], "redirect": parser.redirect}
-        names, description = _summary(parser)
+        names, description = _summary(parser.sections)
     except Exception as exc:  # contract: malformed input only ever raises ManPageError
-        raise ManPageError(f"unparseable manual page: {type(exc).__name__}: {exc}") from exc
+        detail = " ".join(str(exc).split())
+        raise ManPageError(f"unparseable manual page: {type(exc).__name__}: {detail}") from exc
     if not parser.title:
         raise ManPageError("no .TH/.Dt title line found")
     if not names:
         raise ManPageError("no NAME section with command names found")
-    return {"title": parser.title, "section": parser.section, "names": names, "description": description,
-            "format": parser.fmt, "headings": [s[0] for s in parser.sections], "redirect": None}
+    return {"title": parser.title, "section": parser.section, "names": list(dict.fromkeys(names)),
+            "description": description, "format": parser.fmt,
+            "headings": [heading for heading, _ in parser.sections], "redirect": None}

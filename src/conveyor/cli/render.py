@@ -41,7 +41,8 @@ def progress(enabled: bool = True) -> Iterator[Callable[[dict[str, Any]], None] 
 
 
 def summary(data: dict[str, Any]) -> None:
-    table = Table(title=f"run {data['run_id']} ({data['pipeline']})", show_header=True)
+    out.print(f"[bold]run {data['run_id']}[/] ({data['pipeline']})")
+    table = Table(show_header=True)
     table.add_column("outcome")
     table.add_column("items", justify="right")
     for outcome, count in data["outcomes"].items():

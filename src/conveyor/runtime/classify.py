@@ -27,6 +27,9 @@ class Failure:
     message: str
     retry_after: float | None = None
     detail: str = ""
+    # The content decided it (the stage refused it, or it failed validation): the
+    # same input under the same stage version fails the same way, so it is memoised.
+    deterministic: bool = False
 
 
 def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (), detail: str = "") -> Failure:
@@ -34,9 +37,9 @@ def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (),
     if isinstance(exc, RetryLater):
         return Failure("retry_later", True, message, exc.after, detail)
     if isinstance(exc, TerminalError):
-        return Failure(exc.error_class, False, message, None, detail)
+        return Failure(exc.error_class, False, message, None, detail, deterministic=True)
     if terminal and isinstance(exc, terminal):
-        return Failure("terminal", False, message, None, detail)
+        return Failure("terminal", False, message, None, detail, deterministic=True)
     status = _status_code(exc)
     if status is not None:
         return _classify_status(status, exc, message, detail)
@@ -47,7 +50,7 @@ def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (),
     if isinstance(exc, MemoryError):
         return Failure("memory_limit", False, message, None, detail)
     if _is_validation_error(exc):
-        return Failure("validation", False, message, None, detail)
+        return Failure("validation", False, message, None, detail, deterministic=True)
     return Failure(_snake(type(exc).__name__), True, message, None, detail)
 
 

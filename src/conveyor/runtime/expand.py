@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
-from conveyor.runtime.values import Ref, parse_fanout
+from conveyor.runtime.values import Ref, parse_failure_memo, parse_fanout
 from conveyor.store import NewItem, NewTask, SqlStore
 
 
@@ -31,9 +31,19 @@ def _key_prefix(stage: Stage) -> bytes:
     return f"{stage.name}\0{stage.version}\0{stage.config_hash}\0".encode()
 
 
-def task_key(stage: Stage, ref: Ref) -> str:
-    """hash(stage name, stage version, config hash, input kind and digest): the memo key."""
-    return hashlib.sha256(_key_prefix(stage) + f"{ref.kind}\0{ref.digest}".encode()).hexdigest()
+def task_key(stage: Stage, ref: Ref, item_key: str) -> str:
+    """hash(stage name, stage version, config hash, input kind and digest): the memo key.
+
+    Two items with the same content share the work of a map or fan-out stage.
+    A publish stage's effect belongs to its item, so its key names the item too.
+    """
+    return hashlib.sha256(_key_prefix(stage) + _key_suffix(stage.kind, ref, item_key)).hexdigest()
+
+
+def _key_suffix(kind: str, ref: Ref, item_key: str) -> bytes:
+    if kind == "publish":
+        return f"{ref.kind}\0{ref.digest}\0{item_key}".encode()
+    return f"{ref.kind}\0{ref.digest}".encode()
 
 
 def idempotency_key(pipeline: str, item_key: str, stage: str, input_digest: str) -> str:
@@ -53,6 +63,7 @@ class Expander:
         self.store = store
         self._stages = {s.name: s for s in pipeline}
         self._prefix = {s.name: _key_prefix(s) for s in pipeline}
+        self._kinds = {s.name: s.kind for s in pipeline}
         self._next = {s.name: [c.name for c in pipeline.children(s.name)] for s in pipeline}
         self._roots = [s.name for s in pipeline.roots]
 
@@ -77,9 +88,9 @@ class Expander:
         """Insert tasks for ``seeds`` and, through memo hits, their successors; return cached count."""
         cached = 0
         frontier, pending_items = list(seeds), list(items)
-        prefix, sha256 = self._prefix, hashlib.sha256
+        prefix, kinds, sha256 = self._prefix, self._kinds, hashlib.sha256
         while frontier or pending_items:
-            keys = [sha256(prefix[s.stage] + f"{s.ref.kind}\0{s.ref.digest}".encode()).hexdigest()
+            keys = [sha256(prefix[s.stage] + _key_suffix(kinds[s.stage], s.ref, s.item_key)).hexdigest()
                     for s in frontier]
             memo = self.store.lookup_outputs(keys) if frontier else {}
             tasks, next_frontier = [], []
@@ -88,6 +99,8 @@ class Expander:
                 tasks.append(self._task(seed, key, hit, now))
                 if hit is not None:
                     cached += 1
+                    if hit.kind == "failed":
+                        continue
                     more, new_items = self.successors(seed, Ref(hit.kind, hit.digest, hit.size, hit.inline), now)
                     next_frontier += more
                     pending_items += new_items
@@ -106,6 +119,11 @@ class Expander:
             return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "queued", key,
                            stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
                            0, stage.retry.max_attempts, now, now, None)
+        if hit[2] == "failed":
+            error_class, message = parse_failure_memo(hit[4] or b"{}")
+            return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "failed", key,
+                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
+                           1, stage.retry.max_attempts, now, now, now, error_class, message)
         return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "succeeded", key,
                        stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, hit[3], hit[2],
                        1, stage.retry.max_attempts, now, now, now)

@@ -18,7 +18,7 @@ from conveyor import __version__
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
-from conveyor.runtime.values import Ref
+from conveyor.runtime.values import Ref, failure_memo
 from conveyor.store import AttemptRecord, ClaimedTask, NewItem, SqlStore, StoredOutput
 
 
@@ -82,14 +82,16 @@ class Transitions:
         return [self._attempt(o, "cached" if o.cached else "succeeded", None) for o in done]
 
     def _fail(self, failed: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
-        retry, ended, dead, attempts = [], [], [], []
+        retry, ended, memo_ended, dead, memos, attempts = [], [], [], [], [], []
         for o in failed:
             f, task = o.failure, o.task
             assert f is not None
             limit = self.pipeline[task.stage].retry.attempts_for(f.error_class)
             if not f.retryable:
-                ended.append((task.id, "failed", f.error_class, _full(f)))
-                attempts.append(self._attempt(o, "failed", f))
+                (memo_ended if o.cached else ended).append((task.id, "failed", f.error_class, _full(f)))
+                if f.deterministic and not o.cached:
+                    memos.append(self._failure_memo(task, f))
+                attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
             elif task.attempts >= limit:
                 ended.append((task.id, "dead_lettered", f.error_class, _full(f)))
                 dead.append((task.id, task.run_id, task.item_key, task.stage, f.error_class, _full(f), task.attempts))
@@ -99,9 +101,17 @@ class Transitions:
                 attempts.append(self._attempt(o, "retry", f))
         self.store.mark_retry(retry)
         self.store.mark_ended(ended, now)
+        self.store.mark_ended(memo_ended, now, cached=True)
         self.store.insert_dead_letters(dead, now)
-        counts.update(retried=len(retry), failed=len(ended) - len(dead), dead_lettered=len(dead))
+        if memos:
+            self.store.insert_outputs(memos, failed[0].task.run_id, now)
+        counts.update(retried=len(retry), failed=len(ended) + len(memo_ended) - len(dead),
+                      dead_lettered=len(dead), cached=len(memo_ended))
         return attempts
+
+    def _failure_memo(self, task: ClaimedTask, f: Failure) -> StoredOutput:
+        ref = failure_memo(f.error_class, _full(f))
+        return StoredOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size)
 
     def _delay(self, task: ClaimedTask, failure: Failure) -> float:
         if failure.retry_after is not None:

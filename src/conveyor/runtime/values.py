@@ -81,6 +81,17 @@ def parse_fanout(data: bytes) -> list[Ref]:
     return [Ref(r["k"], r["d"], r["n"], _inline(r)) for r in orjson.loads(data)]
 
 
+def failure_memo(error_class: str, message: str) -> Ref:
+    """A settled failure stored in the memo like an output, so a re-run does not pay for it again."""
+    data = orjson.dumps({"error_class": error_class, "message": message})
+    return Ref("failed", hashlib.sha256(data).hexdigest(), len(data), data)
+
+
+def parse_failure_memo(data: bytes) -> tuple[str, str]:
+    raw = orjson.loads(data)
+    return raw["error_class"], raw["message"]
+
+
 def _ref_json(ref: Ref) -> dict[str, Any]:
     out: dict[str, Any] = {"k": ref.kind, "d": ref.digest, "n": ref.size}
     if ref.inline is not None:

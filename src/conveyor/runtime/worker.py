@@ -30,7 +30,7 @@ from conveyor.runtime.context import Context
 from conveyor.runtime.expand import idempotency_key
 from conveyor.runtime.guard import GuardedPool
 from conveyor.runtime.transitions import Outcome, Transitions
-from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
+from conveyor.runtime.values import Ref, decode, encode, fanout_refs, parse_failure_memo, store_value
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
 log = logging.getLogger("conveyor.worker")
@@ -72,6 +72,7 @@ class Worker:
         self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
         self._leases: dict[int, int] = {}
         self._results: list[Outcome] = []
+        self._followers: dict[str, list[ClaimedTask]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._pool: GuardedPool | None = None
         self._stop: asyncio.Event | None = None
@@ -188,7 +189,13 @@ class Worker:
             refused = self._precheck(task, stage, memo.get(task.task_key))
             if refused is not None:
                 self._results.append(refused)
-            elif stage.is_async:
+                continue
+            if task.task_key in self._followers:
+                # The same work is already running here: wait for it instead of paying twice.
+                self._followers[task.task_key].append(task)
+                continue
+            self._followers[task.task_key] = []
+            if stage.is_async:
                 self._spawn(self._run_async(task, stage))
             elif stage.guarded:
                 self._spawn(self._run_guarded(task, stage))
@@ -199,12 +206,17 @@ class Worker:
 
     def _precheck(self, task: ClaimedTask, stage: Stage, hit: StoredOutput | None) -> Outcome | None:
         now = self.clock()
+        if hit is not None and hit.kind == "failed":
+            error_class, message = parse_failure_memo(hit.inline or b"{}")
+            return Outcome(task, now, 0.0, False, cached=True,
+                           failure=Failure(error_class, False, message, deterministic=True))
         if hit is not None:
             return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True)
         if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
             message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
                        f"of stage {stage.name!r}; it was not read")
-            return Outcome(task, now, 0.0, False, failure=Failure("input_too_large", False, message))
+            return Outcome(task, now, 0.0, False, failure=Failure("input_too_large", False, message,
+                                                                  deterministic=True))
         return None
 
     def _spawn(self, coro: Any) -> None:
@@ -216,7 +228,16 @@ class Worker:
         assert self._loop is not None
         outcomes = await self._loop.run_in_executor(
             self._cpu, lambda: [self._execute_sync(t, s) for t, s in batch])
-        self._results.extend(outcomes)
+        for outcome in outcomes:
+            self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> None:
+        """Record an attempt's outcome, and the same outcome for tasks that waited on it."""
+        self._results.append(outcome)
+        now = self.clock()
+        for task in self._followers.pop(outcome.task.task_key, ()):
+            self._results.append(Outcome(task, now, 0.0, False, outcome.output, cached=True,
+                                         failure=outcome.failure))
 
     def _execute_sync(self, task: ClaimedTask, stage: Stage) -> Outcome:
         started, t0 = self.clock(), time.perf_counter()
@@ -240,36 +261,36 @@ class Worker:
                 invoked = True
                 result = await asyncio.wait_for(stage.fn(self._context(task), value), stage.timeout)
             output = await asyncio.to_thread(self._store_output, stage, result)
-            self._results.append(Outcome(task, started, time.perf_counter() - t0, True, output))
+            self._finish(Outcome(task, started, time.perf_counter() - t0, True, output))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - stage code may raise anything
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
                 failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
-            self._results.append(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure))
+            self._finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure))
 
     async def _run_guarded(self, task: ClaimedTask, stage: Stage) -> None:
         started, t0 = self.clock(), time.perf_counter()
         try:
             value = await asyncio.to_thread(self._load, task)
         except Exception as exc:  # noqa: BLE001
-            self._results.append(Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc)))
+            self._finish(Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc)))
             return
         if self._pool is None:
             self._pool = GuardedPool(_absolute_target(self.target), self.opts.guarded_processes)
         result = await self._pool.call(stage.name, value, self._context(task).fields(),
                                        timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
         if not result.ok:
-            self._results.append(Outcome(task, started, result.duration, True, failure=result.failure))
+            self._finish(Outcome(task, started, result.duration, True, failure=result.failure))
             return
         try:
             output = await asyncio.to_thread(self._store_output, stage, result.value)
         except Exception as exc:  # noqa: BLE001
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            self._results.append(Outcome(task, started, result.duration, True, failure=failure))
+            self._finish(Outcome(task, started, result.duration, True, failure=failure))
             return
-        self._results.append(Outcome(task, started, result.duration, True, output))
+        self._finish(Outcome(task, started, result.duration, True, output))
 
     def _load(self, task: ClaimedTask) -> Any:
         data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)

@@ -45,6 +45,8 @@ class NewTask(NamedTuple):
     available_at: float
     created_at: float
     finished_at: float | None
+    error_class: str | None = None
+    last_error: str | None = None
 
 
 class NewItem(NamedTuple):

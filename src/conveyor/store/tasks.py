@@ -29,8 +29,8 @@ CLAIM_COLUMNS = (
 INSERT_TASK = """
 INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key, stage_version,
     config_hash, input_digest, input_kind, input_inline, input_size, output_digest, output_kind,
-    cached, max_attempts, available_at, created_at, finished_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    cached, max_attempts, available_at, created_at, finished_at, error_class, last_error)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING
 """
 
@@ -63,7 +63,7 @@ WHERE id = ?
 """
 
 MARK_ENDED = """
-UPDATE tasks SET status = ?, error_class = ?, last_error = ?, finished_at = ?,
+UPDATE tasks SET status = ?, error_class = ?, last_error = ?, finished_at = ?, cached = ?,
     lease_owner = NULL, lease_expires_at = NULL
 WHERE id = ?
 """
@@ -168,9 +168,9 @@ class TaskQueries:
         """rows: (task id, available at, error class, message)."""
         self.db.executemany(MARK_RETRY, [(at, cls, msg, i) for i, at, cls, msg in rows])
 
-    def mark_ended(self, rows: Sequence[tuple[int, str, str, str]], now: float) -> None:
+    def mark_ended(self, rows: Sequence[tuple[int, str, str, str]], now: float, cached: bool = False) -> None:
         """rows: (task id, 'failed' | 'dead_lettered', error class, message)."""
-        self.db.executemany(MARK_ENDED, [(st, cls, msg, now, i) for i, st, cls, msg in rows])
+        self.db.executemany(MARK_ENDED, [(st, cls, msg, now, int(cached), i) for i, st, cls, msg in rows])
 
     def insert_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
         self.db.executemany(INSERT_ATTEMPT, attempts)
