@@ -106,7 +106,7 @@ def target(tmp_path: Path) -> str:
 def fields(stage: str) -> dict[str, Any]:
     return {
         "run_id": "run-1", "item_key": "doc-1", "stage": stage, "attempt": 1,
-        "idempotency_key": "idem-1", "task_key": "task-1", "pipeline": "guarded",
+        "idempotency_key": "idem-1", "task_key": "task-1", "pipeline": "guarded", "input_digest": "0" * 64,
     }
 
 

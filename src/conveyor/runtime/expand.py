@@ -46,11 +46,6 @@ def _key_suffix(kind: str, ref: Ref, item_key: str) -> bytes:
     return f"{ref.kind}\0{ref.digest}".encode()
 
 
-def idempotency_key(pipeline: str, item_key: str, stage: str, input_digest: str) -> str:
-    """Stable for this item, stage and input across every redelivery and restart."""
-    return hashlib.sha256(f"{pipeline}\0{item_key}\0{stage}\0{input_digest}".encode()).hexdigest()[:32]
-
-
 def child_key(parent_key: str, index: int) -> str:
     return f"{parent_key}#{index}"
 

@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor import __version__
 from conveyor.pipeline import Pipeline
@@ -45,9 +46,15 @@ class Transitions:
 
     def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
         """Commit a batch of outcomes in one transaction; return counts by what happened."""
+        return self.commit_and_claim(outcomes, now, None)[0]
+
+    def commit_and_claim(
+        self, outcomes: Sequence[Outcome], now: float, claim: tuple[Any, ...] | None,
+    ) -> tuple[Counter[str], list[ClaimedTask]]:
+        """Commit, then with ``claim`` = (pipeline, stages, limit, owner, lease seconds, run id)
+        claim the next batch in the same transaction, saving a round trip and a commit."""
         counts: Counter[str] = Counter()
-        if not outcomes:
-            return counts
+        claimed: list[ClaimedTask] = []
         with self.store.transaction():
             held = self.store.held_leases([(o.task.id, o.task.lease_token) for o in outcomes])
             attempts = [self._lost(o) for o in outcomes if o.task.id not in held]
@@ -56,7 +63,10 @@ class Transitions:
             attempts += self._succeed([o for o in mine if o.failure is None], now, counts)
             attempts += self._fail([o for o in mine if o.failure is not None], now, counts)
             self.store.insert_attempts(attempts)
-        return counts
+            if claim is not None:
+                pipeline, stages, limit, owner, lease_seconds, run_id = claim
+                claimed = self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id)
+        return counts, claimed
 
     def _succeed(self, done: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
         if not done:

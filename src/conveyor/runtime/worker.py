@@ -27,7 +27,6 @@ from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
-from conveyor.runtime.expand import idempotency_key
 from conveyor.runtime.guard import GuardedPool
 from conveyor.runtime.transitions import Outcome, Transitions
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, parse_failure_memo, store_value
@@ -124,25 +123,26 @@ class Worker:
         assert self._stop is not None
         idle_sleep, last_flush, claim_again = 0.01, time.monotonic(), True
         while not self._stop.is_set():
-            claimed: list[ClaimedTask] = []
-            if claim_again and len(self._leases) < self.opts.max_inflight:
-                claimed = await self._claim()
-                claim_again = bool(claimed)
+            room = min(self.opts.batch_size, self.opts.max_inflight - len(self._leases)) if claim_again else 0
+            if self._flush_due(last_flush):
+                # One transaction commits the finished batch and claims the next one.
+                claimed = await self._flush(room)
+                last_flush, claim_again = time.monotonic(), True
+            elif room > 0:
+                claimed = await self._claim(room)
+            else:
+                claimed = []
             if claimed:
                 await self._dispatch(claimed)
                 idle_sleep = 0.01
-            due = len(self._results) >= self.opts.batch_size or (
-                self._results and (not self._running or time.monotonic() - last_flush >= self.opts.flush_interval))
-            if due:
-                await self._flush()
-                last_flush, claim_again = time.monotonic(), True
                 continue
-            if claimed:
-                continue
+            if room > 0:
+                claim_again = False
             if self._running:
                 await asyncio.wait(self._running, timeout=self.opts.flush_interval,
                                    return_when=asyncio.FIRST_COMPLETED)
-                claim_again = claim_again or len(self._leases) < self.opts.max_inflight // 2
+                continue
+            if self._results:
                 continue
             if self.opts.until_idle and await self._call(self.store.open_tasks, self.opts.run_id,
                                                          self.pipeline.name) == 0:
@@ -150,13 +150,21 @@ class Worker:
             await self._idle(idle_sleep)
             idle_sleep, claim_again = min(idle_sleep * 2, self.opts.poll_interval), True
 
-    async def _claim(self) -> list[ClaimedTask]:
-        room = min(self.opts.batch_size, self.opts.max_inflight - len(self._leases))
+    def _flush_due(self, last_flush: float) -> bool:
+        if not self._results:
+            return False
+        return (len(self._results) >= self.opts.batch_size or not self._running
+                or time.monotonic() - last_flush >= self.opts.flush_interval)
+
+    async def _claim(self, room: int) -> list[ClaimedTask]:
         claimed = await self._call(self.store.claim, self.pipeline.name, self._stages, room, self.id,
                                    self.clock(), self.lease, self.opts.run_id)
+        self._track(claimed)
+        return claimed
+
+    def _track(self, claimed: list[ClaimedTask]) -> None:
         for task in claimed:
             self._leases[task.id] = task.lease_token
-        return claimed
 
     async def _idle(self, seconds: float) -> None:
         assert self._stop is not None
@@ -171,13 +179,17 @@ class Worker:
             except TimeoutError:
                 pass
 
-    async def _flush(self) -> None:
+    async def _flush(self, claim: int = 0) -> list[ClaimedTask]:
+        """Commit the finished outcomes; in the same transaction, claim up to ``claim`` new tasks."""
         batch, self._results = self._results, []
-        counts = await self._call(self.transitions.commit, batch, self.clock())
+        claim_args = (self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id) if claim else None
+        counts, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(), claim_args)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
+        self._track(claimed)
         self.stats.update(counts)
         self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
+        return claimed
 
     # --- running tasks ---------------------------------------------------
 
@@ -305,11 +317,8 @@ class Worker:
         return store_value(*encode(result), self.blobs)
 
     def _context(self, task: ClaimedTask) -> Context:
-        return Context(
-            run_id=task.run_id, item_key=task.item_key, stage=task.stage, attempt=task.attempts,
-            idempotency_key=idempotency_key(self.pipeline.name, task.item_key, task.stage, task.input_digest),
-            task_key=task.task_key, pipeline=self.pipeline.name,
-        )
+        return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
+                       task.input_digest)
 
     # --- leases and shutdown ---------------------------------------------
 
