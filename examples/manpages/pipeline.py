@@ -20,7 +20,7 @@ from pathlib import Path
 from conveyor import Pipeline, Retry, TerminalError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from roff import ManPageError, decode_source, parse_manpage  # noqa: E402
+from roff import ManPageError, decode_source, parse_manpage
 
 CATALOGUE = Path(os.environ.get("MANPAGES_CATALOGUE", ".conveyor/manpages-catalogue.db"))
 

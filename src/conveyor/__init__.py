@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from conveyor.errors import ConveyorError, RetryLater, TerminalError  # noqa: E402
-from conveyor.pipeline import Pipeline, Retry, Stage  # noqa: E402
+from conveyor.errors import ConveyorError, RetryLater, TerminalError
+from conveyor.pipeline import Pipeline, Retry, Stage
 
 __all__ = ["ConveyorError", "Pipeline", "Retry", "RetryLater", "Stage", "TerminalError", "__version__"]

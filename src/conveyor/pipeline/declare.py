@@ -111,7 +111,7 @@ class Pipeline:
                 retry=retry or self.default_retry,
                 timeout=_positive("timeout", timeout),
                 max_input_bytes=_positive_int("max_input_bytes", max_input_bytes),
-                max_memory_bytes=None if max_memory_mb is None else int(_positive("max_memory_mb", max_memory_mb) * 2**20),  # type: ignore[operator]
+                max_memory_bytes=_megabytes(max_memory_mb),
                 concurrency=_positive_int("concurrency", concurrency) or 1,
                 config=dict(config or {}),
             )
@@ -187,6 +187,11 @@ def _positive(what: str, value: float | None) -> float | None:
     if value is not None and not value > 0:
         raise PipelineError(f"{what}={value!r} must be > 0")
     return None if value is None else float(value)
+
+
+def _megabytes(value: float | None) -> int | None:
+    checked = _positive("max_memory_mb", value)
+    return None if checked is None else int(checked * 2**20)
 
 
 def _positive_int(what: str, value: int | None) -> int | None:

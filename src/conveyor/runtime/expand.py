@@ -72,7 +72,8 @@ class Expander:
             run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
             return [Seed(run_id, item_key, root_key, c, output) for c in children], []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
-        seeds, items = [], []
+        seeds: list[Seed] = []
+        items: list[NewItem] = []
         for index, element in enumerate(parse_fanout(output.inline)):
             key = child_key(seed.item_key, index)
             items.append(NewItem(seed.run_id, key, seed.item_key, seed.root_key, element.digest, element.size, now))

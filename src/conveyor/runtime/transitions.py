@@ -92,7 +92,12 @@ class Transitions:
         return [self._attempt(o, "cached" if o.cached else "succeeded", None) for o in done]
 
     def _fail(self, failed: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
-        retry, ended, memo_ended, dead, memos, attempts = [], [], [], [], [], []
+        retry: list[tuple[int, float, str, str]] = []
+        ended: list[tuple[int, str, str, str]] = []
+        memo_ended: list[tuple[int, str, str, str]] = []
+        dead: list[tuple[int, str, str, str, str, str, int]] = []
+        memos: list[StoredOutput] = []
+        attempts: list[AttemptRecord] = []
         for o in failed:
             f, task = o.failure, o.task
             assert f is not None

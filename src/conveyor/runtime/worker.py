@@ -255,11 +255,11 @@ class Worker:
         started, t0 = self.clock(), time.perf_counter()
         try:
             value = self._load(task)
-        except Exception as exc:  # noqa: BLE001 - any failure to read input is the task's failure
+        except Exception as exc:
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
         try:
             output = self._store_output(stage, stage.fn(self._context(task), value))
-        except Exception as exc:  # noqa: BLE001 - stage code may raise anything
+        except Exception as exc:
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
         return Outcome(task, started, time.perf_counter() - t0, True, output)
@@ -276,7 +276,7 @@ class Worker:
             self._finish(Outcome(task, started, time.perf_counter() - t0, True, output))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - stage code may raise anything
+        except Exception as exc:
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
                 failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
@@ -286,7 +286,7 @@ class Worker:
         started, t0 = self.clock(), time.perf_counter()
         try:
             value = await asyncio.to_thread(self._load, task)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._finish(Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc)))
             return
         if self._pool is None:
@@ -298,7 +298,7 @@ class Worker:
             return
         try:
             output = await asyncio.to_thread(self._store_output, stage, result.value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             self._finish(Outcome(task, started, result.duration, True, failure=failure))
             return

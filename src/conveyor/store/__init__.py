@@ -42,7 +42,7 @@ def _dialect(url: str):  # type: ignore[no-untyped-def]
     if url.startswith(("postgresql://", "postgres://")):
         try:
             return PostgresDialect(url)
-        except Exception as exc:  # noqa: BLE001 - psycopg raises several types for "cannot connect"
+        except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BackendUnavailable(f"cannot connect to PostgreSQL at {_redact(url)}: {first}") from None
     if url.startswith("sqlite:"):

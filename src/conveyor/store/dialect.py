@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class Dialect(Protocol):
@@ -36,7 +36,8 @@ class SqliteDialect:
     """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout."""
 
     name = "sqlite"
-    types = {"id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"}
+    types: ClassVar[dict[str, str]] = {
+        "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"}
     skip_locked = ""
     max_params = 30000
 
@@ -96,7 +97,8 @@ class PostgresDialect:
     """PostgreSQL through psycopg 3: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups."""
 
     name = "postgres"
-    types = {"id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": ""}
+    types: ClassVar[dict[str, str]] = {
+        "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": ""}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     channel = "conveyor_tasks"
@@ -117,16 +119,16 @@ class PostgresDialect:
         return out
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cur = self.conn.execute(self._sql(sql), params)  # type: ignore[arg-type]
+        cur = self.conn.execute(self._sql(sql), params)
         return cur.fetchall() if cur.description else []
 
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self.conn.execute(self._sql(sql), params).rowcount  # type: ignore[arg-type]
+        return self.conn.execute(self._sql(sql), params).rowcount
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             with self.conn.cursor() as cur:
-                cur.executemany(self._sql(sql), rows)  # type: ignore[arg-type]
+                cur.executemany(self._sql(sql), rows)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

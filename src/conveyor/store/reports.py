@@ -92,7 +92,7 @@ class ReportQueries:
             f"SELECT MIN(available_at) FROM tasks WHERE status = 'queued' AND pipeline = ? {where}",
             (pipeline, *params),
         )
-        return rows[0][0]
+        return None if rows[0][0] is None else float(rows[0][0])
 
     def attempt_counts(self, run_id: str) -> dict[str, int]:
         """Attempts of this run by outcome, and ``stage_calls``: stage functions actually invoked."""

@@ -26,7 +26,8 @@ class SqlStore(TaskQueries, ReportQueries):
 
     def transaction(self) -> AbstractContextManager[Any]:
         """Group several operations into one transaction (nested calls join it)."""
-        return self.db.transaction()
+        context: AbstractContextManager[Any] = self.db.transaction()
+        return context
 
     def migrate(self) -> int:
         """Apply every migration not applied yet; return the schema version."""
@@ -53,7 +54,7 @@ class SqlStore(TaskQueries, ReportQueries):
     def schema_version(self) -> int:
         try:
             rows = self.db.execute("SELECT MAX(version) FROM schema_migrations")
-        except Exception as exc:  # noqa: BLE001 - the table may simply not exist yet
+        except Exception as exc:
             raise StoreError(f"the store at {self.url} is not initialised ({exc})") from None
         return int(rows[0][0] or 0)
 
