@@ -9,6 +9,7 @@ cannot reach a server fails; it never skips.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from conveyor.store import SqlStore, open_store
 
 PG_URL = os.environ.get("CONVEYOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-TEMPLATE = "conveyor_test_template"
+TEMPLATE = f"conveyor_tpl_{os.getpid()}"  # one per test session, so sessions never share it
 _template_ready: list[str] = []
 
 
@@ -43,12 +44,25 @@ def _ensure_template() -> None:
     _template_ready.append(TEMPLATE)
 
 
+def _clone_template(name: str) -> None:
+    # CREATE DATABASE ... TEMPLATE fails while anyone else is connected to the
+    # template (a parallel test session, an autovacuum worker): try again briefly.
+    for attempt in range(20):
+        try:
+            with _admin() as conn:
+                conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+            return
+        except Exception as exc:
+            if "is being accessed by other users" not in str(exc) or attempt == 19:
+                raise
+            time.sleep(0.25)
+
+
 def fresh_pg_url() -> str:
     try:
         _ensure_template()
         name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
-        with _admin() as conn:
-            conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        _clone_template(name)
     except Exception as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"PostgreSQL at {PG_URL} is not reachable under CI=true: {exc}")
@@ -78,3 +92,12 @@ def store(store_url: str) -> Iterator[SqlStore]:
     s = open_store(store_url)
     yield s
     s.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _template_ready:
+        try:
+            with _admin() as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        except Exception:  # noqa: BLE001 - cleanup must never fail the run
+            pass
