@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ def _supervise(
     """Keep ``workers`` processes running until the run has no open task left."""
     procs = [_start_worker(target, run_id, store.url, blobs.url, options) for _ in range(options.workers)]
     restarts = 0
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         while True:
             time.sleep(options.poll)
@@ -69,9 +71,14 @@ def _supervise(
             if restarts >= options.max_restarts and all(p.poll() is not None for p in procs):
                 return
     finally:
-        _stop_all(procs)
+        signal.signal(signal.SIGTERM, previous)
+        _stop_all(procs)  # workers finish or release their in-flight tasks
         if progress is not None:
             progress(run_status(store, find_run(store, run_id)))
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _start_worker(target: str, run_id: str, db: str, blobs: str, options: RunOptions) -> subprocess.Popen[bytes]:
