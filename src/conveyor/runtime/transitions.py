@@ -51,7 +51,7 @@ class Transitions:
     def commit_and_claim(
         self, outcomes: Sequence[Outcome], now: float, claim: tuple[Any, ...] | None,
     ) -> tuple[Counter[str], list[ClaimedTask]]:
-        """Commit, then with ``claim`` = (pipeline, stages, limit, owner, lease seconds, run id)
+        """Commit, then with ``claim`` = (pipeline, stages, limit, owner, lease seconds, run id, caps)
         claim the next batch in the same transaction, saving a round trip and a commit."""
         counts: Counter[str] = Counter()
         claimed: list[ClaimedTask] = []
@@ -64,8 +64,8 @@ class Transitions:
             attempts += self._fail([o for o in mine if o.failure is not None], now, counts)
             self.store.insert_attempts(attempts)
             if claim is not None:
-                pipeline, stages, limit, owner, lease_seconds, run_id = claim
-                claimed = self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id)
+                pipeline, stages, limit, owner, lease_seconds, run_id, caps = claim
+                claimed = self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id, caps)
         return counts, claimed
 
     def _succeed(self, done: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
@@ -134,31 +134,40 @@ class Transitions:
         return self.pipeline[task.stage].retry.delay(task.attempts, self.rng)
 
     def reclaim_expired(self, now: float, limit: int = 1000) -> Counter[str]:
-        """Requeue tasks whose worker stopped renewing its lease; dead-letter those out of attempts."""
+        """Requeue tasks whose worker stopped renewing its lease.
+
+        Which task killed the worker is unknown when it held several: each gets
+        its attempt back and becomes a suspect, and suspects run alone. A task
+        that held the worker's only lease is charged the attempt, so an item that
+        kills its worker every time reaches the dead-letter list after
+        ``max_attempts`` attempts of its own.
+        """
         counts: Counter[str] = Counter()
         with self.store.transaction():
             expired = self.store.expired_leases(now, limit)
             if not expired:
                 return counts
-            retry, ended, dead, attempts = [], [], [], []
+            held_by = Counter(lease.lease_owner for lease in expired)
+            requeue, ended, dead, attempts = [], [], [], []
             for lease in expired:
-                message = (f"lease of worker {lease.lease_owner} expired during attempt {lease.attempts}; "
-                           "the worker died or stalled")
+                alone = held_by[lease.lease_owner] == 1
+                message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
+                           f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
                 attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, __version__, None, None))
-                if lease.attempts >= lease.max_attempts:
+                if alone and lease.attempts >= lease.max_attempts:
                     ended.append((lease.id, "dead_lettered", "lease_expired", message))
                     dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
                                  lease.attempts))
                 else:
-                    retry.append((lease.id, now, "lease_expired", message))
-            self.store.mark_retry(retry)
+                    requeue.append((lease.id, now, message, 0 if alone else 1))
+            self.store.requeue_crashed(requeue)
             self.store.mark_ended(ended, now)
             self.store.insert_dead_letters(dead, now)
             self.store.insert_attempts(attempts)
             self.store.notify()
-        counts.update(requeued=len(retry), dead_lettered=len(dead))
+        counts.update(requeued=len(requeue), dead_lettered=len(dead))
         return counts
 
     def _lost(self, o: Outcome) -> AttemptRecord:

@@ -1,10 +1,12 @@
 """A worker: claim tasks in batches under a lease, run them, commit in groups.
 
-Sync stages without guards run in a thread, a claimed batch at a time; async
-stages run concurrently on the event loop (bounded per stage); sync stages
-with a timeout or memory limit run in killable child processes. Results are
-group-committed; leases are renewed while work is in flight; expired leases
-of dead workers are reclaimed by whoever notices first.
+Each loop turn commits what finished (group commit) and, in the same
+transaction, claims more, as much as the stages' pace says can be finished
+well within a lease. Leases are renewed while work is in flight; expired
+leases of dead workers are reclaimed by whoever notices first; a task that
+was in flight when its worker died runs alone next time (a "suspect").
+On SIGTERM the worker stops claiming, finishes what has started (up to
+``shutdown_grace``) and releases the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import signal
 import socket
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -25,11 +26,11 @@ from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
-from conveyor.runtime.classify import Failure, classify
-from conveyor.runtime.context import Context
-from conveyor.runtime.guard import GuardedPool
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.execute import Executor
+from conveyor.runtime.pacing import Pacing
 from conveyor.runtime.transitions import Outcome, Transitions
-from conveyor.runtime.values import Ref, decode, encode, fanout_refs, parse_failure_memo, store_value
+from conveyor.runtime.values import Ref, parse_failure_memo
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
 log = logging.getLogger("conveyor.worker")
@@ -59,21 +60,21 @@ class Worker:
         options: WorkerOptions | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.pipeline = pipeline
-        self.target = target
         self.store_url = store_url
-        self.blobs = blobs
         self.opts = options or WorkerOptions()
         self.clock = clock
         self.id = worker_id()
         self.lease = self.opts.lease_seconds or pipeline.lease_seconds
         self.stats: Counter[str] = Counter()
+        self.executor = Executor(pipeline, _absolute_target(target), blobs, self.opts.guarded_processes, clock)
+        self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
-        self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
         self._leases: dict[int, int] = {}
+        self._in_flight: Counter[str] = Counter()
         self._results: list[Outcome] = []
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._running: set[asyncio.Task[None]] = set()
-        self._pool: GuardedPool | None = None
+        self._alone = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -100,6 +101,7 @@ class Worker:
         keeper = asyncio.create_task(self._keep_leases())
         try:
             await self._loop_until_done()
+            await self._drain()
         finally:
             keeper.cancel()
             await self._shutdown()
@@ -123,7 +125,7 @@ class Worker:
         assert self._stop is not None
         idle_sleep, last_flush, claim_again = 0.01, time.monotonic(), True
         while not self._stop.is_set():
-            room = min(self.opts.batch_size, self.opts.max_inflight - len(self._leases)) if claim_again else 0
+            room = self._room() if claim_again else 0
             if self._flush_due(last_flush):
                 # One transaction commits the finished batch and claims the next one.
                 claimed = await self._flush(room)
@@ -144,11 +146,18 @@ class Worker:
                 continue
             if self._results:
                 continue
+            if await self._claim_suspect():
+                continue
             if self.opts.until_idle and await self._call(self.store.open_tasks, self.opts.run_id,
                                                          self.pipeline.name) == 0:
                 return
             await self._idle(idle_sleep)
             idle_sleep, claim_again = min(idle_sleep * 2, self.opts.poll_interval), True
+
+    def _room(self) -> int:
+        if self._alone:
+            return 0
+        return min(self.opts.batch_size, self.opts.max_inflight - len(self._leases))
 
     def _flush_due(self, last_flush: float) -> bool:
         if not self._results:
@@ -158,13 +167,24 @@ class Worker:
 
     async def _claim(self, room: int) -> list[ClaimedTask]:
         claimed = await self._call(self.store.claim, self.pipeline.name, self._stages, room, self.id,
-                                   self.clock(), self.lease, self.opts.run_id)
+                                   self.clock(), self.lease, self.opts.run_id, self.pacing.caps(self._in_flight))
         self._track(claimed)
         return claimed
+
+    async def _claim_suspect(self) -> bool:
+        """With nothing in flight, take one task that was in flight when a worker died, and run it alone."""
+        claimed = await self._call(self.store.claim_suspect, self.pipeline.name, self.id, self.clock(),
+                                   self.lease, self.opts.run_id)
+        if claimed:
+            self._alone = True
+            self._track(claimed)
+            await self._dispatch(claimed)
+        return bool(claimed)
 
     def _track(self, claimed: list[ClaimedTask]) -> None:
         for task in claimed:
             self._leases[task.id] = task.lease_token
+            self._in_flight[task.stage] += 1
 
     async def _idle(self, seconds: float) -> None:
         assert self._stop is not None
@@ -182,16 +202,23 @@ class Worker:
     async def _flush(self, claim: int = 0) -> list[ClaimedTask]:
         """Commit the finished outcomes; in the same transaction, claim up to ``claim`` new tasks."""
         batch, self._results = self._results, []
-        claim_args = (self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id) if claim else None
+        claim_args = None
+        if claim:
+            caps = self.pacing.caps(self._in_flight - Counter(o.task.stage for o in batch))
+            claim_args = (self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
         counts, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(), claim_args)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
+            self._in_flight[outcome.task.stage] -= 1
+            if outcome.invoked:
+                self.pacing.record(outcome.task.stage, outcome.duration)
+        self._alone = False
         self._track(claimed)
         self.stats.update(counts)
         self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
         return claimed
 
-    # --- running tasks ---------------------------------------------------
+    # --- dispatching -------------------------------------------------------
 
     async def _dispatch(self, claimed: list[ClaimedTask]) -> None:
         memo = await self._call(self.store.lookup_outputs, [t.task_key for t in claimed])
@@ -208,9 +235,9 @@ class Worker:
                 continue
             self._followers[task.task_key] = []
             if stage.is_async:
-                self._spawn(self._run_async(task, stage))
+                self._spawn(self.executor.run_async(task, stage, self._finish))
             elif stage.guarded:
-                self._spawn(self._run_guarded(task, stage))
+                self._spawn(self.executor.run_guarded(task, stage, self._finish))
             else:
                 inline.append((task, stage))
         if inline:
@@ -227,8 +254,8 @@ class Worker:
         if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
             message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
                        f"of stage {stage.name!r}; it was not read")
-            return Outcome(task, now, 0.0, False, failure=Failure("input_too_large", False, message,
-                                                                  deterministic=True))
+            return Outcome(task, now, 0.0, False,
+                           failure=Failure("input_too_large", False, message, deterministic=True))
         return None
 
     def _spawn(self, coro: Any) -> None:
@@ -238,9 +265,7 @@ class Worker:
 
     async def _run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> None:
         assert self._loop is not None
-        outcomes = await self._loop.run_in_executor(
-            self._cpu, lambda: [self._execute_sync(t, s) for t, s in batch])
-        for outcome in outcomes:
+        for outcome in await self._loop.run_in_executor(self._cpu, self.executor.run_inline, batch):
             self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
@@ -250,75 +275,6 @@ class Worker:
         for task in self._followers.pop(outcome.task.task_key, ()):
             self._results.append(Outcome(task, now, 0.0, False, outcome.output, cached=True,
                                          failure=outcome.failure))
-
-    def _execute_sync(self, task: ClaimedTask, stage: Stage) -> Outcome:
-        started, t0 = self.clock(), time.perf_counter()
-        try:
-            value = self._load(task)
-        except Exception as exc:
-            return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
-        try:
-            output = self._store_output(stage, stage.fn(self._context(task), value))
-        except Exception as exc:
-            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
-        return Outcome(task, started, time.perf_counter() - t0, True, output)
-
-    async def _run_async(self, task: ClaimedTask, stage: Stage) -> None:
-        started, t0 = self.clock(), time.perf_counter()
-        invoked = False
-        try:
-            value = self._load(task) if task.input_inline is not None else await asyncio.to_thread(self._load, task)
-            async with self._semaphores[stage.name]:
-                invoked = True
-                result = await asyncio.wait_for(stage.fn(self._context(task), value), stage.timeout)
-            output = await asyncio.to_thread(self._store_output, stage, result)
-            self._finish(Outcome(task, started, time.perf_counter() - t0, True, output))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            if isinstance(exc, TimeoutError) and stage.timeout is not None:
-                failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
-            self._finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure))
-
-    async def _run_guarded(self, task: ClaimedTask, stage: Stage) -> None:
-        started, t0 = self.clock(), time.perf_counter()
-        try:
-            value = await asyncio.to_thread(self._load, task)
-        except Exception as exc:
-            self._finish(Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc)))
-            return
-        if self._pool is None:
-            self._pool = GuardedPool(_absolute_target(self.target), self.opts.guarded_processes)
-        result = await self._pool.call(stage.name, value, self._context(task).fields(),
-                                       timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
-        if not result.ok:
-            self._finish(Outcome(task, started, result.duration, True, failure=result.failure))
-            return
-        try:
-            output = await asyncio.to_thread(self._store_output, stage, result.value)
-        except Exception as exc:
-            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            self._finish(Outcome(task, started, result.duration, True, failure=failure))
-            return
-        self._finish(Outcome(task, started, result.duration, True, output))
-
-    def _load(self, task: ClaimedTask) -> Any:
-        data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
-        return decode(task.input_kind, data)
-
-    def _store_output(self, stage: Stage, result: Any) -> Ref:
-        if stage.kind == "fanout":
-            _, data = fanout_refs(result, self.blobs)
-            import hashlib
-
-            return Ref("fanout", hashlib.sha256(data).hexdigest(), len(data), data)
-        return store_value(*encode(result), self.blobs)
-
-    def _context(self, task: ClaimedTask) -> Context:
-        return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
-                       task.input_digest)
 
     # --- leases and shutdown ---------------------------------------------
 
@@ -332,15 +288,21 @@ class Worker:
             counts = await self._call(self.transitions.reclaim_expired, self.clock())
             self.stats.update({f"reclaimed_{k}": v for k, v in counts.items()})
 
-    async def _shutdown(self) -> None:
+    async def _drain(self) -> None:
+        """Stop starting tasks; let started ones finish (leases still renewed) up to the grace period."""
+        self.executor.stopping.set()
         if self._running:
             await asyncio.wait(self._running, timeout=self.opts.shutdown_grace)
+        if self._results:
+            await self._flush()
+
+    async def _shutdown(self) -> None:
+        self.executor.stopping.set()
         for job in list(self._running):
             job.cancel()
         if self._running:
             await asyncio.wait(self._running, timeout=5)
-        if self._pool is not None:
-            await self._pool.close()
+        await self.executor.close()
         if self._results:
             await self._flush()
         if self._leases:

@@ -110,6 +110,7 @@ class ExpiredLease:
     max_attempts: int
     lease_token: int
     lease_owner: str | None
+    crashes: int
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ CREATE TABLE tasks (
     max_attempts INTEGER NOT NULL,
     available_at {real} NOT NULL,
     lease_token INTEGER NOT NULL DEFAULT 0,
+    crashes INTEGER NOT NULL DEFAULT 0,
     lease_owner TEXT,
     lease_expires_at {real},
     error_class TEXT,
@@ -69,7 +70,9 @@ CREATE TABLE tasks (
     UNIQUE (run_id, root_key, item_key, stage)
 );
 -- The hot queue: only runnable and leased rows are indexed.
-CREATE INDEX tasks_runnable ON tasks (pipeline, stage, available_at) WHERE status = 'queued';
+CREATE INDEX tasks_runnable ON tasks (pipeline, stage, available_at) WHERE status = 'queued' AND crashes = 0;
+-- Tasks that were in flight when their worker died run alone, one at a time.
+CREATE INDEX tasks_suspect ON tasks (pipeline, available_at) WHERE status = 'queued' AND crashes > 0;
 CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'running';
 -- "Is this run done?" must not scan its finished tasks.
 CREATE INDEX tasks_open ON tasks (run_id) WHERE status IN ('queued', 'running');

@@ -6,7 +6,7 @@ Each method runs inside the caller's transaction when there is one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.store.dialect import Dialect
@@ -73,6 +73,12 @@ UPDATE tasks SET status = 'queued', attempts = attempts - 1, lease_owner = NULL,
 WHERE id = ? AND lease_token = ? AND status = 'running'
 """
 
+REQUEUE_CRASHED = """
+UPDATE tasks SET status = 'queued', available_at = ?, error_class = 'lease_expired', last_error = ?,
+    attempts = attempts - ?, crashes = crashes + 1, lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ?
+"""
+
 INSERT_DEAD_LETTER = """
 INSERT INTO dead_letters (task_id, run_id, item_key, stage, error_class, error, attempts, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -120,16 +126,19 @@ class TaskQueries:
 
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
-        lease_seconds: float, run_id: str | None = None,
+        lease_seconds: float, run_id: str | None = None, caps: Mapping[str, int] | None = None,
     ) -> list[ClaimedTask]:
-        """Lease up to ``limit`` runnable tasks, later stages first; count the attempt now."""
+        """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages
+        first; count the attempt now."""
         claimed: list[ClaimedTask] = []
         run_filter = "AND run_id = ?" if run_id else ""
         with self.db.transaction():
             for stage in stages:
-                want = limit - len(claimed)
-                if want <= 0:
+                if len(claimed) >= limit:
                     break
+                want = min(limit - len(claimed), caps.get(stage, limit) if caps else limit)
+                if want <= 0:
+                    continue
                 params: list[Any] = [owner, now + lease_seconds, now, pipeline, stage, now]
                 if run_id:
                     params.append(run_id)
@@ -137,13 +146,31 @@ class TaskQueries:
                 rows = self.db.execute(
                     f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
                         lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
-                    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND pipeline = ? AND stage = ?
-                        AND available_at <= ? {run_filter} ORDER BY available_at LIMIT ? {self.db.skip_locked})
+                    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
+                        AND stage = ? AND available_at <= ? {run_filter} ORDER BY available_at LIMIT ?
+                        {self.db.skip_locked})
                     RETURNING {CLAIM_COLUMNS}""",
                     params,
                 )
                 claimed.extend(map(ClaimedTask._make, rows))
         return claimed
+
+    def claim_suspect(
+        self, pipeline: str, owner: str, now: float, lease_seconds: float, run_id: str | None = None,
+    ) -> list[ClaimedTask]:
+        """Lease one task that was in flight when a worker died; the caller runs it alone."""
+        run_filter = "AND run_id = ?" if run_id else ""
+        params: list[Any] = [owner, now + lease_seconds, now, pipeline, now, *([run_id] if run_id else [])]
+        with self.db.transaction():
+            rows = self.db.execute(
+                f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
+                    lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
+                WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes > 0 AND pipeline = ?
+                    AND available_at <= ? {run_filter} ORDER BY available_at LIMIT 1 {self.db.skip_locked})
+                RETURNING {CLAIM_COLUMNS}""",
+                params,
+            )
+        return list(map(ClaimedTask._make, rows))
 
     def held_leases(self, tokens: Sequence[tuple[int, int]]) -> set[int]:
         """The ids among (id, token) whose lease this worker still holds."""
@@ -195,9 +222,13 @@ class TaskQueries:
             self.db.executemany(RELEASE, list(tokens))
             self.db.notify()
 
+    def requeue_crashed(self, rows: Sequence[tuple[int, float, str, int]]) -> None:
+        """rows: (task id, available at, message, attempts to refund); the task becomes a suspect."""
+        self.db.executemany(REQUEUE_CRASHED, [(at, msg, refund, i) for i, at, msg, refund in rows])
+
     def expired_leases(self, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(
-            f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner
+            f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes
             FROM tasks WHERE status = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?
             {self.db.skip_locked}""",
             (now, limit),

@@ -1,0 +1,129 @@
+"""Running one claimed task: read its input, call the stage, store its output.
+
+Three ways, by the stage's shape: sync stages without guards run in a
+thread, a claimed batch at a time; async stages run on the event loop,
+bounded per stage; sync stages with a timeout or memory limit run in
+killable child processes. Each produces an ``Outcome``; none raises for a
+stage's failure. Once ``stopping`` is set, tasks not yet started are skipped
+(they produce no outcome, so the worker releases them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.blobs import Blobs
+from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime.classify import Failure, classify
+from conveyor.runtime.context import Context
+from conveyor.runtime.guard import GuardedPool
+from conveyor.runtime.transitions import Outcome
+from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
+from conveyor.store import ClaimedTask
+
+Finish = Callable[[Outcome], None]
+
+
+class Executor:
+    def __init__(self, pipeline: Pipeline, target: str, blobs: Blobs, guarded_processes: int,
+                 clock: Callable[[], float]) -> None:
+        self.pipeline = pipeline
+        self.target = target
+        self.blobs = blobs
+        self.clock = clock
+        self.guarded_processes = guarded_processes
+        self.stopping = threading.Event()
+        self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
+        self._pool: GuardedPool | None = None
+
+    def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
+        """Run sync tasks one after another (called on the stage thread)."""
+        outcomes = []
+        for task, stage in batch:
+            if self.stopping.is_set():
+                break
+            outcomes.append(self._execute_sync(task, stage))
+        return outcomes
+
+    def _execute_sync(self, task: ClaimedTask, stage: Stage) -> Outcome:
+        started, t0 = self.clock(), time.perf_counter()
+        try:
+            value = self.load(task)
+        except Exception as exc:  # any failure to read input is the task's failure
+            return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
+        try:
+            output = self.store_output(stage, stage.fn(self.context(task), value))
+        except Exception as exc:  # stage code may raise anything
+            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+            return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
+        return Outcome(task, started, time.perf_counter() - t0, True, output)
+
+    async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
+        started, t0, invoked = self.clock(), time.perf_counter(), False
+        try:
+            value = self.load(task) if task.input_inline is not None else await asyncio.to_thread(self.load, task)
+            async with self._semaphores[stage.name]:
+                if self.stopping.is_set():
+                    return
+                invoked, t0 = True, time.perf_counter()
+                result = await asyncio.wait_for(stage.fn(self.context(task), value), stage.timeout)
+            output = await asyncio.to_thread(self.store_output, stage, result)
+            finish(Outcome(task, started, time.perf_counter() - t0, True, output))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # stage code may raise anything
+            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+            if isinstance(exc, TimeoutError) and stage.timeout is not None:
+                failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
+            finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure))
+
+    async def run_guarded(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
+        started, t0 = self.clock(), time.perf_counter()
+        try:
+            value = await asyncio.to_thread(self.load, task)
+        except Exception as exc:
+            finish(Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc)))
+            return
+        if self.stopping.is_set():
+            return
+        result = await self._guarded_pool().call(stage.name, value, self.context(task).fields(),
+                                                 timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
+        if not result.ok:
+            finish(Outcome(task, started, result.duration, True, failure=result.failure))
+            return
+        try:
+            output = await asyncio.to_thread(self.store_output, stage, result.value)
+        except Exception as exc:
+            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+            finish(Outcome(task, started, result.duration, True, failure=failure))
+            return
+        finish(Outcome(task, started, result.duration, True, output))
+
+    def _guarded_pool(self) -> GuardedPool:
+        if self._pool is None:
+            self._pool = GuardedPool(self.target, self.guarded_processes)
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    def load(self, task: ClaimedTask) -> Any:
+        data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
+        return decode(task.input_kind, data)
+
+    def store_output(self, stage: Stage, result: Any) -> Ref:
+        if stage.kind == "fanout":
+            _, data = fanout_refs(result, self.blobs)
+            return Ref("fanout", hashlib.sha256(data).hexdigest(), len(data), data)
+        return store_value(*encode(result), self.blobs)
+
+    def context(self, task: ClaimedTask) -> Context:
+        return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
+                       task.input_digest)
