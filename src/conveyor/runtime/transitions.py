@@ -9,6 +9,7 @@ lease it still holds; the rest are recorded as ``lease_lost`` and discarded.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
 from conveyor.runtime.values import Ref, failure_memo
 from conveyor.store import AttemptRecord, ClaimedTask, NewItem, SqlStore, StoredOutput
+
+log = logging.getLogger("conveyor.transitions")
 
 
 @dataclass(slots=True)
@@ -114,6 +117,10 @@ class Transitions:
             else:
                 retry.append((task.id, now + self._delay(task, f), f.error_class, f.message))
                 attempts.append(self._attempt(o, "retry", f))
+        for task_id, run_id, item_key, stage, error_class, _, attempt in dead:
+            log.warning("dead-lettered %s at %s after %d attempts (%s)", item_key, stage, attempt, error_class,
+                        extra={"event": "dead_lettered", "run": run_id, "stage": stage, "item": item_key,
+                               "attempt": attempt, "task": task_id})
         self.store.mark_retry(retry)
         self.store.mark_ended(ended, now)
         self.store.mark_ended(memo_ended, now, cached=True)
@@ -162,6 +169,10 @@ class Transitions:
                                  lease.attempts))
                 else:
                     requeue.append((lease.id, now, message, 0 if alone else 1))
+            for lease in expired:
+                log.warning("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
+                            extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
+                                   "item": lease.item_key, "attempt": lease.attempts})
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(ended, now)
             self.store.insert_dead_letters(dead, now)

@@ -99,6 +99,8 @@ class Worker:
         self.store: SqlStore = await self._call(open_store, self.store_url)
         self.transitions = Transitions(self.pipeline, self.store, self.id)
         keeper = asyncio.create_task(self._keep_leases())
+        log.info("worker %s started on %s (%s)", self.id, self.pipeline.name, self.store.backend,
+                 extra={"event": "worker_started", "run": self.opts.run_id})
         try:
             await self._loop_until_done()
             await self._drain()
@@ -310,6 +312,8 @@ class Worker:
             self.stats["released"] += len(self._leases)
             self._leases.clear()
         await self._call(self.store.close)
+        log.info("worker %s stopped: %s", self.id, dict(self.stats),
+                 extra={"event": "worker_stopped", "run": self.opts.run_id})
         self._db.shutdown(wait=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)
 

@@ -1,0 +1,56 @@
+"""The code's shape: imports go one way, SQL lives in store/, the public API is curated."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import conveyor
+
+SRC = Path(conveyor.__file__).parent
+
+# Which layers each layer may import (besides itself, errors and the package root).
+ALLOWED = {
+    "cli": {"service", "runtime", "pipeline", "store", "blobs"},
+    "service": {"runtime", "pipeline", "store", "blobs"},
+    "runtime": {"pipeline", "store", "blobs"},
+    "pipeline": set(),
+    "store": set(),
+    "blobs": set(),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("conveyor."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("conveyor."))
+    return found
+
+
+def test_imports_go_one_way() -> None:
+    wrong = []
+    for layer, allowed in ALLOWED.items():
+        for path in (SRC / layer).rglob("*.py"):
+            for imported in _imports(path) - allowed - {layer, "errors"}:
+                wrong.append(f"{path.relative_to(SRC)} imports conveyor.{imported}")
+    assert wrong == []
+
+
+def test_sql_lives_in_store_only() -> None:
+    statement = re.compile(r"\b(SELECT\s+\S+\s+FROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b")
+    outside = [
+        str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+        if path.parent.name != "store" and statement.search(path.read_text())
+    ]
+    assert outside == []
+
+
+def test_public_api_is_curated() -> None:
+    assert sorted(conveyor.__all__) == [
+        "ConveyorError", "Pipeline", "Retry", "RetryLater", "Stage", "TerminalError", "__version__"]
+    for name in conveyor.__all__:
+        assert getattr(conveyor, name) is not None
