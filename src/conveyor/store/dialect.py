@@ -45,9 +45,9 @@ class SqliteDialect:
         import sqlite3
 
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+        # A bounded page cache and no mmap: memory must not grow with the size of the store.
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=60000",
-                       "foreign_keys=OFF", "cache_size=-131072", "temp_store=MEMORY",
-                       "wal_autocheckpoint=20000", "mmap_size=1073741824"):
+                       "foreign_keys=OFF", "cache_size=-65536", "wal_autocheckpoint=20000"):
             self.conn.execute(f"PRAGMA {pragma}")
         self._depth = 0
 
