@@ -1,0 +1,850 @@
+"""Engine throughput benchmark: one run, every figure, written into bench/RESULTS.md.
+
+    .venv/bin/python bench/engine.py [--items 100000] [--memory-items 1000000] [--pg URL] [--quick]
+
+What it measures, over the no-op three-stage pipeline in bench/noop_pipeline.py
+(a → b → c, each stage returns its input) and a JSONL manifest with inline text:
+
+1. ``conveyor run --workers 2`` end to end (submit + process), on a fresh SQLite
+   file and on a fresh PostgreSQL database (created here, dropped afterwards);
+2. the same work split into ``conveyor submit`` and two ``conveyor worker
+   --until-idle`` processes started together ("process only");
+3. a fully cached re-run of the same manifest on the same store, through the CLI
+   and in this process (``submit()`` plus one ``Worker(...).run()``);
+4. peak RSS of the supervisor and each worker at ``--memory-items`` items (SQLite);
+5. a raw-SQL floor: the same per-item-stage transitions written by hand with
+   batched SQL against the conveyor schema, single process, and the ratio
+   engine time / floor time for each backend.
+
+Each figure is printed next to its target with PASS or FAIL, with the CPU seconds
+that the bench's own process tree spent on it (robust to other work on a shared
+machine; PostgreSQL's server processes are not included) and the 1-minute load
+average when it started. Every measurement starts after an ``os.sync()`` so that
+it does not pay for the previous one's dirty pages. Timings live here, never in
+unit tests (../shared/DESIGN.md, "Throughput habits").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import hashlib
+import io
+import json
+import os
+import platform
+import pstats
+import re
+import resource
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = "bench/noop_pipeline.py:pipe"
+STAGES = ("a", "b", "c")
+RESULTS = ROOT / "bench" / "RESULTS.md"
+BEGIN, END = "<!-- bench/engine.py:begin -->", "<!-- bench/engine.py:end -->"
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+SQLITE_TARGET = 20_000  # item-stages/s end to end
+PG_TARGET = 10_000  # item-stages/s end to end
+CACHED_TARGET = 100_000  # tasks/s for a fully cached re-run
+MEMORY_TARGET_MB = 300  # peak RSS of any one process at 1M items
+
+
+# --- measuring ------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    wall: float = 0.0
+    cpu: float = 0.0  # user+system seconds of this process and of its children that exited meanwhile
+    load: float = 0.0  # 1-minute load average when the measurement started
+
+    def __add__(self, other: Timing) -> Timing:
+        return Timing(self.wall + other.wall, self.cpu + other.cpu, max(self.load, other.load))
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[Timing]:
+    """Measure the block's wall time and CPU time, after flushing earlier writes to disk."""
+    os.sync()
+    timing = Timing(load=os.getloadavg()[0])
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    yield timing
+    timing.wall, timing.cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+
+
+def _cpu_seconds() -> float:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+# --- results ------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    backend: str
+    figure: str
+    timing: Timing | None
+    value: float
+    unit: str
+    target: float | None = None
+    at_most: bool = False  # the target is a ceiling (memory), not a floor (rates)
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None:
+            return ""
+        ok = self.value <= self.target if self.at_most else self.value >= self.target
+        return "PASS" if ok else "FAIL"
+
+    @property
+    def target_text(self) -> str:
+        if self.target is None:
+            return ""
+        return f"{'≤' if self.at_most else '≥'} {self.target:,.0f}"
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        print(f"  {row.backend:<8} {row.figure:<38} {_fmt_value(row)} {row.verdict}", flush=True)
+        return row
+
+    def check(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.problems.append(message)
+            print(f"  CHECK FAILED: {message}", flush=True)
+
+
+def _fmt_value(row: Row) -> str:
+    return f"{row.value:>12.2f} {row.unit}" if row.unit == "x" else f"{row.value:>12,.0f} {row.unit}"
+
+
+# --- inputs and stores ----------------------------------------------------------
+
+
+def write_manifest(path: Path, count: int) -> Path:
+    """A JSONL manifest of ``count`` items with small inline texts."""
+    with path.open("wb") as out:
+        for i in range(count):
+            out.write(orjson.dumps({"key": f"item{i:08d}", "text": f"document {i}: nothing to see here"}) + b"\n")
+    return path
+
+
+def sqlite_url(folder: Path, name: str) -> str:
+    return f"sqlite:///{folder / name}"
+
+
+def _pg_url_for(admin_url: str, dbname: str) -> str:
+    base, _, _ = admin_url.partition("?")[0].rpartition("/")
+    return f"{base}/{dbname}"
+
+
+@contextlib.contextmanager
+def pg_database(admin_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for the duration of the block; dropped afterwards."""
+    import psycopg
+
+    name = f"conveyor_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield _pg_url_for(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# --- the CLI as a subprocess ------------------------------------------------------
+
+
+def conveyor_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "conveyor"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "conveyor"]
+
+
+def cli_json(*args: str) -> tuple[Timing, dict[str, Any]]:
+    """Run ``conveyor ARGS --json``; return its timing and its JSON."""
+    with timed() as timing:
+        proc = subprocess.run([*conveyor_cmd(), *args, "--json"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise RuntimeError(f"conveyor {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return timing, json.loads(proc.stdout)
+
+
+def run_args(manifest: Path, db: str, blobs: Path) -> list[str]:
+    return ["run", TARGET, "--input", str(manifest), "--workers", "2", "--db", db, "--blobs", str(blobs)]
+
+
+def workers_until_idle(run_id: str, db: str, blobs: Path, count: int = 2) -> tuple[Timing, list[dict[str, Any]]]:
+    """Start ``count`` ``conveyor worker --until-idle`` processes together; time until all have exited."""
+    cmd = [*conveyor_cmd(), "worker", TARGET, "--until-idle", "--run", run_id, "--db", db,
+           "--blobs", str(blobs), "--json"]
+    with timed() as timing:
+        procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(count)]
+        outputs = [p.communicate() for p in procs]
+    stats = []
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise RuntimeError(f"conveyor worker exited {proc.returncode}:\n{err[-3000:]}")
+        stats.append(json.loads(out))
+    return timing, stats
+
+
+# --- 1-3: engine figures on one backend --------------------------------------------
+
+
+def bench_backend(report: Report, backend: str, stores: Iterator[str], manifest: Path, n: int,
+                  work: Path) -> dict[str, Timing]:
+    """Cold run, cached re-run (CLI and in-process) on one store; submit + workers on another."""
+    target = SQLITE_TARGET if backend == "sqlite" else PG_TARGET
+    blobs = work / f"blobs-{backend}"
+    times: dict[str, Timing] = {}
+
+    db = next(stores)
+    timing, out = cli_json(*run_args(manifest, db, blobs))
+    report.check(out["stage_calls"] == 3 * n and out["outcomes"] == {"completed": n} and out["unaccounted"] == 0,
+                 f"{backend} cold run: expected {3 * n} stage calls and {n} completed items, got {_brief(out)}")
+    times["run"] = timing
+    report.add(Row(backend, "run (submit+process), 2 workers", timing, 3 * n / timing.wall, "item-stages/s",
+                   target))
+
+    timing, out = cli_json(*run_args(manifest, db, blobs))
+    report.check(out["stage_calls"] == 0 and out["cached"] == 3 * n and out["unaccounted"] == 0,
+                 f"{backend} cached re-run: expected 0 stage calls and {3 * n} cached, got {_brief(out)}")
+    report.add(Row(backend, "cached re-run, CLI (conveyor run)", timing, 3 * n / timing.wall, "tasks/s",
+                   CACHED_TARGET))
+
+    timing, out = in_process_run(db, manifest, blobs)
+    report.check(out["stage_calls"] == 0 and out["cached"] == 3 * n,
+                 f"{backend} in-process cached re-run: expected 0 stage calls and {3 * n} cached, "
+                 f"got {_brief(out)}")
+    report.add(Row(backend, "cached re-run, in-process", timing, 3 * n / timing.wall, "tasks/s", CACHED_TARGET))
+
+    db = next(stores)
+    timing, out = cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(blobs))
+    times["submit"] = timing
+    report.add(Row(backend, "submit only (conveyor submit)", timing, n / timing.wall, "items/s"))
+    timing, stats = workers_until_idle(out["run_id"], db, blobs)
+    calls = sum(s.get("stage_calls", 0) for s in stats)
+    report.check(calls == 3 * n, f"{backend} process only: expected {3 * n} stage calls, workers made {calls}")
+    times["process"] = timing
+    report.add(Row(backend, "process only, 2 x conveyor worker", timing, 3 * n / timing.wall, "item-stages/s",
+                   target))
+    return times
+
+
+def in_process_run(db: str, manifest: Path, blobs_dir: Path) -> tuple[Timing, dict[str, Any]]:
+    """Time ``submit()`` plus one until-idle Worker in this process; return the timing and the reconciliation."""
+    from conveyor.blobs import open_blobs
+    from conveyor.runtime.target import load_target
+    from conveyor.runtime.worker import Worker, WorkerOptions
+    from conveyor.service.report import find_run, reconcile
+    from conveyor.service.submit import submit
+    from conveyor.store import open_store
+
+    target = str(ROOT / TARGET)
+    pipeline, blobs, store = load_target(target), open_blobs(str(blobs_dir)), open_store(db)
+    try:
+        with timed() as timing:
+            done = submit(pipeline, target, str(manifest), store, blobs)
+            Worker(pipeline, target, db, blobs, WorkerOptions(until_idle=True, run_id=done.run_id)).run()
+        return timing, reconcile(store, find_run(store, done.run_id))
+    finally:
+        store.close()
+
+
+def _brief(out: dict[str, Any]) -> str:
+    return json.dumps({k: out.get(k) for k in ("outcomes", "unaccounted", "stage_calls", "cached")})
+
+
+# --- 4: peak memory -------------------------------------------------------------------
+
+
+@dataclass
+class ProcessPeak:
+    """One process's memory over a run, in MB, from /proc/PID/status."""
+
+    role: str
+    hwm: float = 0.0  # VmHWM: the kernel's peak RSS, exact up to the last poll
+    anon: float = 0.0  # the largest RssAnon seen: private memory (heap), without mapped file pages
+    file: float = 0.0  # the largest RssFile seen: mapped file pages (SQLite's mmap of the store, libraries)
+    at: float = 0.0  # seconds into the run when the largest RSS was seen
+    _rss: float = 0.0
+
+    def update(self, mem: dict[str, float], now: float) -> None:
+        self.hwm = max(self.hwm, mem["VmHWM"])
+        self.anon = max(self.anon, mem["RssAnon"])
+        self.file = max(self.file, mem["RssFile"])
+        if mem["VmRSS"] > self._rss:
+            self._rss, self.at = mem["VmRSS"], now
+
+
+@dataclass
+class MemoryPeak:
+    timing: Timing
+    output: dict[str, Any]
+    processes: list[ProcessPeak]
+    peak_sum: float  # MB, the largest sum of the tree's RSS seen at one poll
+    phases: dict[str, float]  # seconds into the run: workers first seen, workers all gone
+
+
+def run_with_memory_poll(args: Sequence[str], interval: float = 0.2) -> MemoryPeak:
+    """Run ``conveyor ARGS --json`` and poll its process tree's memory every ``interval`` seconds."""
+    peaks: dict[int, ProcessPeak] = {}
+    peak_sum, phases = 0.0, dict[str, float]()
+    with timed() as timing:
+        started = time.perf_counter()
+        proc = subprocess.Popen([*conveyor_cmd(), *args, "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        root, reader = psutil.Process(proc.pid), _Drain(proc)
+        while proc.poll() is None:
+            now, total, tree = time.perf_counter() - started, 0.0, _tree(root)
+            if len(tree) > 1:
+                phases.setdefault("workers started", now)
+            elif "workers started" in phases:
+                phases.setdefault("workers done", now)
+            for p in tree:
+                mem = _memory_mb(p.pid)
+                if mem:
+                    role = "supervisor" if p.pid == proc.pid else f"worker {len(peaks)}"
+                    peaks.setdefault(p.pid, ProcessPeak(role)).update(mem, now)
+                    total += mem["VmRSS"]
+            peak_sum = max(peak_sum, total)
+            time.sleep(interval)
+    out, err = reader.result()
+    if proc.returncode != 0 or not out.strip():
+        raise RuntimeError(f"conveyor {' '.join(args)} exited {proc.returncode}:\n{err[-3000:]}")
+    return MemoryPeak(timing, json.loads(out), list(peaks.values()), peak_sum, phases)
+
+
+class _Drain:
+    """Read a child's stdout and stderr in threads so that it never blocks on a full pipe."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._parts: dict[str, str] = {}
+        self._threads = [threading.Thread(target=self._read, args=(name, stream), daemon=True)
+                         for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, name: str, stream: Any) -> None:
+        self._parts[name] = stream.read()
+
+    def result(self) -> tuple[str, str]:
+        for t in self._threads:
+            t.join()
+        return self._parts.get("out", ""), self._parts.get("err", "")
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS, VmHWM, RssAnon, RssFile of a process in MB; empty once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
+    except (KeyError, ValueError):
+        return {}
+
+
+def bench_memory(report: Report, items: int, work: Path) -> None:
+    manifest = write_manifest(work / f"manifest-{items}.jsonl", items)
+    db = sqlite_url(work, "memory.db")
+    peak = run_with_memory_poll(run_args(manifest, db, work / "blobs-memory"))
+    out = peak.output
+    report.check(out["stage_calls"] == 3 * items and out["unaccounted"] == 0,
+                 f"{items:,}-item run: expected {3 * items} stage calls, got {_brief(out)}")
+    size = f"at {items:,}"
+    report.add(Row("sqlite", f"run {size} items, 2 workers", peak.timing, 3 * items / peak.timing.wall,
+                   "item-stages/s", SQLITE_TARGET))
+    for p in peak.processes:
+        report.add(Row("sqlite", f"peak RSS {size}: {p.role}", None, p.hwm, "MB"))
+        report.details.append(f"{p.role}: peak RSS {p.hwm:,.0f} MB (largest seen {p.at:,.0f} s into the run), of "
+                              f"which at most {p.anon:,.0f} MB private (RssAnon) and {p.file:,.0f} MB mapped file "
+                              "pages (RssFile: shared libraries, and the store itself if SQLite maps it).")
+    report.add(Row("sqlite", f"peak RSS {size}: max of one process", None, max(p.hwm for p in peak.processes),
+                   "MB", MEMORY_TARGET_MB, at_most=True))
+    report.add(Row("sqlite", f"peak RSS {size}: sum at peak", None, peak.peak_sum, "MB"))
+    report.add(Row("sqlite", f"peak private RSS {size}: max of one process", None,
+                   max(p.anon for p in peak.processes), "MB", MEMORY_TARGET_MB, at_most=True))
+    phases = ", ".join(f"{k} at {v:,.0f} s" for k, v in peak.phases.items())
+    report.details.append(f"The {items:,}-item run took {peak.timing.wall:,.0f} s: {phases} (submit before, "
+                          "reconciliation after).")
+    size_mb = sum(f.stat().st_size for f in work.glob("memory.db*")) / 2**20
+    report.details.append(f"The {items:,}-item SQLite store (memory.db with its WAL) was {size_mb:,.0f} MB on disk "
+                          "when the run ended.")
+
+
+# --- 5: the raw-SQL floor -----------------------------------------------------------
+
+FLOOR_BATCH = 500
+FLOOR_RUN = "floor"
+FLOOR_INSERT_ITEM = """INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size,
+    created_at) VALUES (?, ?, NULL, ?, ?, ?, ?)"""
+FLOOR_INSERT_TASK = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key,
+    stage_version, config_hash, input_digest, input_kind, input_inline, input_size, cached, max_attempts,
+    available_at, created_at)
+VALUES (?, 'bench_noop', ?, ?, ?, 'queued', ?, '1', 'floor', ?, 'bytes', ?, ?, 0, 3, ?, ?)"""
+FLOOR_CLAIM = """UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+    lease_owner = 'floor', lease_expires_at = ?, started_at = ?
+WHERE id IN (SELECT id FROM tasks WHERE {runnable} AND pipeline = 'bench_noop' AND stage = ?
+    AND available_at <= ? AND run_id = ? ORDER BY available_at LIMIT ? {skip_locked})
+RETURNING id, item_key, root_key, task_key, input_inline, attempts, lease_token, stage"""
+FLOOR_SUCCEED = """UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = 'bytes', cached = 0,
+    finished_at = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?"""
+FLOOR_INSERT_OUTPUT = """INSERT INTO outputs (task_key, stage, kind, digest, inline, size, run_id, created_at)
+VALUES (?, ?, 'bytes', ?, ?, ?, ?, ?) ON CONFLICT (task_key) DO NOTHING"""
+FLOOR_INSERT_ATTEMPT = """INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, worker, lease_token,
+    stage_version, code_version, started_at, duration)
+VALUES (?, ?, ?, 'succeeded', 1, 'floor', ?, '1', 'floor', ?, 0)"""
+
+
+class RawSql:
+    """The driver connection of a freshly migrated conveyor store, used with hand-written SQL."""
+
+    def __init__(self, url: str) -> None:
+        from conveyor.store import open_store
+
+        self.store = open_store(url)  # creates the schema; the connection keeps conveyor's settings
+        self.backend = self.store.backend
+        self.conn: Any = self.store.db.conn
+        self.skip_locked = "FOR UPDATE SKIP LOCKED" if self.backend == "postgres" else ""
+        # store.claim filters on exactly what the partial index tasks_runnable covers; the floor must too,
+        # or the planner cannot use that index. Since the schema gained a ``crashes`` column, that includes it.
+        columns = {d[0] for d in self.conn.execute("SELECT * FROM tasks WHERE 1 = 0").description}
+        self.runnable = "status = 'queued' AND crashes = 0" if "crashes" in columns else "status = 'queued'"
+
+    def sql(self, text: str) -> str:
+        return text.replace("?", "%s") if self.backend == "postgres" else text
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        if self.backend == "postgres":
+            with self.conn.transaction():
+                yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def executemany(self, text: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            cur = self.conn.cursor()
+            cur.executemany(self.sql(text), rows)
+            cur.close()
+
+    def query(self, text: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return list(self.conn.execute(self.sql(text), params).fetchall())
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _key(stage: str, digest: str) -> str:
+    return hashlib.sha256(f"{stage}\0floor\0bytes\0{digest}".encode()).hexdigest()
+
+
+def floor_seed(db: RawSql, manifest: Path) -> int:
+    """Items and their stage-a tasks, FLOOR_BATCH per transaction; returns the item count."""
+    count, batch = 0, []
+    with manifest.open("rb") as lines:
+        for raw in lines:
+            entry = orjson.loads(raw)
+            batch.append((entry["key"], entry["text"].encode()))
+            if len(batch) == FLOOR_BATCH:
+                count += _seed_batch(db, batch)
+                batch = []
+    return count + (_seed_batch(db, batch) if batch else 0)
+
+
+def _seed_batch(db: RawSql, batch: list[tuple[str, bytes]]) -> int:
+    now = time.time()
+    items, tasks = [], []
+    for key, data in batch:
+        digest = hashlib.sha256(data).hexdigest()
+        items.append((FLOOR_RUN, key, key, digest, len(data), now))
+        tasks.append((FLOOR_RUN, "a", key, key, _key("a", digest), digest, data, len(data), now, now))
+    with db.transaction():
+        db.executemany(FLOOR_INSERT_ITEM, items)
+        db.executemany(FLOOR_INSERT_TASK, tasks)
+    return len(batch)
+
+
+def floor_claim(db: RawSql, now: float) -> list[tuple[Any, ...]]:
+    """Up to FLOOR_BATCH queued tasks, later stages first, as store.claim does."""
+    claimed: list[tuple[Any, ...]] = []
+    with db.transaction():
+        for stage in reversed(STAGES):
+            want = FLOOR_BATCH - len(claimed)
+            if want <= 0:
+                break
+            claimed += db.query(FLOOR_CLAIM.format(runnable=db.runnable, skip_locked=db.skip_locked),
+                                (now + 30, now, stage, now, FLOOR_RUN, want))
+    return claimed
+
+
+def floor_commit(db: RawSql, claimed: list[tuple[Any, ...]], now: float) -> None:
+    """Succeed a claimed batch in one transaction: outputs, attempts, and the next stage's tasks."""
+    succeed, outputs, attempts, successors = [], [], [], []
+    for task_id, item_key, root_key, task_key, data, attempt, token, stage in claimed:
+        data = bytes(data)  # the no-op stage: output = input
+        digest = hashlib.sha256(data).hexdigest()
+        succeed.append((digest, now, task_id))
+        outputs.append((task_key, stage, digest, data, len(data), FLOOR_RUN, now))
+        attempts.append((task_id, FLOOR_RUN, attempt, token, now))
+        index = STAGES.index(stage)
+        if index + 1 < len(STAGES):
+            nxt = STAGES[index + 1]
+            successors.append((FLOOR_RUN, nxt, item_key, root_key, _key(nxt, digest), digest, data, len(data),
+                               now, now))
+    with db.transaction():
+        db.executemany(FLOOR_SUCCEED, succeed)
+        db.executemany(FLOOR_INSERT_OUTPUT, outputs)
+        db.executemany(FLOOR_INSERT_ATTEMPT, attempts)
+        db.executemany(FLOOR_INSERT_TASK, successors)
+
+
+def raw_floor(url: str, manifest: Path) -> tuple[Timing, Timing, int]:
+    """Seed and process every item-stage by hand; return (seed timing, process timing, tasks succeeded)."""
+    db = RawSql(url)
+    try:
+        with timed() as seed:
+            floor_seed(db, manifest)
+        with timed() as process:
+            while claimed := floor_claim(db, time.time()):
+                floor_commit(db, claimed, time.time())
+        done = db.query("SELECT COUNT(*) FROM tasks WHERE status = 'succeeded' AND run_id = ?", (FLOOR_RUN,))
+        return seed, process, int(done[0][0])
+    finally:
+        db.close()
+
+
+def bench_floor(report: Report, backend: str, url: str, manifest: Path, n: int,
+                engine: dict[str, Timing]) -> None:
+    seed, process, done = raw_floor(url, manifest)
+    report.check(done == 3 * n, f"{backend} raw-SQL floor: expected {3 * n} succeeded tasks, got {done}")
+    total = seed + process
+    report.add(Row(backend, "raw-SQL floor, seed+process, 1 process", total, 3 * n / total.wall, "item-stages/s"))
+    report.add(Row(backend, "raw-SQL floor, process only", process, 3 * n / process.wall, "item-stages/s"))
+    run, work = engine["run"], engine["process"]
+    report.add(Row(backend, "engine/floor wall: run vs seed+process", None, run.wall / total.wall, "x"))
+    report.add(Row(backend, "engine/floor wall: process only", None, work.wall / process.wall, "x"))
+    report.add(Row(backend, "engine/floor CPU: run vs seed+process", None, run.cpu / total.cpu, "x"))
+    report.add(Row(backend, "engine/floor CPU: process only", None, work.cpu / process.cpu, "x"))
+
+
+# --- profile (optional) ---------------------------------------------------------------
+
+
+def profile_in_process(db: str, manifest: Path, blobs_dir: Path, top: int) -> str:
+    """cProfile of submit() + one Worker in this process, one profile per thread; the top costs as text.
+
+    cProfile sees only the thread that enabled it, so every thread started meanwhile (the worker's
+    store thread, its stage thread) gets a profiler of its own through threading.setprofile.
+    """
+    profiles: dict[str, cProfile.Profile] = {}
+
+    def per_thread(*_: Any) -> None:
+        prof = profiles.setdefault(threading.current_thread().name.split("_")[0], cProfile.Profile())
+        prof.enable()  # replaces this hook for the thread that called it
+
+    main = profiles["MainThread (event loop, submit)"] = cProfile.Profile()
+    threading.setprofile(per_thread)
+    main.enable()
+    try:
+        timing, _ = in_process_run(db, manifest, blobs_dir)
+    finally:
+        main.disable()
+        threading.setprofile(None)
+    parts = [f"wall under the profiler: {timing.wall:.2f} s"]
+    for name, prof in profiles.items():
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        busy = sum(tt for (_, _, fn), (_, _, tt, _, _) in stats.stats.items()  # type: ignore[attr-defined]
+                   if not _is_wait(fn))
+        stats.sort_stats("tottime").print_stats(top)
+        listing = "Ordered by" + text.getvalue().split("Ordered by", 1)[-1]
+        parts.append(f"--- thread {name}: {busy:.2f} s busy (waits excluded); by own time:\n{listing.strip()}")
+    return "\n\n".join(parts)
+
+
+def _is_wait(function: str) -> bool:
+    """Entries where a thread sits idle: the event loop's poll, executor queues, lock waits."""
+    return any(w in function for w in ("'poll' of 'select", "'get' of '_queue", "'acquire' of '_thread"))
+
+
+# --- machine and RESULTS.md -----------------------------------------------------------
+
+
+def machine(pg_url: str | None) -> dict[str, str]:
+    info = {
+        "nproc": str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
+        "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "CPU": _cpu_model(),
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "SQLite": sqlite3.sqlite_version,
+    }
+    if pg_url:
+        import psycopg
+
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                        for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers")}
+        info["PostgreSQL"] = (f"{settings['server_version']} (fsync={settings['fsync']}, "
+                              f"synchronous_commit={settings['synchronous_commit']}, "
+                              f"shared_buffers={settings['shared_buffers']})")
+    from conveyor import __version__
+
+    info["conveyor"] = __version__
+    return info
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _cells(r: Row) -> tuple[str, str, str, str]:
+    """seconds, CPU seconds, load, value: as text."""
+    t = r.timing
+    value = f"{r.value:.2f}" if r.unit == "x" else f"{r.value:,.0f}"
+    if t is None:
+        return "", "", "", value
+    return f"{t.wall:.2f}", f"{t.cpu:.2f}", f"{t.load:.1f}", value
+
+
+def print_table(report: Report) -> None:
+    header = (f"{'backend':<8} {'figure':<42} {'seconds':>8} {'cpu s':>7} {'load':>5} {'value':>12} "
+              f"{'unit':<14} {'target':>10} result")
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in report.rows:
+        seconds, cpu, load, value = _cells(r)
+        print(f"{r.backend:<8} {r.figure:<42} {seconds:>8} {cpu:>7} {load:>5} {value:>12} {r.unit:<14} "
+              f"{r.target_text:>10} {r.verdict}")
+    for problem in report.problems:
+        print(f"CHECK FAILED: {problem}")
+
+
+def markdown(report: Report, info: dict[str, str], command: str, n: int, extra: str) -> str:
+    lines = [
+        BEGIN,
+        "## Engine throughput (bench/engine.py)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:",
+        "",
+        f"    {command}",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + ".",
+        "",
+        f"Pipeline: bench/noop_pipeline.py (a → b → c, each returns its input), N = {n:,} items from a "
+        f"JSONL manifest with inline text, so one run is {3 * n:,} item-stages. Wall times of CLI commands "
+        "include process start-up. *cpu s* is the user+system time of the bench's own process tree "
+        "(the PostgreSQL server's is not in it); *load* is the 1-minute load average when the figure's "
+        "measurement started (other work on the machine shows there). The floor is hand-written batched SQL "
+        "(batches of 500) on the same schema in one process; a ratio is engine / floor for the same work.",
+        "",
+        "| backend | figure | seconds | cpu s | load | value | unit | target | result |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
+    for r in report.rows:
+        seconds, cpu, load, value = _cells(r)
+        lines.append(f"| {r.backend} | {r.figure} | {seconds} | {cpu} | {load} | {value} | {r.unit} | "
+                     f"{r.target_text} | {r.verdict} |")
+    lines.append("")
+    lines += [f"- {d}" for d in report.details]
+    lines += [f"- **Check failed**: {p}" for p in report.problems]
+    if extra:
+        lines += ["", extra.rstrip()]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def write_results(section: str, path: Path = RESULTS) -> None:
+    """Replace the section between the markers, keeping the rest of the file."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=100_000, help="items for the throughput runs")
+    parser.add_argument("--memory-items", type=int, default=1_000_000, help="items for the peak-memory run")
+    parser.add_argument("--pg", default=os.environ.get("CONVEYOR_TEST_PG", DEFAULT_PG),
+                        help="PostgreSQL URL of a server where databases may be created ('' skips PostgreSQL)")
+    parser.add_argument("--quick", action="store_true", help="skip the peak-memory run")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="also profile in-process cold and cached runs (cProfile on SQLite, SQL time by "
+                             "statement on both backends); print the TOP costs of each")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the Markdown file to update")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    return parser.parse_args(argv)
+
+
+def sqlite_stores(work: Path, prefix: str) -> Iterator[str]:
+    for i in range(1_000):
+        yield sqlite_url(work, f"{prefix}-{i}.db")
+
+
+@contextlib.contextmanager
+def pg_stores(admin_url: str) -> Iterator[Iterator[str]]:
+    """Fresh databases on demand, all dropped when the block ends."""
+    with contextlib.ExitStack() as stack:
+        def fresh() -> Iterator[str]:
+            while True:
+                yield stack.enter_context(pg_database(admin_url))
+
+        yield fresh()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join([".venv/bin/python bench/engine.py", *map(shlex.quote, sys.argv[1:])])
+    info = machine(args.pg or None)
+    print(f"conveyor engine benchmark: {command}", *(f"  {k}: {v}" for k, v in info.items()), sep="\n", flush=True)
+    report, extra = Report(), ""
+    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    try:
+        manifest = write_manifest(work / "manifest.jsonl", args.items)
+        print(f"\nsqlite, N = {args.items:,}", flush=True)
+        engine = bench_backend(report, "sqlite", sqlite_stores(work, "engine"), manifest, args.items, work)
+        bench_floor(report, "sqlite", sqlite_url(work, "floor.db"), manifest, args.items, engine)
+        if args.pg:
+            print(f"\npostgres, N = {args.items:,}", flush=True)
+            with pg_stores(args.pg) as stores:
+                engine = bench_backend(report, "postgres", stores, manifest, args.items, work)
+                bench_floor(report, "postgres", next(stores), manifest, args.items, engine)
+        if not args.quick:
+            print(f"\nsqlite, peak memory at {args.memory_items:,} items", flush=True)
+            bench_memory(report, args.memory_items, work)
+        if args.profile:
+            extra = profiles(work, manifest, args.profile, args.pg or None)
+            print(extra)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(report)
+    if not args.no_write:
+        write_results(markdown(report, info, command, args.items, extra), args.results)
+        print(f"\nwrote {args.results}")
+    return 1 if report.problems else 0
+
+
+def profiles(work: Path, manifest: Path, top: int, pg_url: str | None) -> str:
+    """cProfile (SQLite) and SQL time by statement (both backends) of in-process cold and cached runs."""
+    parts = ["### Where the time goes (in-process submit() + one Worker)", ""]
+    db = sqlite_url(work, "profile.db")
+    for phase in ("cold run", "cached re-run"):
+        text = profile_in_process(db, manifest, work / "blobs-profile", top)
+        parts += [f"cProfile, SQLite, {phase}, per thread:", "", "```", text.strip(), "```", ""]
+    with contextlib.ExitStack() as stack:
+        stores = [("sqlite", sqlite_url(work, "sql-timing.db"))]
+        if pg_url:
+            stores.append(("postgres", stack.enter_context(pg_database(pg_url))))
+        for backend, url in stores:
+            for phase in ("cold run", "cached re-run"):
+                text = sql_breakdown(url, manifest, work / "blobs-profile", top)
+                parts += [f"SQL time by statement, {backend}, {phase} (BEGIN/COMMIT not included):", "",
+                          "```", text.strip(), "```", ""]
+    return "\n".join(parts)
+
+
+def sql_breakdown(url: str, manifest: Path, blobs_dir: Path, top: int) -> str:
+    """Run in process with every store statement timed; the ``top`` statements by total time."""
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    with _timing_statements(spent, calls):
+        timing, _ = in_process_run(url, manifest, blobs_dir)
+    lines = [f"wall {timing.wall:.2f} s, CPU {timing.cpu:.2f} s, SQL {sum(spent.values()):.2f} s "
+             "(the SQL total includes the reconciliation read after the timed part)"]
+    ranked = sorted(spent.items(), key=lambda kv: -kv[1])[:top]
+    lines += [f"{sec:8.2f} s {calls[sql]:7,d} calls  {sql}" for sql, sec in ranked]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _timing_statements(spent: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
+    """Wrap the dialects' execute methods for the duration of the block."""
+    from conveyor.store.dialect import PostgresDialect, SqliteDialect
+
+    saved = [(cls, name, getattr(cls, name)) for cls in (SqliteDialect, PostgresDialect)
+             for name in ("execute", "executemany", "execute_rowcount")]
+
+    def wrap(original: Any) -> Any:
+        def timed_call(self: Any, sql: str, params: Any = ()) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(self, sql, params)
+            finally:
+                label = _statement(sql)
+                spent[label] += time.perf_counter() - started
+                calls[label] += 1
+        return timed_call
+
+    for cls, name, original in saved:
+        setattr(cls, name, wrap(original))
+    try:
+        yield
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+
+
+def _statement(sql: str) -> str:
+    text = re.sub(r"\s+", " ", sql).strip()
+    return re.sub(r"\(\?(, ?\?)*\)", "(?, ...)", text)[:90]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
