@@ -101,7 +101,7 @@ def worker(
     target: Target,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="exit when no task is left")] = False,
     run_id: Annotated[str | None, typer.Option("--run", help="only this run's tasks")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 500,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 1000,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:

@@ -82,14 +82,27 @@ class Expander:
 
     def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> int:
         """Insert tasks for ``seeds`` and, through memo hits, their successors; return cached count."""
-        cached = 0
-        frontier, pending_items = list(seeds), list(items)
+        tasks, new_items, cached = self.plan(seeds, now, items)
+        with self.store.transaction():
+            if new_items:
+                self.store.insert_items(new_items)
+            if tasks:
+                self.store.insert_tasks(tasks)
+        return cached
+
+    def plan(
+        self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
+    ) -> tuple[list[NewTask], list[NewItem], int]:
+        """The task and item rows for ``seeds``, following memo hits; reads only, so it may run
+        before the transaction that writes them. Returns (tasks, items, cached count)."""
+        tasks: list[NewTask] = []
+        new_items, frontier, cached = list(items), list(seeds), 0
         prefix, kinds, sha256 = self._prefix, self._kinds, hashlib.sha256
-        while frontier or pending_items:
+        while frontier:
             keys = [sha256(prefix[s.stage] + _key_suffix(kinds[s.stage], s.ref, s.item_key)).hexdigest()
                     for s in frontier]
-            memo = self.store.lookup_outputs(keys) if frontier else {}
-            tasks, next_frontier = [], []
+            memo = self.store.lookup_outputs(keys)
+            next_frontier: list[Seed] = []
             for seed, key in zip(frontier, keys, strict=True):
                 hit = memo.get(key)
                 tasks.append(self._task(seed, key, hit, now))
@@ -97,16 +110,11 @@ class Expander:
                     cached += 1
                     if hit.kind == "failed":
                         continue
-                    more, new_items = self.successors(seed, Ref(hit.kind, hit.digest, hit.size, hit.inline), now)
+                    more, more_items = self.successors(seed, Ref(hit.kind, hit.digest, hit.size, hit.inline), now)
                     next_frontier += more
-                    pending_items += new_items
-            if pending_items:
-                self.store.insert_items(pending_items)
-                pending_items = []
-            if tasks:
-                self.store.insert_tasks(tasks)
+                    new_items += more_items
             frontier = next_frontier
-        return cached
+        return tasks, new_items, cached
 
     def _task(self, seed: Seed, key: str, hit: tuple[str, str, str, str, bytes | None, int] | None,
               now: float) -> NewTask:
@@ -115,11 +123,12 @@ class Expander:
             return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "queued", key,
                            stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
                            0, stage.retry.max_attempts, now, now, None)
+        # A task answered from the memo never runs, so its row needs no copy of the input.
         if hit[2] == "failed":
             error_class, message = parse_failure_memo(hit[4] or b"{}")
             return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "failed", key,
-                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
+                           stage.version, stage.config_hash, ref.digest, ref.kind, None, ref.size, None, None,
                            1, stage.retry.max_attempts, now, now, now, error_class, message)
         return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "succeeded", key,
-                       stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, hit[3], hit[2],
+                       stage.version, stage.config_hash, ref.digest, ref.kind, None, ref.size, hit[3], hit[2],
                        1, stage.retry.max_attempts, now, now, now)

@@ -3,8 +3,14 @@
 queued → running (claim, attempt counted) → succeeded | queued again after a
 backoff (retry) | failed (terminal) | dead_lettered (attempts exhausted).
 A running task whose lease expired goes back to queued, or to the dead-letter
-list when that was its last attempt. A worker commits only the tasks whose
-lease it still holds; the rest are recorded as ``lease_lost`` and discarded.
+list when that was its last attempt.
+
+A commit is prepared first (rows built, memo lookups for the successors done:
+reads only) and then written in one short transaction of plain statements, so
+a SQLite writer holds the lock only while writing. Every update is fenced by
+the lease token: if any task's lease was lost meanwhile, the transaction is
+rolled back and redone for the tasks still held, and the others are recorded
+as ``lease_lost`` and discarded.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor import __version__
@@ -21,7 +27,7 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
 from conveyor.runtime.values import Ref, failure_memo
-from conveyor.store import AttemptRecord, ClaimedTask, NewItem, SqlStore, StoredOutput
+from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTask, SqlStore
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -37,6 +43,29 @@ class Outcome:
     output: Ref | None = None
     cached: bool = False
     failure: Failure | None = None
+
+
+@dataclass
+class Writes:
+    """Every row one commit writes, prepared before its transaction opens."""
+
+    succeeded: list[tuple[str, str, int, float, int, int]] = field(default_factory=list)
+    retry: list[tuple[float, str, str, int, int]] = field(default_factory=list)
+    ended: list[tuple[str, str, str, float, int, int, int]] = field(default_factory=list)
+    outputs: list[NewOutput] = field(default_factory=list)
+    dead: list[tuple[int, str, str, str, str, str, int, float]] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    tasks: list[NewTask] = field(default_factory=list)
+    items: list[NewItem] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def fenced(self) -> int:
+        return len(self.succeeded) + len(self.retry) + len(self.ended)
+
+
+class LeaseLost(Exception):
+    """A fenced update missed: some lease was lost since the commit was prepared."""
 
 
 class Transitions:
@@ -56,89 +85,99 @@ class Transitions:
     ) -> tuple[Counter[str], list[ClaimedTask]]:
         """Commit, then with ``claim`` = (pipeline, stages, limit, owner, lease seconds, run id, caps)
         claim the next batch in the same transaction, saving a round trip and a commit."""
-        counts: Counter[str] = Counter()
-        claimed: list[ClaimedTask] = []
+        writes = self.prepare(outcomes, now)
+        try:
+            with self.store.transaction():
+                self._write(writes)
+                return writes.counts, self._claim(claim, now)
+        except LeaseLost:
+            pass
         with self.store.transaction():
             held = self.store.held_leases([(o.task.id, o.task.lease_token) for o in outcomes])
-            attempts = [self._lost(o) for o in outcomes if o.task.id not in held]
-            counts["lease_lost"] = len(attempts)
-            mine = [o for o in outcomes if o.task.id in held]
-            attempts += self._succeed([o for o in mine if o.failure is None], now, counts)
-            attempts += self._fail([o for o in mine if o.failure is not None], now, counts)
-            self.store.insert_attempts(attempts)
-            if claim is not None:
-                pipeline, stages, limit, owner, lease_seconds, run_id, caps = claim
-                claimed = self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id, caps)
-        return counts, claimed
+            writes = self.prepare([o for o in outcomes if o.task.id in held], now)
+            writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
+            writes.counts["lease_lost"] = len(outcomes) - len(held)
+            self._write(writes)
+            return writes.counts, self._claim(claim, now)
 
-    def _succeed(self, done: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
-        if not done:
+    def _claim(self, claim: tuple[Any, ...] | None, now: float) -> list[ClaimedTask]:
+        if claim is None:
             return []
-        fresh = [o for o in done if not o.cached]
-        self.store.insert_outputs(
-            [StoredOutput(o.task.task_key, o.task.stage, o.output.kind, o.output.digest,  # type: ignore[union-attr]
-                          o.output.inline, o.output.size) for o in fresh],  # type: ignore[union-attr]
-            done[0].task.run_id, now,
-        )
-        self.store.mark_succeeded(
-            [(o.task.id, o.output.digest, o.output.kind, o.cached) for o in done], now  # type: ignore[union-attr]
-        )
-        seeds: list[Seed] = []
-        items: list[NewItem] = []
-        for o in done:
-            seed = Seed(o.task.run_id, o.task.item_key, o.task.root_key, o.task.stage, o.output)  # type: ignore[arg-type]
-            more, new_items = self.expander.successors(seed, o.output, now)  # type: ignore[arg-type]
-            seeds.extend(more)
-            items.extend(new_items)
-        counts["cached"] += len(done) - len(fresh) + self.expander.expand(seeds, now, items)
-        counts["succeeded"] += len(done)
-        return [self._attempt(o, "cached" if o.cached else "succeeded", None) for o in done]
+        pipeline, stages, limit, owner, lease_seconds, run_id, caps = claim
+        return self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id, caps)
 
-    def _fail(self, failed: Sequence[Outcome], now: float, counts: Counter[str]) -> list[AttemptRecord]:
-        retry: list[tuple[int, float, str, str]] = []
-        ended: list[tuple[int, str, str, str]] = []
-        memo_ended: list[tuple[int, str, str, str]] = []
-        dead: list[tuple[int, str, str, str, str, str, int]] = []
-        memos: list[StoredOutput] = []
-        attempts: list[AttemptRecord] = []
+    def _write(self, w: Writes) -> None:
+        changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
+        changed += self.store.mark_ended(w.ended)
+        if changed != w.fenced:
+            raise LeaseLost
+        self.store.insert_outputs(w.outputs)
+        self.store.insert_dead_letters(w.dead)
+        self.store.insert_attempts(w.attempts)
+        if w.items:
+            self.store.insert_items(w.items)
+        if w.tasks:
+            self.store.insert_tasks(w.tasks)
+
+    # --- preparing a commit (reads only) ------------------------------------
+
+    def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
+        w = Writes()
+        self._succeed(w, [o for o in outcomes if o.failure is None], now)
+        self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        return w
+
+    def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
+        seeds: list[Seed] = []
+        for o in done:
+            task, out = o.task, o.output
+            assert out is not None
+            if not o.cached:
+                w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
+                                           task.run_id, now))
+            w.succeeded.append((out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
+            more, items = self.expander.successors(
+                Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
+            seeds += more
+            w.items += items
+            w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
+        w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
+        w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
+
+    def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> None:
         for o in failed:
             f, task = o.failure, o.task
             assert f is not None
-            limit = self.pipeline[task.stage].retry.attempts_for(f.error_class)
+            full = _full(f)
             if not f.retryable:
-                (memo_ended if o.cached else ended).append((task.id, "failed", f.error_class, _full(f)))
+                w.ended.append(("failed", f.error_class, full, now, int(o.cached), task.id, task.lease_token))
                 if f.deterministic and not o.cached:
-                    memos.append(self._failure_memo(task, f))
-                attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
-            elif task.attempts >= limit:
-                ended.append((task.id, "dead_lettered", f.error_class, _full(f)))
-                dead.append((task.id, task.run_id, task.item_key, task.stage, f.error_class, _full(f), task.attempts))
-                attempts.append(self._attempt(o, "dead_lettered", f))
+                    ref = failure_memo(f.error_class, full)
+                    w.outputs.append(NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
+                                               ref.size, task.run_id, now))
+                w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
+                w.counts.update(failed=1, cached=int(o.cached))
+            elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
+                w.ended.append(("dead_lettered", f.error_class, full, now, 0, task.id, task.lease_token))
+                w.dead.append((task.id, task.run_id, task.item_key, task.stage, f.error_class, full, task.attempts,
+                               now))
+                w.attempts.append(self._attempt(o, "dead_lettered", f))
+                w.counts["dead_lettered"] += 1
+                log.warning("dead-lettered %s at %s after %d attempts (%s)", task.item_key, task.stage,
+                            task.attempts, f.error_class, extra={
+                                "event": "dead_lettered", "run": task.run_id, "stage": task.stage,
+                                "item": task.item_key, "attempt": task.attempts})
             else:
-                retry.append((task.id, now + self._delay(task, f), f.error_class, f.message))
-                attempts.append(self._attempt(o, "retry", f))
-        for task_id, run_id, item_key, stage, error_class, _, attempt in dead:
-            log.warning("dead-lettered %s at %s after %d attempts (%s)", item_key, stage, attempt, error_class,
-                        extra={"event": "dead_lettered", "run": run_id, "stage": stage, "item": item_key,
-                               "attempt": attempt, "task": task_id})
-        self.store.mark_retry(retry)
-        self.store.mark_ended(ended, now)
-        self.store.mark_ended(memo_ended, now, cached=True)
-        self.store.insert_dead_letters(dead, now)
-        if memos:
-            self.store.insert_outputs(memos, failed[0].task.run_id, now)
-        counts.update(retried=len(retry), failed=len(ended) + len(memo_ended) - len(dead),
-                      dead_lettered=len(dead), cached=len(memo_ended))
-        return attempts
-
-    def _failure_memo(self, task: ClaimedTask, f: Failure) -> StoredOutput:
-        ref = failure_memo(f.error_class, _full(f))
-        return StoredOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size)
+                w.retry.append((now + self._delay(task, f), f.error_class, f.message, task.id, task.lease_token))
+                w.attempts.append(self._attempt(o, "retry", f))
+                w.counts["retried"] += 1
 
     def _delay(self, task: ClaimedTask, failure: Failure) -> float:
         if failure.retry_after is not None:
             return failure.retry_after
         return self.pipeline[task.stage].retry.delay(task.attempts, self.rng)
+
+    # --- expired leases ----------------------------------------------------
 
     def reclaim_expired(self, now: float, limit: int = 1000) -> Counter[str]:
         """Requeue tasks whose worker stopped renewing its lease.
@@ -155,30 +194,29 @@ class Transitions:
             if not expired:
                 return counts
             held_by = Counter(lease.lease_owner for lease in expired)
-            requeue, ended, dead, attempts = [], [], [], []
+            requeue, w = [], Writes()
             for lease in expired:
                 alone = held_by[lease.lease_owner] == 1
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
                            f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
-                attempts.append(AttemptRecord(
-                    lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
-                    lease.lease_owner, lease.lease_token, None, __version__, None, None))
-                if alone and lease.attempts >= lease.max_attempts:
-                    ended.append((lease.id, "dead_lettered", "lease_expired", message))
-                    dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
-                                 lease.attempts))
-                else:
-                    requeue.append((lease.id, now, message, 0 if alone else 1))
-            for lease in expired:
                 log.warning("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
                             extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
                                    "item": lease.item_key, "attempt": lease.attempts})
+                w.attempts.append(AttemptRecord(
+                    lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
+                    lease.lease_owner, lease.lease_token, None, __version__, None, None))
+                if alone and lease.attempts >= lease.max_attempts:
+                    w.ended.append(("dead_lettered", "lease_expired", message, now, 0, lease.id, lease.lease_token))
+                    w.dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
+                                   lease.attempts, now))
+                else:
+                    requeue.append((now, message, 0 if alone else 1, lease.id, lease.lease_token))
             self.store.requeue_crashed(requeue)
-            self.store.mark_ended(ended, now)
-            self.store.insert_dead_letters(dead, now)
-            self.store.insert_attempts(attempts)
+            self.store.mark_ended(w.ended)
+            self.store.insert_dead_letters(w.dead)
+            self.store.insert_attempts(w.attempts)
             self.store.notify()
-        counts.update(requeued=len(requeue), dead_lettered=len(dead))
+        counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
         return counts
 
     def _lost(self, o: Outcome) -> AttemptRecord:

@@ -41,8 +41,8 @@ T = TypeVar("T")
 class WorkerOptions:
     run_id: str | None = None
     until_idle: bool = False
-    batch_size: int = 500
-    max_inflight: int = 1000
+    batch_size: int = 1000
+    max_inflight: int = 2000
     flush_interval: float = 0.05
     poll_interval: float = 0.5
     lease_seconds: float | None = None
@@ -150,11 +150,15 @@ class Worker:
                 continue
             if await self._claim_suspect():
                 continue
-            if self.opts.until_idle and await self._call(self.store.open_tasks, self.opts.run_id,
-                                                         self.pipeline.name) == 0:
+            if self.opts.until_idle and await self._call(self._idle_for_good):
                 return
             await self._idle(idle_sleep)
             idle_sleep, claim_again = min(idle_sleep * 2, self.opts.poll_interval), True
+
+    def _idle_for_good(self) -> bool:
+        """No open task, and no submission under way that could add some."""
+        run_id, pipeline = self.opts.run_id, self.pipeline.name
+        return self.store.open_tasks(run_id, pipeline) == 0 and not self.store.submitting(pipeline, run_id)
 
     def _room(self) -> int:
         if self._alone:

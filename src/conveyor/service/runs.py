@@ -33,68 +33,77 @@ def run_pipeline(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
     options: RunOptions, progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Submit ``input_path`` and process the run to completion; return its summary."""
-    submitted = submit(pipeline, target, input_path, store, blobs)
+    """Submit ``input_path`` and process the run to completion; return its summary.
+
+    Worker processes start as soon as the run exists, so processing overlaps the
+    rest of the submission.
+    """
     if options.workers <= 0:
-        Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=submitted.run_id, until_idle=True)).run()
+        run_id = submit(pipeline, target, input_path, store, blobs).run_id
+        Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=run_id, until_idle=True)).run()
     else:
-        _supervise(target, submitted.run_id, store, blobs, options, progress)
-    run = find_run(store, submitted.run_id)
-    summary = reconcile(store, run)
+        fleet = Fleet(target, store, blobs, options)
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            run_id = submit(pipeline, target, input_path, store, blobs, on_created=fleet.start).run_id
+            fleet.watch(progress)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            fleet.stop()  # workers finish or release their in-flight tasks
+    summary = reconcile(store, find_run(store, run_id))
     summary["workers"] = options.workers
     return summary
 
 
-def _supervise(
-    target: str, run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions, progress: Progress | None,
-) -> None:
-    """Keep ``workers`` processes running until the run has no open task left."""
-    procs = [_start_worker(target, run_id, store.url, blobs.url, options) for _ in range(options.workers)]
-    restarts = 0
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+class Fleet:
+    """Worker processes for one run, restarted when a stage kills them, until the run is done."""
+
+    def __init__(self, target: str, store: SqlStore, blobs: Blobs, options: RunOptions) -> None:
+        self.target, self.store, self.blobs, self.options = target, store, blobs, options
+        self.run_id = ""
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.restarts = 0
+
+    def start(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.procs = [self._spawn() for _ in range(self.options.workers)]
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "conveyor", "worker", self.target, "--until-idle", "--run", self.run_id,
+               "--db", self.store.url, "--blobs", self.blobs.url, "--quiet", *self.options.worker_args]
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=os.environ.copy())
+
+    def watch(self, progress: Progress | None) -> None:
+        """Return when every worker has exited and the run has no open task."""
         while True:
-            time.sleep(options.poll)
+            time.sleep(self.options.poll)
             if progress is not None:
-                progress(run_status(store, find_run(store, run_id)))
-            open_tasks = store.open_tasks(run_id)
-            for index, proc in enumerate(procs):
-                code = proc.poll()
-                if code is None:
-                    continue
-                if open_tasks and restarts < options.max_restarts:
-                    # A stage that kills its process must not stop the run: start a new worker.
-                    restarts += 1
-                    procs[index] = _start_worker(target, run_id, store.url, blobs.url, options)
-            if open_tasks == 0 and all(p.poll() is not None for p in procs):
+                progress(run_status(self.store, find_run(self.store, self.run_id)))
+            open_tasks = self.store.open_tasks(self.run_id)
+            for index, proc in enumerate(self.procs):
+                if proc.poll() is not None and open_tasks and self.restarts < self.options.max_restarts:
+                    self.restarts += 1
+                    self.procs[index] = self._spawn()
+            if all(p.poll() is not None for p in self.procs) and (
+                    open_tasks == 0 or self.restarts >= self.options.max_restarts):
+                if progress is not None:
+                    progress(run_status(self.store, find_run(self.store, self.run_id)))
                 return
-            if restarts >= options.max_restarts and all(p.poll() is not None for p in procs):
-                return
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        _stop_all(procs)  # workers finish or release their in-flight tasks
-        if progress is not None:
-            progress(run_status(store, find_run(store, run_id)))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 30
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _start_worker(target: str, run_id: str, db: str, blobs: str, options: RunOptions) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "conveyor", "worker", target, "--until-idle", "--run", run_id,
-           "--db", db, "--blobs", blobs, "--quiet", *options.worker_args]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=os.environ.copy())
-
-
-def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + 30
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

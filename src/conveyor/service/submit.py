@@ -45,13 +45,20 @@ def stages_json(pipeline: Pipeline) -> str:
 def submit(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
     clock: Callable[[], float] = time.time, items: Iterable[SourceItem] | None = None,
+    on_created: Callable[[str], None] | None = None,
 ) -> Submitted:
-    """Create a run for every item of ``input_path`` (or of ``items``); return its id."""
+    """Create a run for every item of ``input_path`` (or of ``items``); return its id.
+
+    ``on_created(run_id)`` is called as soon as the run exists, so workers can start on
+    the first items while the rest are still being submitted.
+    """
     now = clock()
     run_id = new_run_id(now)
     store.create_run(RunRecord(run_id, pipeline.name, target, str(input_path), "submitting", 0,
                                pipeline.has_publish, stages_json(pipeline), now, None, None))
     try:
+        if on_created is not None:
+            on_created(run_id)
         cached = _ingest(pipeline, run_id, items if items is not None else iter_items(input_path),
                          store, blobs, clock)
     except BaseException:

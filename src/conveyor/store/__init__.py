@@ -12,6 +12,7 @@ from conveyor.store.records import (
     DeadLetter,
     ExpiredLease,
     NewItem,
+    NewOutput,
     NewTask,
     RunRecord,
     StoredOutput,
@@ -22,7 +23,7 @@ from conveyor.store.sql_store import SqlStore
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewTask",
+    "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput", "NewTask",
     "RunRecord", "SqlStore", "StoredOutput", "TaskStatus", "open_store",
 ]
 

@@ -23,6 +23,8 @@ class Dialect(Protocol):
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
+    def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int: ...
+
     def transaction(self) -> Any: ...
 
     def notify(self) -> None: ...
@@ -60,6 +62,10 @@ class SqliteDialect:
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             self.conn.executemany(sql, rows)
+
+    def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """executemany, returning the total number of rows changed."""
+        return self.conn.executemany(sql, rows).rowcount if rows else 0
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -129,6 +135,14 @@ class PostgresDialect:
         if rows:
             with self.conn.cursor() as cur:
                 cur.executemany(self._sql(sql), rows)
+
+    def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """executemany, returning the total number of rows changed (psycopg sums them)."""
+        if not rows:
+            return 0
+        with self.conn.cursor() as cur:
+            cur.executemany(self._sql(sql), rows)
+            return cur.rowcount
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

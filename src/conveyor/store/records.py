@@ -68,6 +68,19 @@ class StoredOutput(NamedTuple):
     size: int
 
 
+class NewOutput(NamedTuple):
+    """A memo row to insert: the output of a task key (or a settled failure)."""
+
+    task_key: str
+    stage: str
+    kind: str
+    digest: str
+    inline: bytes | None
+    size: int
+    run_id: str
+    created_at: float
+
+
 class ClaimedTask(NamedTuple):
     id: int
     run_id: str

@@ -86,6 +86,14 @@ class ReportQueries:
         )
         return int(rows[0][0])
 
+    def submitting(self, pipeline: str, run_id: str | None = None) -> bool:
+        """Whether a run (of this pipeline, or this run) is still being submitted: more work may come."""
+        where, params = _scope(run_id, None)
+        rows = self.db.execute(
+            f"SELECT COUNT(*) FROM runs WHERE status = 'submitting' AND pipeline = ? {where}", (pipeline, *params)
+        )
+        return int(rows[0][0]) > 0
+
     def next_due(self, pipeline: str, run_id: str | None = None) -> float | None:
         where, params = _scope(run_id, None)
         rows = self.db.execute(

@@ -15,6 +15,7 @@ from conveyor.store.records import (
     ClaimedTask,
     ExpiredLease,
     NewItem,
+    NewOutput,
     NewTask,
     StoredOutput,
 )
@@ -50,33 +51,37 @@ INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, error_class, m
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
-MARK_SUCCEEDED = """
-UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = ?, cached = ?,
-    finished_at = ?, lease_owner = NULL, lease_expires_at = NULL, error_class = NULL, last_error = NULL
-WHERE id = ?
+# Every transition of a leased task is fenced: it applies only while the caller's
+# lease token still holds, so a worker that lost its lease changes nothing.
+FENCE = "WHERE id = ? AND lease_token = ? AND status = 'running'"
+
+MARK_SUCCEEDED = f"""
+UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = ?, cached = ?, finished_at = ?,
+    input_inline = NULL, lease_owner = NULL, lease_expires_at = NULL, error_class = NULL, last_error = NULL
+{FENCE}
 """
 
-MARK_RETRY = """
+MARK_RETRY = f"""
 UPDATE tasks SET status = 'queued', available_at = ?, error_class = ?, last_error = ?,
     lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ?
+{FENCE}
 """
 
-MARK_ENDED = """
+MARK_ENDED = f"""
 UPDATE tasks SET status = ?, error_class = ?, last_error = ?, finished_at = ?, cached = ?,
     lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ?
+{FENCE}
 """
 
-RELEASE = """
+RELEASE = f"""
 UPDATE tasks SET status = 'queued', attempts = attempts - 1, lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ? AND lease_token = ? AND status = 'running'
+{FENCE}
 """
 
-REQUEUE_CRASHED = """
+REQUEUE_CRASHED = f"""
 UPDATE tasks SET status = 'queued', available_at = ?, error_class = 'lease_expired', last_error = ?,
     attempts = attempts - ?, crashes = crashes + 1, lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ?
+{FENCE}
 """
 
 INSERT_DEAD_LETTER = """
@@ -118,11 +123,10 @@ class TaskQueries:
                 found[row[0]] = StoredOutput._make(row)
         return found
 
-    def insert_outputs(self, outputs: Sequence[StoredOutput], run_id: str, now: float) -> None:
+    def insert_outputs(self, outputs: Sequence[NewOutput]) -> None:
         """Insert-or-ignore: when two workers race on one key, the first write wins, both are fine."""
-        rows = [(o.task_key, o.stage, o.kind, o.digest, o.inline, o.size, run_id, now) for o in outputs]
         with self.db.transaction():
-            self.db.executemany(INSERT_OUTPUT, rows)
+            self.db.executemany(INSERT_OUTPUT, outputs)
 
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
@@ -187,24 +191,24 @@ class TaskQueries:
                     held.add(task_id)
         return held
 
-    def mark_succeeded(self, rows: Sequence[tuple[int, str, str, bool]], now: float) -> None:
-        """rows: (task id, output digest, output kind, cached)."""
-        self.db.executemany(MARK_SUCCEEDED, [(d, k, int(c), now, i) for i, d, k, c in rows])
+    def mark_succeeded(self, rows: Sequence[tuple[str, str, int, float, int, int]]) -> int:
+        """rows: (output digest, output kind, cached, now, task id, lease token); returns rows changed."""
+        return self.db.executemany_count(MARK_SUCCEEDED, rows)
 
-    def mark_retry(self, rows: Sequence[tuple[int, float, str, str]]) -> None:
-        """rows: (task id, available at, error class, message)."""
-        self.db.executemany(MARK_RETRY, [(at, cls, msg, i) for i, at, cls, msg in rows])
+    def mark_retry(self, rows: Sequence[tuple[float, str, str, int, int]]) -> int:
+        """rows: (available at, error class, message, task id, lease token); returns rows changed."""
+        return self.db.executemany_count(MARK_RETRY, rows)
 
-    def mark_ended(self, rows: Sequence[tuple[int, str, str, str]], now: float, cached: bool = False) -> None:
-        """rows: (task id, 'failed' | 'dead_lettered', error class, message)."""
-        self.db.executemany(MARK_ENDED, [(st, cls, msg, now, int(cached), i) for i, st, cls, msg in rows])
+    def mark_ended(self, rows: Sequence[tuple[str, str, str, float, int, int, int]]) -> int:
+        """rows: ('failed' | 'dead_lettered', error class, message, now, cached, task id, lease token)."""
+        return self.db.executemany_count(MARK_ENDED, rows)
 
     def insert_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
         self.db.executemany(INSERT_ATTEMPT, attempts)
 
-    def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int]], now: float) -> None:
-        """rows: (task id, run id, item key, stage, error class, error, attempts)."""
-        self.db.executemany(INSERT_DEAD_LETTER, [(*r, now) for r in rows])
+    def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int, float]]) -> None:
+        """rows: (task id, run id, item key, stage, error class, error, attempts, now)."""
+        self.db.executemany(INSERT_DEAD_LETTER, rows)
 
     def renew_leases(self, tokens: Sequence[tuple[int, int]], expires_at: float) -> int:
         renewed = 0
@@ -222,9 +226,9 @@ class TaskQueries:
             self.db.executemany(RELEASE, list(tokens))
             self.db.notify()
 
-    def requeue_crashed(self, rows: Sequence[tuple[int, float, str, int]]) -> None:
-        """rows: (task id, available at, message, attempts to refund); the task becomes a suspect."""
-        self.db.executemany(REQUEUE_CRASHED, [(at, msg, refund, i) for i, at, msg, refund in rows])
+    def requeue_crashed(self, rows: Sequence[tuple[float, str, int, int, int]]) -> int:
+        """rows: (available at, message, attempts to refund, task id, lease token); the task becomes a suspect."""
+        return self.db.executemany_count(REQUEUE_CRASHED, rows)
 
     def expired_leases(self, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(
