@@ -74,18 +74,26 @@ class Fleet:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=os.environ.copy())
 
     def watch(self, progress: Progress | None) -> None:
-        """Return when every worker has exited and the run has no open task."""
+        """Return when every worker has exited and the run has no open task.
+
+        Workers leave on their own once the run is done (``--until-idle``); the
+        store is asked only when one died or all are gone, or to draw progress.
+        """
         while True:
             time.sleep(self.options.poll)
             if progress is not None:
                 progress(run_status(self.store, find_run(self.store, self.run_id)))
+            exited = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+            crashed = [i for i in exited if self.procs[i].returncode != 0]
+            if len(exited) < len(self.procs) and not crashed:
+                continue
             open_tasks = self.store.open_tasks(self.run_id)
-            for index, proc in enumerate(self.procs):
-                if proc.poll() is not None and open_tasks and self.restarts < self.options.max_restarts:
+            for index in exited if open_tasks else []:
+                if self.restarts < self.options.max_restarts:
+                    # A stage that kills its process must not stop the run: start a new worker.
                     self.restarts += 1
                     self.procs[index] = self._spawn()
-            if all(p.poll() is not None for p in self.procs) and (
-                    open_tasks == 0 or self.restarts >= self.options.max_restarts):
+            if all(p.poll() is not None for p in self.procs):
                 if progress is not None:
                     progress(run_status(self.store, find_run(self.store, self.run_id)))
                 return
