@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from conveyor.pipeline import Stage
 
 SMOOTHING = 0.2
-CHEAP_SECONDS = 50e-6
 
 
 class Pacing:
@@ -28,11 +27,6 @@ class Pacing:
         per_task = max(seconds, 1e-6) / self._parallel[stage]
         old = self._pace.get(stage)
         self._pace[stage] = per_task if old is None else old + SMOOTHING * (per_task - old)
-
-    def cheap(self, stage: str) -> bool:
-        """Whether a call of this stage is known to cost less than a memo lookup (about 50 µs)."""
-        pace = self._pace.get(stage)
-        return pace is not None and pace * self._parallel[stage] < CHEAP_SECONDS
 
     def caps(self, in_flight: Mapping[str, int]) -> dict[str, int]:
         """For each stage, how many more tasks to claim now."""

@@ -227,10 +227,7 @@ class Worker:
     # --- dispatching -------------------------------------------------------
 
     async def _dispatch(self, claimed: list[ClaimedTask]) -> None:
-        # Every task was looked up in the memo when it was created; look again only where a call
-        # costs more than a lookup (another worker may have produced the output meanwhile).
-        keys = [t.task_key for t in claimed if not self.pacing.cheap(t.stage)]
-        memo = await self._call(self.store.lookup_outputs, keys) if keys else {}
+        memo = await self._call(self.store.lookup_outputs, [t.task_key for t in claimed])
         inline: list[tuple[ClaimedTask, Stage]] = []
         for task in claimed:
             stage = self.pipeline[task.stage]
