@@ -27,7 +27,7 @@ def conveyor(*args: str, capture: bool = False) -> subprocess.CompletedProcess[s
 
 
 def corpus() -> Path:
-    if CORPUS.is_dir() and any(CORPUS.rglob("*.gz")):
+    if CORPUS.is_dir() and next(CORPUS.rglob("*.gz"), None) is not None:
         return CORPUS
     print(f"{CORPUS} has no manual pages here; using the sample pages shipped in {HERE / 'sample'}")
     return HERE / "sample"
