@@ -49,7 +49,8 @@ class SqliteDialect:
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         # A bounded page cache and no mmap: memory must not grow with the size of the store.
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=60000",
-                       "foreign_keys=OFF", "cache_size=-65536", "wal_autocheckpoint=20000"):
+                       "foreign_keys=OFF", "cache_size=-65536", "wal_autocheckpoint=100000",
+                       "journal_size_limit=268435456"):
             self.conn.execute(f"PRAGMA {pragma}")
         self._depth = 0
 
