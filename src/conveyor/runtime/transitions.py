@@ -190,7 +190,7 @@ class Transitions:
         """
         counts: Counter[str] = Counter()
         with self.store.transaction():
-            expired = self.store.expired_leases(now, limit)
+            expired = self.store.expired_leases(self.pipeline.name, now, limit)
             if not expired:
                 return counts
             held_by = Counter(lease.lease_owner for lease in expired)

@@ -158,7 +158,7 @@ class Worker:
     def _idle_for_good(self) -> bool:
         """No open task, and no submission under way that could add some."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
-        return self.store.open_tasks(run_id, pipeline) == 0 and not self.store.submitting(pipeline, run_id)
+        return self.store.open_tasks(pipeline, run_id) == 0 and not self.store.submitting(pipeline, run_id)
 
     def _room(self) -> int:
         if self._alone:

@@ -42,7 +42,7 @@ def run_pipeline(
         run_id = submit(pipeline, target, input_path, store, blobs).run_id
         Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=run_id, until_idle=True)).run()
     else:
-        fleet = Fleet(target, store, blobs, options)
+        fleet = Fleet(pipeline.name, target, store, blobs, options)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             run_id = submit(pipeline, target, input_path, store, blobs, on_created=fleet.start).run_id
@@ -58,8 +58,8 @@ def run_pipeline(
 class Fleet:
     """Worker processes for one run, restarted when a stage kills them, until the run is done."""
 
-    def __init__(self, target: str, store: SqlStore, blobs: Blobs, options: RunOptions) -> None:
-        self.target, self.store, self.blobs, self.options = target, store, blobs, options
+    def __init__(self, pipeline: str, target: str, store: SqlStore, blobs: Blobs, options: RunOptions) -> None:
+        self.pipeline, self.target, self.store, self.blobs, self.options = pipeline, target, store, blobs, options
         self.run_id = ""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.restarts = 0
@@ -87,7 +87,7 @@ class Fleet:
             crashed = [i for i in exited if self.procs[i].returncode != 0]
             if len(exited) < len(self.procs) and not crashed:
                 continue
-            open_tasks = self.store.open_tasks(self.run_id)
+            open_tasks = self.store.open_tasks(self.pipeline, self.run_id)
             for index in exited if open_tasks else []:
                 if self.restarts < self.options.max_restarts:
                     # A stage that kills its process must not stop the run: start a new worker.

@@ -78,13 +78,17 @@ class ReportQueries:
         )
         return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
-    def open_tasks(self, run_id: str | None = None, pipeline: str | None = None) -> int:
-        """Tasks still queued or running (retry waits included)."""
-        where, params = _scope(run_id, pipeline)
-        rows = self.db.execute(
-            f"SELECT COUNT(*) FROM tasks WHERE status IN ('queued', 'running') {where}", params
-        )
-        return int(rows[0][0])
+    def open_tasks(self, pipeline: str, run_id: str | None = None) -> int:
+        """Tasks still queued or running (retry waits included), counted through the
+        partial indexes of the hot queue, so finished tasks are never read."""
+        where, params = _scope(run_id, None)
+        total = 0
+        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0",
+                      "status = 'running'"):
+            rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where}",
+                                   (pipeline, *params))
+            total += int(rows[0][0])
+        return total
 
     def submitting(self, pipeline: str, run_id: str | None = None) -> bool:
         """Whether a run (of this pipeline, or this run) is still being submitted: more work may come."""

@@ -73,9 +73,7 @@ CREATE TABLE tasks (
 CREATE INDEX tasks_runnable ON tasks (pipeline, stage, available_at) WHERE status = 'queued' AND crashes = 0;
 -- Tasks that were in flight when their worker died run alone, one at a time.
 CREATE INDEX tasks_suspect ON tasks (pipeline, available_at) WHERE status = 'queued' AND crashes > 0;
-CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'running';
--- "Is this run done?" must not scan its finished tasks.
-CREATE INDEX tasks_open ON tasks (run_id) WHERE status IN ('queued', 'running');
+CREATE INDEX tasks_leased ON tasks (pipeline, lease_expires_at) WHERE status = 'running';
 
 CREATE TABLE outputs (
     task_key TEXT PRIMARY KEY,

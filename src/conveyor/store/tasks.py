@@ -230,11 +230,11 @@ class TaskQueries:
         """rows: (available at, message, attempts to refund, task id, lease token); the task becomes a suspect."""
         return self.db.executemany_count(REQUEUE_CRASHED, rows)
 
-    def expired_leases(self, now: float, limit: int = 1000) -> list[ExpiredLease]:
+    def expired_leases(self, pipeline: str, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(
             f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes
-            FROM tasks WHERE status = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?
-            {self.db.skip_locked}""",
-            (now, limit),
+            FROM tasks WHERE status = 'running' AND pipeline = ? AND lease_expires_at < ?
+            ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",
+            (pipeline, now, limit),
         )
         return [ExpiredLease(*r) for r in rows]

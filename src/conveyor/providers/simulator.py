@@ -1,0 +1,496 @@
+"""A local OpenAI-compatible provider simulator, seeded and reproducible.
+
+Endpoints: ``POST /v1/chat/completions`` (text, or JSON mode with
+``response_format={"type": "json_object"}``), ``POST /v1/embeddings``,
+``GET /v1/models`` and ``GET /health``. Any model name is accepted; responses
+report it with a revision suffix (``sim-1@2026-11-01``).
+
+Faults, all drawn from one ``random.Random(seed)``: every well-formed
+chat/embeddings request draws the same six values in arrival order (latency,
+hang, 5xx, 5xx status, truncated, malformed), so the same seed and the same
+request order give the same behaviour. Precedence: 429 (limits), hang, 5xx,
+then, in JSON mode only, truncated or malformed content. Latency is lognormal:
+``latency_ms * exp(latency_tail * z)``, capped at 120 s.
+
+Limits (see simlimits): a sliding 60 s window over requests and tokens. A
+request reserves prompt tokens + max_tokens (``default_max_tokens`` when
+absent) and is charged prompt + completion tokens when answered; a 5xx or a
+hang is charged 0 tokens but counts as a request; a 429 counts as nothing. A
+request whose estimate exceeds the whole TPM gets 400 ``request_too_large``.
+Token counting: see simcontent.
+
+Log (``log_path``): one JSON line per chat/embeddings request with time
+(wall clock at arrival), endpoint, request_id, model, status (0 for a hang),
+prompt_tokens, completion_tokens, charged_tokens, retry_after (seconds) and
+fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from conveyor.providers import simcontent as content
+from conveyor.providers.simlimits import Entry, Refusal, WindowLimiter, retry_headers
+
+MAX_LATENCY_S = 120.0
+MAX_HANG_S = 600.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Limits, faults and identity of one simulated provider (0 = unlimited / never)."""
+
+    seed: int = 0
+    tpm: int = 0
+    rpm: int = 0
+    latency_ms: float = 0.0
+    latency_tail: float = 0.0
+    error_rate_5xx: float = 0.0
+    hang_rate: float = 0.0
+    hang_seconds: float = MAX_HANG_S
+    truncated_rate: float = 0.0
+    malformed_rate: float = 0.0
+    log_path: str | Path | None = None
+    api_key: str | None = None
+    revision: str = "2026-11-01"
+    models: tuple[str, ...] = ("sim-1", "sim-embed-1")
+    embedding_dim: int = 384
+    default_max_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1")
+        for name in ("tpm", "rpm", "latency_ms", "latency_tail"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0 < self.hang_seconds <= MAX_HANG_S:
+            raise ValueError(f"hang_seconds must be in (0, {MAX_HANG_S:g}]")
+        if self.embedding_dim < 1 or self.default_max_tokens < 1:
+            raise ValueError("embedding_dim and default_max_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    latency_s: float
+    hang: bool
+    error_status: int | None
+    truncated: bool
+    malformed: bool
+
+
+@dataclass(slots=True)
+class _Record:
+    time: float
+    endpoint: str
+    request_id: str
+    model: str | None = None
+    status: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    charged_tokens: int = 0
+    retry_after: float | None = None
+    fault: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Chat:
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    json_mode: bool
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Embed:
+    model: str
+    texts: list[str]
+    dim: int
+    base64: bool
+    prompt_tokens: int
+
+
+Build = Callable[[_Record], dict[str, Any]]
+
+
+class _Sim:
+    """The mutable state of one simulator app: rng, limiter, request counter, log."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.limiter = WindowLimiter(config.rpm, config.tpm)
+        self._count = 0
+        self.log_path = Path(config.log_path) if config.log_path else None
+
+    def next_request_id(self) -> str:
+        self._count += 1
+        return f"req-{self.config.seed}-{self._count:08d}"
+
+    def served_model(self, model: str) -> str:
+        return f"{model}@{self.config.revision}"
+
+    def draw(self) -> _Draws:
+        c, rng = self.config, self.rng
+        z = rng.gauss(0.0, 1.0)
+        u_hang, u_err, u_status, u_trunc, u_mal = (rng.random() for _ in range(5))
+        truncated = u_trunc < c.truncated_rate
+        return _Draws(
+            latency_s=min(c.latency_ms / 1000.0 * math.exp(c.latency_tail * z), MAX_LATENCY_S),
+            hang=u_hang < c.hang_rate,
+            error_status=(500 if u_status < 0.5 else 503) if u_err < c.error_rate_5xx else None,
+            truncated=truncated,
+            malformed=not truncated and u_mal < c.malformed_rate,
+        )
+
+    def write(self, rec: _Record) -> None:
+        if self.log_path is not None:
+            with self.log_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(asdict(rec)) + "\n")
+
+    def auth_error(self, request: Request) -> JSONResponse | None:
+        key = self.config.api_key
+        if key is None or request.headers.get("authorization") == f"Bearer {key}":
+            return None
+        return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+
+    async def serve(self, request: Request, rec: _Record, estimate: int, build: Build) -> Response:
+        """Limits, faults and latency around building the answer."""
+        draws = self.draw()
+        if self.config.tpm and estimate > self.config.tpm:
+            msg = f"Request too large: {estimate} tokens requested, limit {self.config.tpm} per min."
+            return _error(400, msg, "invalid_request_error", "request_too_large")
+        admitted = self.limiter.admit(estimate)
+        if isinstance(admitted, Refusal):
+            rec.retry_after = admitted.retry_after_s
+            return _rate_limited(admitted)
+        try:
+            return await self._answer(request, rec, admitted, draws, build)
+        finally:
+            self.limiter.settle(admitted, rec.charged_tokens)
+
+    async def _answer(self, request: Request, rec: _Record, entry: Entry, draws: _Draws, build: Build) -> Response:
+        if draws.hang:
+            rec.fault = "hang"
+            self.write(rec)
+            await _hang(request, self.config.hang_seconds)
+            return Response(status_code=504)
+        if draws.latency_s > 0:
+            await asyncio.sleep(draws.latency_s)
+        if draws.error_status is not None:
+            rec.fault = "5xx"
+            return _error(draws.error_status, "The server had an error while processing your request.",
+                          "server_error", None)
+        if draws.truncated:
+            rec.fault = "truncated"
+        elif draws.malformed:
+            rec.fault = "malformed"
+        payload = build(rec)
+        rec.charged_tokens = rec.prompt_tokens + rec.completion_tokens
+        return JSONResponse(payload)
+
+
+def _error(status: int, message: str, type_: str, code: str | None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _invalid(message: str) -> JSONResponse:
+    return _error(400, message, "invalid_request_error", "invalid_request")
+
+
+def _rate_limited(refusal: Refusal) -> JSONResponse:
+    return _error(429, refusal.message, "rate_limit_exceeded", f"rate_limit_{refusal.limit}",
+                  retry_headers(refusal.retry_after_s))
+
+
+async def _hang(request: Request, seconds: float) -> None:
+    deadline = time.monotonic() + min(seconds, MAX_HANG_S)
+    while time.monotonic() < deadline:
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(0.2)
+
+
+async def _json_body(request: Request) -> dict[str, Any] | str:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        return "The request body is not valid JSON."
+    return body if isinstance(body, dict) else "The request body must be a JSON object."
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _parse_chat(body: dict[str, Any], config: SimConfig) -> _Chat | str:
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        return "you must provide a model parameter"
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return "'messages' must be a non-empty list of message objects"
+    if body.get("stream"):
+        return "streaming is not supported by the simulator"
+    if body.get("n", 1) not in (1, None):
+        return "only n=1 is supported by the simulator"
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.default_max_tokens
+    if not _positive_int(max_tokens):
+        return "'max_tokens' must be a positive integer"
+    fmt = body.get("response_format") or {}
+    if not isinstance(fmt, dict) or fmt.get("type", "text") not in ("text", "json_object", "json_schema"):
+        return "'response_format' must be an object with type text, json_object or json_schema"
+    json_mode = fmt.get("type") in ("json_object", "json_schema")
+    return _Chat(model, messages, max_tokens, json_mode, content.prompt_tokens(messages))
+
+
+def _chat_content(chat: _Chat, rec: _Record) -> tuple[str, str]:
+    if not chat.json_mode:
+        text, finish = content.completion_text(chat.model, chat.messages), "stop"
+    elif rec.fault == "truncated":
+        text = content.truncate_json(content.completion_json(chat.model, chat.messages))
+        finish = "length"
+    elif rec.fault == "malformed":
+        text, finish = content.malformed_json(chat.model, chat.messages), "stop"
+    else:
+        text, finish = content.completion_json(chat.model, chat.messages), "stop"
+    text, cut = content.limit_tokens(text, chat.max_tokens)
+    return text, "length" if cut else finish
+
+
+def _chat_payload(sim: _Sim, chat: _Chat, rec: _Record) -> dict[str, Any]:
+    text, finish = _chat_content(chat, rec)
+    rec.completion_tokens = content.text_tokens(text)
+    return {
+        "id": f"chatcmpl-{rec.request_id}",
+        "object": "chat.completion",
+        "created": int(rec.time),
+        "model": sim.served_model(chat.model),
+        "system_fingerprint": f"fp_sim_{sim.config.revision}",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                     "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
+                  "total_tokens": rec.prompt_tokens + rec.completion_tokens},
+    }
+
+
+def _parse_embed(body: dict[str, Any], config: SimConfig) -> _Embed | str:
+    model, raw = body.get("model"), body.get("input")
+    if not isinstance(model, str) or not model:
+        return "you must provide a model parameter"
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        return "'input' must be a string or a non-empty list of strings (token arrays are not supported)"
+    dim = body.get("dimensions") or config.embedding_dim
+    if not _positive_int(dim) or dim > config.embedding_dim:
+        return f"'dimensions' must be an integer between 1 and {config.embedding_dim}"
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        return "'encoding_format' must be float or base64"
+    tokens = sum(content.text_tokens(t) for t in texts)
+    return _Embed(model, texts, dim, fmt == "base64", tokens)
+
+
+def _embed_payload(sim: _Sim, embed: _Embed, rec: _Record) -> dict[str, Any]:
+    data = []
+    for i, text in enumerate(embed.texts):
+        vec = content.embedding(text, embed.dim)
+        data.append({"object": "embedding", "index": i,
+                     "embedding": content.encode_base64(vec) if embed.base64 else vec})
+    return {"object": "list", "data": data, "model": sim.served_model(embed.model),
+            "usage": {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens}}
+
+
+async def _chat(sim: _Sim, request: Request, rec: _Record) -> Response:
+    body = await _json_body(request)
+    parsed = _parse_chat(body, sim.config) if isinstance(body, dict) else body
+    if isinstance(parsed, str):
+        return _invalid(parsed)
+    rec.model, rec.prompt_tokens = parsed.model, parsed.prompt_tokens
+    estimate = parsed.prompt_tokens + parsed.max_tokens
+    return await sim.serve(request, rec, estimate, lambda r: _chat_payload(sim, parsed, r))
+
+
+async def _embed(sim: _Sim, request: Request, rec: _Record) -> Response:
+    body = await _json_body(request)
+    parsed = _parse_embed(body, sim.config) if isinstance(body, dict) else body
+    if isinstance(parsed, str):
+        return _invalid(parsed)
+    rec.model, rec.prompt_tokens = parsed.model, parsed.prompt_tokens
+    return await sim.serve(request, rec, parsed.prompt_tokens, lambda r: _embed_payload(sim, parsed, r))
+
+
+Handler = Callable[[_Sim, Request, _Record], Awaitable[Response]]
+
+
+async def _logged(sim: _Sim, request: Request, endpoint: str, handler: Handler) -> Response:
+    rec = _Record(time=time.time(), endpoint=endpoint, request_id=request.state.request_id)
+    response = sim.auth_error(request) or await handler(sim, request, rec)
+    if rec.fault != "hang":
+        rec.status = response.status_code
+        sim.write(rec)
+    return response
+
+
+class _Headers:
+    """ASGI middleware: x-request-id and the x-ratelimit-* headers on every response."""
+
+    def __init__(self, app: ASGIApp, sim: _Sim) -> None:
+        self.app, self.sim = app, sim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = self.sim.next_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers["x-request-id"] = request_id
+                for name, value in self.sim.limiter.headers().items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def create_app(config: SimConfig) -> FastAPI:
+    """A fresh simulator app; all state lives in the app, none in the module."""
+    sim = _Sim(config)
+    app = FastAPI(title="conveyor provider simulator", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_Headers, sim=sim)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        return _error(status, str(getattr(exc, "detail", exc)), "invalid_request_error", None)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _logged(sim, request, "chat", _chat)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await _logged(sim, request, "embeddings", _embed)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "conveyor-sim"} for m in config.models]
+        return sim.auth_error(request) or JSONResponse({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _wait_healthy(base: str, thread: threading.Thread, timeout: float = 15.0) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError("the provider simulator stopped during startup")
+        with contextlib.suppress(OSError), opener.open(f"{base}/health", timeout=1) as resp:
+            if resp.status == 200:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"the provider simulator did not answer {base}/health within {timeout:g}s")
+
+
+@contextlib.contextmanager
+def run_simulator(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve the simulator from a background thread; yields the base URL ``http://HOST:PORT/v1``."""
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    netloc = f"[{host}]:{sock.getsockname()[1]}" if family == socket.AF_INET6 else f"{host}:{sock.getsockname()[1]}"
+    uv_config = uvicorn.Config(create_app(config), log_level="warning", access_log=False,
+                               lifespan="off", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(uv_config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="provider-sim", daemon=True)
+    thread.start()
+    try:
+        _wait_healthy(f"http://{netloc}", thread)
+        yield f"http://{netloc}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conveyor provider-sim", description="Run the OpenAI-compatible simulator.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tpm", type=int, default=0, help="tokens per minute, 0 = unlimited")
+    p.add_argument("--rpm", type=int, default=0, help="requests per minute, 0 = unlimited")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="median latency")
+    p.add_argument("--latency-tail", type=float, default=0.0, help="lognormal sigma of the latency")
+    p.add_argument("--error-rate-5xx", type=float, default=0.0)
+    p.add_argument("--hang-rate", type=float, default=0.0)
+    p.add_argument("--hang-seconds", type=float, default=MAX_HANG_S)
+    p.add_argument("--truncated-rate", type=float, default=0.0)
+    p.add_argument("--malformed-rate", type=float, default=0.0)
+    p.add_argument("--log", dest="log_path", default=None, help="JSONL request log")
+    p.add_argument("--api-key", default=None, help="require this bearer key")
+    p.add_argument("--revision", default=SimConfig.revision)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: serve until interrupted; prints the base URL on stdout."""
+    args = vars(_parser().parse_args(argv))
+    host, port = args.pop("host"), args.pop("port")
+    try:
+        config = SimConfig(**args)
+    except ValueError as exc:
+        print(f"provider-sim: {exc}", file=sys.stderr)
+        return 2
+    import signal
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with run_simulator(config, host, port) as url:
+            print(url, flush=True)
+            print("provider simulator running; Ctrl-C to stop", file=sys.stderr, flush=True)
+            while not stop.wait(0.5):
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
