@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, cli_json, make_docs, write_pipeline
+from tests.helpers import SRC, cli, cli_json, make_docs, write_pipeline
 
 PIPE = """
     from conveyor import Pipeline, Retry
@@ -135,3 +135,17 @@ def test_failed_submit_leaves_no_half_run(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "m.jsonl:2: path 'missing.txt' is not a readable file" in proc.stderr
     assert cli_json("status", "--db", db, cwd=tmp_path) == {"runs": []}
+
+
+def test_module_target_and_single_file_input(tmp_path: Path) -> None:
+    package = tmp_path / "mypipes"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "manuals.py").write_text(
+        "from conveyor import Pipeline\n\npipe = Pipeline('manuals')\n\n\n@pipe.stage\n"
+        "def shout(ctx, source: bytes) -> str:\n    return source.decode().upper()\n")
+    (tmp_path / "one.txt").write_text("hello")
+    env = {"PYTHONPATH": f"{tmp_path}:{SRC}"}
+    summary = cli_json("run", "mypipes.manuals:pipe", "--input", "one.txt", "--db", f"sqlite:///{tmp_path}/c.db",
+                       cwd=tmp_path, env=env)
+    assert summary["outcomes"] == {"completed": 1} and summary["stage_calls"] == 1
