@@ -12,9 +12,10 @@ SRC = Path(conveyor.__file__).parent
 
 # Which layers each layer may import (besides itself, errors and the package root).
 ALLOWED = {
-    "cli": {"service", "runtime", "pipeline", "store", "blobs"},
-    "service": {"runtime", "pipeline", "store", "blobs"},
-    "runtime": {"pipeline", "store", "blobs"},
+    "cli": {"service", "runtime", "pipeline", "store", "blobs", "providers"},
+    "service": {"runtime", "pipeline", "store", "blobs", "providers"},
+    "runtime": {"pipeline", "store", "blobs", "providers"},
+    "providers": set(),
     "pipeline": set(),
     "store": set(),
     "blobs": set(),

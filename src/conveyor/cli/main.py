@@ -149,6 +149,18 @@ def reconcile(run_id: Annotated[str, typer.Argument(help="the run id")], db: Db 
         raise typer.Exit(3)
 
 
+@app.command("provider-sim", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def provider_sim(ctx: typer.Context) -> None:
+    """A local OpenAI-compatible provider with TPM/RPM limits and seeded faults (--help for its flags)."""
+    try:
+        from conveyor.providers.simulator import main as simulator_main
+    except ImportError as exc:
+        raise UserError(
+            f"the simulator needs the 'sim' extra ({exc.name} is missing): pip install 'conveyor[sim]'") from None
+    raise typer.Exit(simulator_main(list(ctx.args)))
+
+
 Filter = Annotated[str | None, typer.Option()]
 
 

@@ -26,12 +26,13 @@ from typing import Any
 MESSAGE_OVERHEAD = 4
 REPLY_OVERHEAD = 3
 
-_VOCABULARY = (
+_WORDS = (
     "the pipeline stage item batch model token quota worker queue lease retry manual chunk summary "
     "document invoice record provider limit window minute request answer result output input store "
     "blob hash key version config review accept publish durable idempotent stable careful steady "
     "quick small large every each one many first last next before after while until across through"
-).split()
+)
+_VOCABULARY = tuple(_WORDS.split())
 
 
 def text_tokens(text: str) -> int:

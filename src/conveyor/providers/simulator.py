@@ -17,6 +17,8 @@ request reserves prompt tokens + max_tokens (``default_max_tokens`` when
 absent) and is charged prompt + completion tokens when answered; a 5xx or a
 hang is charged 0 tokens but counts as a request; a 429 counts as nothing. A
 request whose estimate exceeds the whole TPM gets 400 ``request_too_large``.
+Every response carries ``x-request-id`` (numbered per /v1 request) and the
+``x-ratelimit-*`` headers of the limits that are set (none for an unlimited one).
 Token counting: see simcontent.
 
 Log (``log_path``): one JSON line per chat/embeddings request with time
@@ -49,8 +51,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.providers import simcontent as content
 from conveyor.providers.simlimits import Entry, Refusal, WindowLimiter, retry_headers
+from conveyor.providers.simrequests import Record, chat_payload, embed_payload, parse_chat, parse_embed
 
 MAX_LATENCY_S = 120.0
 MAX_HANG_S = 600.0
@@ -99,39 +101,7 @@ class _Draws:
     malformed: bool
 
 
-@dataclass(slots=True)
-class _Record:
-    time: float
-    endpoint: str
-    request_id: str
-    model: str | None = None
-    status: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    charged_tokens: int = 0
-    retry_after: float | None = None
-    fault: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Chat:
-    model: str
-    messages: list[dict[str, Any]]
-    max_tokens: int
-    json_mode: bool
-    prompt_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Embed:
-    model: str
-    texts: list[str]
-    dim: int
-    base64: bool
-    prompt_tokens: int
-
-
-Build = Callable[[_Record], dict[str, Any]]
+Build = Callable[[Record], dict[str, Any]]
 
 
 class _Sim:
@@ -164,7 +134,7 @@ class _Sim:
             malformed=not truncated and u_mal < c.malformed_rate,
         )
 
-    def write(self, rec: _Record) -> None:
+    def write(self, rec: Record) -> None:
         if self.log_path is not None:
             with self.log_path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(asdict(rec)) + "\n")
@@ -175,7 +145,7 @@ class _Sim:
             return None
         return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
 
-    async def serve(self, request: Request, rec: _Record, estimate: int, build: Build) -> Response:
+    async def serve(self, request: Request, rec: Record, estimate: int, build: Build) -> Response:
         """Limits, faults and latency around building the answer."""
         draws = self.draw()
         if self.config.tpm and estimate > self.config.tpm:
@@ -190,9 +160,10 @@ class _Sim:
         finally:
             self.limiter.settle(admitted, rec.charged_tokens)
 
-    async def _answer(self, request: Request, rec: _Record, entry: Entry, draws: _Draws, build: Build) -> Response:
+    async def _answer(self, request: Request, rec: Record, entry: Entry, draws: _Draws, build: Build) -> Response:
         if draws.hang:
             rec.fault = "hang"
+            self.limiter.settle(entry, 0)
             self.write(rec)
             await _hang(request, self.config.hang_seconds)
             return Response(status_code=504)
@@ -242,111 +213,32 @@ async def _json_body(request: Request) -> dict[str, Any] | str:
     return body if isinstance(body, dict) else "The request body must be a JSON object."
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _parse_chat(body: dict[str, Any], config: SimConfig) -> _Chat | str:
-    model, messages = body.get("model"), body.get("messages")
-    if not isinstance(model, str) or not model:
-        return "you must provide a model parameter"
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        return "'messages' must be a non-empty list of message objects"
-    if body.get("stream"):
-        return "streaming is not supported by the simulator"
-    if body.get("n", 1) not in (1, None):
-        return "only n=1 is supported by the simulator"
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.default_max_tokens
-    if not _positive_int(max_tokens):
-        return "'max_tokens' must be a positive integer"
-    fmt = body.get("response_format") or {}
-    if not isinstance(fmt, dict) or fmt.get("type", "text") not in ("text", "json_object", "json_schema"):
-        return "'response_format' must be an object with type text, json_object or json_schema"
-    json_mode = fmt.get("type") in ("json_object", "json_schema")
-    return _Chat(model, messages, max_tokens, json_mode, content.prompt_tokens(messages))
-
-
-def _chat_content(chat: _Chat, rec: _Record) -> tuple[str, str]:
-    if not chat.json_mode:
-        text, finish = content.completion_text(chat.model, chat.messages), "stop"
-    elif rec.fault == "truncated":
-        text = content.truncate_json(content.completion_json(chat.model, chat.messages))
-        finish = "length"
-    elif rec.fault == "malformed":
-        text, finish = content.malformed_json(chat.model, chat.messages), "stop"
-    else:
-        text, finish = content.completion_json(chat.model, chat.messages), "stop"
-    text, cut = content.limit_tokens(text, chat.max_tokens)
-    return text, "length" if cut else finish
-
-
-def _chat_payload(sim: _Sim, chat: _Chat, rec: _Record) -> dict[str, Any]:
-    text, finish = _chat_content(chat, rec)
-    rec.completion_tokens = content.text_tokens(text)
-    return {
-        "id": f"chatcmpl-{rec.request_id}",
-        "object": "chat.completion",
-        "created": int(rec.time),
-        "model": sim.served_model(chat.model),
-        "system_fingerprint": f"fp_sim_{sim.config.revision}",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "finish_reason": finish, "logprobs": None}],
-        "usage": {"prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
-                  "total_tokens": rec.prompt_tokens + rec.completion_tokens},
-    }
-
-
-def _parse_embed(body: dict[str, Any], config: SimConfig) -> _Embed | str:
-    model, raw = body.get("model"), body.get("input")
-    if not isinstance(model, str) or not model:
-        return "you must provide a model parameter"
-    texts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        return "'input' must be a string or a non-empty list of strings (token arrays are not supported)"
-    dim = body.get("dimensions") or config.embedding_dim
-    if not _positive_int(dim) or dim > config.embedding_dim:
-        return f"'dimensions' must be an integer between 1 and {config.embedding_dim}"
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        return "'encoding_format' must be float or base64"
-    tokens = sum(content.text_tokens(t) for t in texts)
-    return _Embed(model, texts, dim, fmt == "base64", tokens)
-
-
-def _embed_payload(sim: _Sim, embed: _Embed, rec: _Record) -> dict[str, Any]:
-    data = []
-    for i, text in enumerate(embed.texts):
-        vec = content.embedding(text, embed.dim)
-        data.append({"object": "embedding", "index": i,
-                     "embedding": content.encode_base64(vec) if embed.base64 else vec})
-    return {"object": "list", "data": data, "model": sim.served_model(embed.model),
-            "usage": {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens}}
-
-
-async def _chat(sim: _Sim, request: Request, rec: _Record) -> Response:
+async def _chat(sim: _Sim, request: Request, rec: Record) -> Response:
     body = await _json_body(request)
-    parsed = _parse_chat(body, sim.config) if isinstance(body, dict) else body
+    parsed = parse_chat(body, sim.config.default_max_tokens) if isinstance(body, dict) else body
     if isinstance(parsed, str):
         return _invalid(parsed)
     rec.model, rec.prompt_tokens = parsed.model, parsed.prompt_tokens
     estimate = parsed.prompt_tokens + parsed.max_tokens
-    return await sim.serve(request, rec, estimate, lambda r: _chat_payload(sim, parsed, r))
+    served = sim.served_model(parsed.model)
+    return await sim.serve(request, rec, estimate, lambda r: chat_payload(parsed, r, served, sim.config.revision))
 
 
-async def _embed(sim: _Sim, request: Request, rec: _Record) -> Response:
+async def _embed(sim: _Sim, request: Request, rec: Record) -> Response:
     body = await _json_body(request)
-    parsed = _parse_embed(body, sim.config) if isinstance(body, dict) else body
+    parsed = parse_embed(body, sim.config.embedding_dim) if isinstance(body, dict) else body
     if isinstance(parsed, str):
         return _invalid(parsed)
     rec.model, rec.prompt_tokens = parsed.model, parsed.prompt_tokens
-    return await sim.serve(request, rec, parsed.prompt_tokens, lambda r: _embed_payload(sim, parsed, r))
+    served = sim.served_model(parsed.model)
+    return await sim.serve(request, rec, parsed.prompt_tokens, lambda r: embed_payload(parsed, r, served))
 
 
-Handler = Callable[[_Sim, Request, _Record], Awaitable[Response]]
+Handler = Callable[[_Sim, Request, Record], Awaitable[Response]]
 
 
 async def _logged(sim: _Sim, request: Request, endpoint: str, handler: Handler) -> Response:
-    rec = _Record(time=time.time(), endpoint=endpoint, request_id=request.state.request_id)
+    rec = Record(time=time.time(), endpoint=endpoint, request_id=request.state.request_id)
     response = sim.auth_error(request) or await handler(sim, request, rec)
     if rec.fault != "hang":
         rec.status = response.status_code
@@ -364,7 +256,8 @@ class _Headers:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = self.sim.next_request_id()
+        path = str(scope.get("path", ""))
+        request_id = self.sim.next_request_id() if path.startswith("/v1/") else f"req-{self.sim.config.seed}-0"
         scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_headers(message: Message) -> None:
@@ -429,7 +322,7 @@ def run_simulator(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> 
     import uvicorn
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP: asyncio sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     netloc = f"[{host}]:{sock.getsockname()[1]}" if family == socket.AF_INET6 else f"{host}:{sock.getsockname()[1]}"
