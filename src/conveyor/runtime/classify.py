@@ -40,6 +40,9 @@ def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (),
         return Failure(exc.error_class, False, message, None, detail, deterministic=True)
     if terminal and isinstance(exc, terminal):
         return Failure("terminal", False, message, None, detail, deterministic=True)
+    declared = _declared(exc, message, detail)
+    if declared is not None:
+        return declared
     status = _status_code(exc)
     if status is not None:
         return _classify_status(status, exc, message, detail)
@@ -52,6 +55,14 @@ def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (),
     if _is_validation_error(exc):
         return Failure("validation", False, message, None, detail, deterministic=True)
     return Failure(_snake(type(exc).__name__), True, message, None, detail)
+
+
+def _declared(exc: BaseException, message: str, detail: str) -> Failure | None:
+    """An error that names its own class (a provider adapter's, say) is taken at its word."""
+    error_class, retryable = getattr(exc, "error_class", None), getattr(exc, "retryable", None)
+    if not isinstance(error_class, str) or not isinstance(retryable, bool):
+        return None
+    return Failure(error_class, retryable, message, _retry_after(exc) if retryable else None, detail)
 
 
 def _classify_status(status: int, exc: BaseException, message: str, detail: str) -> Failure:
