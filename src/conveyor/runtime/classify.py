@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.errors import RetryLater, TerminalError
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
+SETTLED_BY_CONTENT = frozenset({"context_length", "content_policy"})
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ def _declared(exc: BaseException, message: str, detail: str) -> Failure | None:
     error_class, retryable = getattr(exc, "error_class", None), getattr(exc, "retryable", None)
     if not isinstance(error_class, str) or not isinstance(retryable, bool):
         return None
-    return Failure(error_class, retryable, message, _retry_after(exc) if retryable else None, detail)
+    # A prompt too long or refused by policy fails the same way for the same input: memoise it.
+    return Failure(error_class, retryable, message, _retry_after(exc) if retryable else None, detail,
+                   deterministic=not retryable and error_class in SETTLED_BY_CONTENT)
 
 
 def _classify_status(status: int, exc: BaseException, message: str, detail: str) -> Failure:
