@@ -16,6 +16,7 @@ PIPE = """
 
     @pipe.stage(version="1")
     def parse(ctx, source: bytes) -> dict:
+        print("parsing", ctx.item_key)  # stage output must never reach the --json stdout
         if source.startswith(b"poison"):
             raise RuntimeError("cannot parse this one")
         return {"text": source.decode()}

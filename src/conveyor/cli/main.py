@@ -56,8 +56,24 @@ def _store(db: str) -> Iterator[SqlStore]:
 def _emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
     if as_json:
         sys.stdout.write(json.dumps(data, default=str) + "\n")
+        sys.stdout.flush()
     else:
         render(data)
+
+
+@contextmanager
+def _stage_output_to_stderr() -> Iterator[None]:
+    """While stages run in this process (and its children), file descriptor 1 points at stderr,
+    so whatever stage code prints cannot corrupt the one JSON object on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 # --- commands ---------------------------------------------------------------
@@ -74,7 +90,7 @@ def run(
     from conveyor.service.runs import RunOptions, run_pipeline
 
     pipeline = load_target(target)
-    with _store(db) as store, render.progress(enabled=not as_json) as progress:
+    with _store(db) as store, render.progress(enabled=not as_json) as progress, _stage_output_to_stderr():
         summary = run_pipeline(pipeline, target, input, store, open_blobs(blobs), RunOptions(workers=workers),
                                progress)
     _emit(summary, as_json, render.summary)
@@ -112,7 +128,8 @@ def worker(
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
     options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size)
-    stats = Worker(pipeline, target, db, open_blobs(blobs), options).run()
+    with _stage_output_to_stderr():
+        stats = Worker(pipeline, target, db, open_blobs(blobs), options).run()
     data = {"worker": "done", **dict(stats)}
     if as_json:
         _emit(data, True, lambda d: None)

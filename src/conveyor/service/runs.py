@@ -71,7 +71,8 @@ class Fleet:
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "conveyor", "worker", self.target, "--until-idle", "--run", self.run_id,
                "--db", self.store.url, "--blobs", self.blobs.url, "--quiet", *self.options.worker_args]
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=os.environ.copy())
+        # Whatever stage code prints goes to stderr: stdout carries only the run's summary (--json).
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=os.environ.copy())
 
     def watch(self, progress: Progress | None) -> None:
         """Return when every worker has exited and the run has no open task.
