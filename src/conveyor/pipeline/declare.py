@@ -74,7 +74,10 @@ class Pipeline:
     the stages after it.
     """
 
-    def __init__(self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0) -> None:
+    def __init__(
+        self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0,
+        provider: Callable[[], Any] | None = None,
+    ) -> None:
         if not name or not isinstance(name, str):
             raise PipelineError("Pipeline(name) needs a non-empty name")
         if lease_seconds <= 0:
@@ -82,6 +85,9 @@ class Pipeline:
         self.name = name
         self.default_retry = retry or Retry()
         self.lease_seconds = float(lease_seconds)
+        # Called once per worker process to make the model provider ``ctx.chat`` and
+        # ``ctx.embed`` use; by default conveyor.providers.provider_from_env().
+        self.provider_factory = provider
         self._stages: dict[str, Stage] = {}
 
     def stage(

@@ -5,9 +5,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from conveyor.runtime.services import Usage
 
 _log = logging.getLogger("conveyor.stage")
+
+if TYPE_CHECKING:
+    from conveyor.runtime.services import Services
 
 
 class Context:
@@ -18,10 +23,11 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "attempt", "input_digest", "item_key", "pipeline", "run_id", "stage", "task_key")
+    __slots__ = ("__dict__", "_services", "attempt", "input_digest", "item_key", "pipeline", "run_id", "stage",
+                 "task_key", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
-                 input_digest: str, idempotency_key: str | None = None) -> None:
+                 input_digest: str, idempotency_key: str | None = None, services: Services | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -29,6 +35,8 @@ class Context:
         self.task_key = task_key
         self.pipeline = pipeline
         self.input_digest = input_digest
+        self._services = services
+        self.usage = Usage()
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
 
@@ -41,6 +49,32 @@ class Context:
         """A logger whose records carry run, stage, item and attempt."""
         extra = {"run": self.run_id, "stage": self.stage, "item": self.item_key, "attempt": self.attempt}
         return logging.LoggerAdapter(_log, extra)
+
+    async def chat(self, messages: Any, **options: Any) -> Any:
+        """A chat (or JSON-mode) completion from the pipeline's provider, counted in ``ctx.usage``::
+
+            answer = await ctx.chat([{"role": "user", "content": text}], model="gpt-4o-mini",
+                                    json_mode=True, prompt_version="extract-v3")
+            return answer.data
+        """
+        return await self._call("chat", messages, options)
+
+    async def embed(self, texts: Any, **options: Any) -> Any:
+        """Embeddings from the pipeline's provider, counted in ``ctx.usage``."""
+        return await self._call("embed", texts, options)
+
+    async def _call(self, method: str, payload: Any, options: dict[str, Any]) -> Any:
+        if self._services is None:
+            raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
+        provider = self._services.provider()
+        try:
+            result = await getattr(provider, method)(payload, **options)
+        except Exception as exc:
+            if getattr(exc, "error_class", None) is not None:
+                self.usage.add(exc, options.get("prompt_version"))  # a rejected answer still cost tokens
+            raise
+        self.usage.add(result, options.get("prompt_version"))
+        return result
 
     def fields(self) -> dict[str, Any]:
         """The picklable part, to rebuild the context in a child process."""

@@ -23,6 +23,7 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
 from conveyor.runtime.guard import GuardedPool
+from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
 from conveyor.store import ClaimedTask
@@ -41,6 +42,7 @@ class Executor:
         self.stopping = threading.Event()
         self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
         self._pool: GuardedPool | None = None
+        self.services = Services(pipeline)
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -72,7 +74,7 @@ class Executor:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
-                result = await asyncio.wait_for(stage.fn(self.context(task), value), stage.timeout)
+                result = await asyncio.wait_for(stage.fn(self.context(task, self.services), value), stage.timeout)
             output = await asyncio.to_thread(self.store_output, stage, result)
             finish(Outcome(task, started, time.perf_counter() - t0, True, output))
         except asyncio.CancelledError:
@@ -124,6 +126,6 @@ class Executor:
             return Ref("fanout", hashlib.sha256(data).hexdigest(), len(data), data)
         return store_value(*encode(result), self.blobs)
 
-    def context(self, task: ClaimedTask) -> Context:
+    def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
-                       task.input_digest)
+                       task.input_digest, services=services)

@@ -1,0 +1,76 @@
+"""Stages reach the model provider through ctx, against the local simulator, on both backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.service.report import dlq_list, find_run, reconcile
+from conveyor.store import open_store
+from tests.helpers import make_docs, submit_and_work, write_pipeline
+
+pytest.importorskip("openai")
+from conveyor.providers.simulator import SimConfig, run_simulator  # noqa: E402
+
+PIPE = """
+    import os
+    from conveyor import Pipeline, Retry
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+    def provider():
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=5)
+
+    pipe = Pipeline("llm", provider=provider, retry=Retry(max_attempts=2, base=0.01, cap=0.02))
+
+    @pipe.stage(version="1")
+    async def extract(ctx, source: bytes) -> dict:
+        answer = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1",
+                                json_mode=True, prompt_version="extract-v1")
+        vectors = await ctx.embed([source.decode()], model="sim-embed-1")
+        return {"fields": answer.data, "model": answer.model, "dims": len(vectors.vectors[0]),
+                "calls": ctx.usage.calls, "tokens": ctx.usage.prompt_tokens + ctx.usage.completion_tokens}
+"""
+
+
+def _report(store_url: str, run_id: str) -> dict:
+    store = open_store(store_url)
+    try:
+        return reconcile(store, find_run(store, run_id)) | {"dlq": dlq_list(store, run_id=run_id)["entries"]}
+    finally:
+        store.close()
+
+
+def test_async_stage_calls_the_provider_through_ctx(tmp_path: Path, store_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    docs = make_docs(tmp_path / "docs", 4, "invoice number {i} total 12 EUR")
+    with run_simulator(SimConfig(seed=1)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = _report(store_url, done.run_id)
+    assert report["outcomes"] == {"completed": 4} and report["stage_calls"] == 4
+    store = open_store(store_url)
+    try:
+        (row,) = store.db.execute("SELECT inline FROM outputs WHERE stage = 'extract' LIMIT 1")
+    finally:
+        store.close()
+    import json
+
+    output = json.loads(row[0])
+    assert output["model"].startswith("sim-1@") and output["dims"] == 384
+    assert output["calls"] == 2 and output["tokens"] > 0 and isinstance(output["fields"], dict)
+
+
+def test_malformed_completions_are_retried_then_dead_lettered_never_published(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    docs = make_docs(tmp_path / "docs", 2)
+    with run_simulator(SimConfig(seed=2, malformed_rate=1.0)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = _report(store_url, done.run_id)
+    assert report["outcomes"] == {"dead_lettered": 2}
+    assert {e["error_class"] for e in report["dlq"]} == {"malformed_output"}
+    assert all(e["attempts"] == 2 for e in report["dlq"])
