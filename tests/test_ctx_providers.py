@@ -11,7 +11,7 @@ from conveyor.store import open_store
 from tests.helpers import make_docs, submit_and_work, write_pipeline
 
 pytest.importorskip("openai")
-from conveyor.providers.simulator import SimConfig, run_simulator  # noqa: E402
+from conveyor.providers.simulator import SimConfig, run_simulator
 
 PIPE = """
     import os
