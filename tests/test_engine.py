@@ -295,3 +295,64 @@ def test_same_content_is_paid_once_but_published_per_item_and_refusals_are_memoi
     assert again["outcomes"] == {"published": 3, "failed": 1}
     assert again["not_done"][0]["error_classes"] == ["not_a_document"]
     assert len(sink.read_text().splitlines()) == 3
+
+
+REQUEUE = """
+    import os
+    from conveyor import Pipeline, Retry, TerminalError
+
+    pipe = Pipeline("requeue", retry=Retry(max_attempts=2, base=0.01, cap=0.02))
+    FIXED = os.environ.get("PARSER_FIXED") == "1"
+
+    @pipe.stage(version="2" if FIXED else "1")
+    def parse(ctx, source: bytes) -> str:
+        if source.startswith(b"bad") and not FIXED:
+            raise TerminalError("cannot parse", error_class="unparseable")
+        if source.startswith(b"flaky") and not FIXED:
+            raise ConnectionError("reset")
+        return source.decode().upper()
+
+    @pipe.stage(after=parse, kind="publish")
+    def publish(ctx, text: str) -> None:
+        with open(os.environ["SINK"], "a") as sink:
+            sink.write(ctx.item_key + "\\n")
+"""
+
+
+def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.runtime import target as target_module
+    from conveyor.runtime.target import load_target
+    from conveyor.service.report import requeue
+
+    sink = tmp_path / "sink.log"
+    monkeypatch.setenv("SINK", str(sink))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("good", "bad1", "bad2", "flaky"):
+        (docs / name).write_text(f"{name} text")
+    target = write_pipeline(tmp_path, REQUEUE)
+    run = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    assert _reconcile(store_url, run.run_id)["outcomes"] == {"published": 1, "failed": 2, "dead_lettered": 1}
+
+    # The parser is fixed and its version bumped: re-run only what failed as unparseable under version 1.
+    monkeypatch.setenv("PARSER_FIXED", "1")
+    target_module._cache.clear()
+    fixed = write_pipeline(tmp_path, REQUEUE, name="pipe_fixed.py")
+    store = open_store(store_url)
+    try:
+        done = requeue(load_target(fixed), store, run.run_id, "parse", "parser fixed in v2", ("failed",),
+                       "unparseable", "1")
+    finally:
+        store.close()
+    assert done["requeued"] == 2
+    work(fixed, store_url, tmp_path / "blobs", run_id=run.run_id)
+    report = _reconcile(store_url, run.run_id)
+    assert report["outcomes"] == {"published": 3, "dead_lettered": 1}, "flaky was not selected"
+    assert sorted(sink.read_text().split()) == ["bad1", "bad2", "good"]
+
+    # The fixed version's outputs are in the memo: a new run of the same input under v2 parses only what
+    # v2 never saw (good, flaky); good's publish input is unchanged, so only flaky is published anew.
+    again = submit_and_work(fixed, docs, store_url, tmp_path / "blobs")
+    assert _reconcile(store_url, again.run_id)["stage_calls"] == 2 + 1
+    assert sorted(sink.read_text().split()) == ["bad1", "bad2", "flaky", "good"]

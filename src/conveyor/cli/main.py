@@ -166,6 +166,31 @@ def reconcile(run_id: Annotated[str, typer.Argument(help="the run id")], db: Db 
         raise typer.Exit(3)
 
 
+@app.command()
+def requeue(
+    target: Target,
+    run_id: Annotated[str, typer.Option("--run", help="the run")],
+    stage: Annotated[str, typer.Option("--stage", help="the stage to run again")],
+    reason: Annotated[str, typer.Option("--reason", help="why; recorded with each task")] = "",
+    status: Annotated[list[str] | None, typer.Option("--status", help="failed and/or dead_lettered")] = None,
+    error_class: Annotated[str | None, typer.Option("--error-class")] = None,
+    stage_version: Annotated[str | None, typer.Option("--stage-version", help="only tasks made by this version")]
+    = None,
+    db: Db = DEFAULT_DB, as_json: Json = False,
+) -> None:
+    """Run ended tasks of a stage again under its current code (then start a worker)."""
+    from conveyor.runtime.target import load_target
+    from conveyor.service.report import find_run
+    from conveyor.service.report import requeue as requeue_tasks
+
+    pipeline = load_target(target)
+    with _store(db) as store:
+        run = find_run(store, run_id)
+        data = requeue_tasks(pipeline, store, run.run_id, stage, reason, tuple(status or ("failed", "dead_lettered")),
+                             error_class, stage_version)
+    _emit(data, as_json, lambda d: typer.echo(f"requeued {d['requeued']} task(s) of {d['stage']}: {d['reason']}"))
+
+
 @app.command("provider-sim", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def provider_sim(ctx: typer.Context) -> None:

@@ -123,11 +123,12 @@ class Expander:
             return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "queued", key,
                            stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
                            0, stage.retry.max_attempts, now, now, None)
-        # A task answered from the memo never runs, so its row needs no copy of the input.
+        # A task answered from the memo never runs, so its row needs no copy of the input; a
+        # memoised failure keeps it, since `conveyor requeue` may run it again.
         if hit[2] == "failed":
             error_class, message = parse_failure_memo(hit[4] or b"{}")
             return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "failed", key,
-                           stage.version, stage.config_hash, ref.digest, ref.kind, None, ref.size, None, None,
+                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
                            1, stage.retry.max_attempts, now, now, now, error_class, message)
         return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "succeeded", key,
                        stage.version, stage.config_hash, ref.digest, ref.kind, None, ref.size, hit[3], hit[2],

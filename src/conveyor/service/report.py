@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.errors import NotFound, UserError
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.expand import task_key
+from conveyor.runtime.values import Ref
 from conveyor.store import RunRecord, SqlStore
 
 # Outcomes that are final for an item; anything else is not accounted for yet.
@@ -86,6 +90,36 @@ def dlq_show(store: SqlStore, dead_letter_id: int) -> dict[str, Any]:
     if entry is None:
         raise NotFound(f"no dead letter {dead_letter_id}; `conveyor dlq list` shows their ids")
     return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
+
+
+def requeue(
+    pipeline: Pipeline, store: SqlStore, run_id: str, stage: str, reason: str,
+    statuses: Sequence[str] = ("failed", "dead_lettered"), error_class: str | None = None,
+    stage_version: str | None = None,
+) -> dict[str, Any]:
+    """Run a selection of ended tasks again under the stage's current version and config.
+
+    "re-run extract where it failed with http_400 under version 3" is::
+
+        requeue(pipe, store, run_id, "extract", "prompt fixed", ("failed",), "http_400", "3")
+
+    Each task gets a fresh attempt budget and a task key for the current code; its memoised
+    refusal is forgotten; the reason is recorded in its attempt history.
+    """
+    if not reason.strip():
+        raise UserError("a requeue needs --reason \"why\"; it is recorded with each task")
+    spec = pipeline[stage]
+    wrong = sorted(set(statuses) - {"failed", "dead_lettered"})
+    if wrong:
+        raise UserError(f"--status {wrong[0]!r}: only failed and dead_lettered tasks can be requeued")
+    rows = store.tasks_to_requeue(run_id, stage, statuses, error_class, stage_version)
+    updates, forget = [], []
+    for task_id, item_key, old_key, kind, digest, inline, size in rows:
+        key = task_key(spec, Ref(kind, digest, size, inline), item_key)
+        updates.append((key, spec.version, spec.config_hash, task_id))
+        forget += [old_key, key]
+    requeued = store.requeue(updates, forget, reason, time.time(), run_id)
+    return {"run_id": run_id, "stage": stage, "requeued": requeued, "stage_version": spec.version, "reason": reason}
 
 
 def dlq_replay(
