@@ -19,7 +19,8 @@ PIPE = """
     from conveyor.providers.openai_provider import OpenAIProvider
 
     def provider():
-        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=5)
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=5,
+                              prices={"sim-1": [2.0, 8.0], "sim-embed-1": [0.1, 0.0]})
 
     pipe = Pipeline("llm", provider=provider, retry=Retry(max_attempts=2, base=0.01, cap=0.02))
 
@@ -61,6 +62,18 @@ def test_async_stage_calls_the_provider_through_ctx(tmp_path: Path, store_url: s
     assert output["model"].startswith("sim-1@") and output["dims"] == 384
     assert output["calls"] == 2 and output["tokens"] > 0 and isinstance(output["fields"], dict)
 
+    usage = report["usage"]
+    assert usage["provider_calls"] == 8 and usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["cost"] > 0 and usage["cost_per_accepted_item"] == pytest.approx(usage["cost"] / 4)
+    store = open_store(store_url)
+    try:
+        rows = store.db.execute("SELECT model, prompt_version, provider_calls FROM attempts WHERE run_id = ?",
+                                (done.run_id,))
+    finally:
+        store.close()
+    assert {(r[1], r[2]) for r in rows} == {("extract-v1", 2)}
+    assert all("sim-1@" in r[0] and "sim-embed-1" in r[0] for r in rows), "models recorded as reported"
+
 
 def test_malformed_completions_are_retried_then_dead_lettered_never_published(
     tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
@@ -74,3 +87,6 @@ def test_malformed_completions_are_retried_then_dead_lettered_never_published(
     assert report["outcomes"] == {"dead_lettered": 2}
     assert {e["error_class"] for e in report["dlq"]} == {"malformed_output"}
     assert all(e["attempts"] == 2 for e in report["dlq"])
+    # Rejected answers still cost tokens: every attempt is accounted, none accepted.
+    assert report["usage"]["provider_calls"] == 4 and report["usage"]["prompt_tokens"] > 0
+    assert report["usage"]["cost_per_accepted_item"] is None

@@ -30,9 +30,9 @@ if _MISSING:
     pytest.skip(f"{', '.join(_MISSING)} not installed (pip install 'conveyor[embeddings]')", allow_module_level=True)
 
 from conveyor.errors import UserError  # noqa: E402
+from conveyor.providers import local_embeddings  # noqa: E402
 from conveyor.providers.base import Completion, Embeddings, Provider, ProviderError  # noqa: E402
 from conveyor.providers.composite import CompositeProvider  # noqa: E402
-from conveyor.providers import local_embeddings  # noqa: E402
 from conveyor.providers.local_embeddings import LocalEmbeddings, installed  # noqa: E402
 
 DIMS = 384

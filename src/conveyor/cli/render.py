@@ -50,11 +50,23 @@ def summary(data: dict[str, Any]) -> None:
     out.print(table)
     out.print(f"expected {data['expected']}, unaccounted {data['unaccounted']}, "
               f"stage calls {data['stage_calls']}, cached {data['cached']}, retries {data['retries']}")
+    _usage(data.get("usage"))
     for entry in data["not_done"][:20]:
         classes = ", ".join(entry["error_classes"]) or "in progress"
         out.print(f"  [yellow]{entry['item_key']}[/]: {classes}")
     if len(data["not_done"]) > 20:
         out.print(f"  … and {len(data['not_done']) - 20} more (use --json for all)")
+
+
+def _usage(usage: dict[str, Any] | None) -> None:
+    if not usage or not usage.get("provider_calls"):
+        return
+    line = (f"model calls {usage['provider_calls']}, tokens {usage['prompt_tokens']:,} in / "
+            f"{usage['completion_tokens']:,} out, cost ${usage['cost']:.4f}")
+    if usage.get("tokens_per_accepted_item") is not None:
+        line += (f" (per accepted item: {usage['tokens_per_accepted_item']:,.0f} tokens, "
+                 f"${usage['cost_per_accepted_item']:.5f})")
+    out.print(line)
 
 
 def status(data: dict[str, Any]) -> None:
@@ -70,6 +82,7 @@ def status(data: dict[str, Any]) -> None:
     for stage, counts in data["stages"].items():
         table.add_row(stage, *(str(counts.get(k, 0)) for k in columns))
     out.print(table)
+    _usage(data.get("usage"))
 
 
 def _runs(runs: list[dict[str, Any]]) -> None:

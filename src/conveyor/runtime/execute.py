@@ -68,22 +68,23 @@ class Executor:
 
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0, invoked = self.clock(), time.perf_counter(), False
+        ctx = self.context(task, self.services)
         try:
             value = self.load(task) if task.input_inline is not None else await asyncio.to_thread(self.load, task)
             async with self._semaphores[stage.name]:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
-                result = await asyncio.wait_for(stage.fn(self.context(task, self.services), value), stage.timeout)
+                result = await asyncio.wait_for(stage.fn(ctx, value), stage.timeout)
             output = await asyncio.to_thread(self.store_output, stage, result)
-            finish(Outcome(task, started, time.perf_counter() - t0, True, output))
+            finish(Outcome(task, started, time.perf_counter() - t0, True, output, usage=ctx.usage))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # stage code may raise anything
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
                 failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
-            finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure))
+            finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure, usage=ctx.usage))
 
     async def run_guarded(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0 = self.clock(), time.perf_counter()

@@ -26,6 +26,7 @@ from conveyor import __version__
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref, failure_memo
 from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTask, SqlStore
 
@@ -43,6 +44,7 @@ class Outcome:
     output: Ref | None = None
     cached: bool = False
     failure: Failure | None = None
+    usage: Usage | None = None
 
 
 @dataclass
@@ -224,12 +226,18 @@ class Transitions:
         return self._attempt(o, "lease_lost", failure)
 
     def _attempt(self, o: Outcome, outcome: str, f: Failure | None) -> AttemptRecord:
-        stage = self.pipeline[o.task.stage]
-        return AttemptRecord(
+        stage, u = self.pipeline[o.task.stage], o.usage
+        record = AttemptRecord(
             o.task.id, o.task.run_id, o.task.attempts, outcome, int(o.invoked),
             f.error_class if f else None, f.message if f else None, self.worker, o.task.lease_token,
             stage.version, __version__, o.started, o.duration,
         )
+        if u is None or not u.calls:
+            return record
+        return record._replace(provider_calls=u.calls, prompt_tokens=u.prompt_tokens,
+                               completion_tokens=u.completion_tokens, cost=u.cost,
+                               model=",".join(sorted(u.models)) or None,
+                               prompt_version=",".join(sorted(u.prompt_versions)) or None)
 
 
 def _full(failure: Failure) -> str:

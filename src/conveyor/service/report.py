@@ -14,6 +14,8 @@ from conveyor.runtime.expand import task_key
 from conveyor.runtime.values import Ref
 from conveyor.store import RunRecord, SqlStore
 
+USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost")
+
 # Outcomes that are final for an item; anything else is not accounted for yet.
 KNOWN_OUTCOMES = ("published", "completed", "failed", "dead_lettered", "awaiting_review")
 
@@ -50,6 +52,7 @@ def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
         "stages": {name: dict(stages.get(name, {})) for name in order},
         "open_tasks": open_tasks, "cached": cached, "stage_calls": attempts.get("stage_calls", 0),
         "retries": attempts.get("retry", 0), "lease_lost": attempts.get("lease_lost", 0),
+        "usage": {k: attempts.get(k, 0) for k in USAGE_FIELDS},
     }
 
 
@@ -74,7 +77,17 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
         "outcomes": {k: v for k, v in sorted(outcomes.items())},
         "unaccounted": run.expected - known, "not_done": list(not_done.values()),
         "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
+        "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
     }
+
+
+def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
+    """Tokens and cost of the whole run, retries and failures included, per item that made it."""
+    accepted = outcomes.get("published", 0) + outcomes.get("completed", 0)
+    if not accepted:
+        return {"tokens_per_accepted_item": None, "cost_per_accepted_item": None}
+    tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"tokens_per_accepted_item": tokens / accepted, "cost_per_accepted_item": usage["cost"] / accepted}
 
 
 def dlq_list(

@@ -111,6 +111,12 @@ class AttemptRecord(NamedTuple):
     code_version: str | None
     started_at: float | None
     duration: float | None
+    provider_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    model: str | None = None
+    prompt_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

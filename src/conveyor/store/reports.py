@@ -113,14 +113,20 @@ class ReportQueries:
         )
         return None if rows[0][0] is None else float(rows[0][0])
 
-    def attempt_counts(self, run_id: str) -> dict[str, int]:
-        """Attempts of this run by outcome, and ``stage_calls``: stage functions actually invoked."""
+    def attempt_counts(self, run_id: str) -> dict[str, Any]:
+        """Attempts of this run by outcome, ``stage_calls`` (stage functions actually invoked) and the
+        model usage of every attempt, retries and failures included."""
         rows = self.db.execute(
-            "SELECT outcome, SUM(invoked), COUNT(*) FROM attempts WHERE run_id = ? GROUP BY outcome",
+            """SELECT outcome, SUM(invoked), COUNT(*), SUM(provider_calls), SUM(prompt_tokens),
+            SUM(completion_tokens), SUM(cost) FROM attempts WHERE run_id = ? GROUP BY outcome""",
             (run_id,),
         )
-        out = {str(r[0]): int(r[2]) for r in rows}
+        out: dict[str, Any] = {str(r[0]): int(r[2]) for r in rows}
         out["stage_calls"] = sum(int(r[1] or 0) for r in rows)
+        out["provider_calls"] = sum(int(r[3] or 0) for r in rows)
+        out["prompt_tokens"] = sum(int(r[4] or 0) for r in rows)
+        out["completion_tokens"] = sum(int(r[5] or 0) for r in rows)
+        out["cost"] = sum(float(r[6] or 0) for r in rows)
         return out
 
     # --- reconciliation ---------------------------------------------------

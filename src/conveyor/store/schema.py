@@ -120,4 +120,16 @@ CREATE TABLE dead_letters (
 CREATE INDEX dead_letters_run ON dead_letters (run_id, replayed_at);
 """,
     ),
+    (
+        2,
+        "model usage per attempt: provider calls, tokens, cost, model and prompt version",
+        """
+ALTER TABLE attempts ADD COLUMN provider_calls INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN prompt_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN completion_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN cost {real} NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN model TEXT;
+ALTER TABLE attempts ADD COLUMN prompt_version TEXT;
+""",
+    ),
 ]

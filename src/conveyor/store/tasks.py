@@ -47,8 +47,9 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_key) DO NOTHING
 
 INSERT_ATTEMPT = """
 INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, error_class, message, worker,
-    lease_token, stage_version, code_version, started_at, duration)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    lease_token, stage_version, code_version, started_at, duration, provider_calls, prompt_tokens,
+    completion_tokens, cost, model, prompt_version)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # Every transition of a leased task is fenced: it applies only while the caller's
