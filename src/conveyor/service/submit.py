@@ -95,8 +95,9 @@ def _add_batch(
         ref = source_ref(item, blobs, read_limit)
         new_items.append(NewItem(run_id, item.key, None, item.key, ref.digest, ref.size, now))
         seeds.extend(expander.roots(run_id, item.key, ref))
-    with expander.store.transaction():
-        return expander.expand(seeds, now, new_items)
+    # expand() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
+    # writer, workers processing the first items keep committing while the next batch is planned.
+    return expander.expand(seeds, now, new_items)
 
 
 def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
