@@ -37,11 +37,11 @@ def task_key(stage: Stage, ref: Ref, item_key: str) -> str:
     Two items with the same content share the work of a map or fan-out stage.
     A publish stage's effect belongs to its item, so its key names the item too.
     """
-    return hashlib.sha256(_key_prefix(stage) + _key_suffix(stage.kind, ref, item_key)).hexdigest()
+    return hashlib.sha256(_key_prefix(stage) + _key_suffix(stage.kind == "publish", ref, item_key)).hexdigest()
 
 
-def _key_suffix(kind: str, ref: Ref, item_key: str) -> bytes:
-    if kind == "publish":
+def _key_suffix(publish: bool, ref: Ref, item_key: str) -> bytes:
+    if publish:
         return f"{ref.kind}\0{ref.digest}\0{item_key}".encode()
     return f"{ref.kind}\0{ref.digest}".encode()
 
@@ -50,16 +50,29 @@ def child_key(parent_key: str, index: int) -> str:
     return f"{parent_key}#{index}"
 
 
+class _StagePlan(NamedTuple):
+    """What planning needs of one stage, looked up once per pipeline instead of once per task."""
+
+    prefix: bytes
+    version: str
+    config_hash: str
+    fanout: bool
+    publish: bool
+    max_attempts: int
+    children: tuple[str, ...]
+
+
 class Expander:
     """Creates tasks (and fan-out child items) inside the caller's transaction."""
 
     def __init__(self, pipeline: Pipeline, store: SqlStore) -> None:
         self.pipeline = pipeline
         self.store = store
-        self._stages = {s.name: s for s in pipeline}
-        self._prefix = {s.name: _key_prefix(s) for s in pipeline}
-        self._kinds = {s.name: s.kind for s in pipeline}
-        self._next = {s.name: [c.name for c in pipeline.children(s.name)] for s in pipeline}
+        self._plans = {
+            s.name: _StagePlan(_key_prefix(s), s.version, s.config_hash, s.kind == "fanout", s.kind == "publish",
+                               s.retry.max_attempts, tuple(c.name for c in pipeline.children(s.name)))
+            for s in pipeline
+        }
         self._roots = [s.name for s in pipeline.roots]
 
     def roots(self, run_id: str, item_key: str, source: Ref) -> list[Seed]:
@@ -67,17 +80,17 @@ class Expander:
 
     def successors(self, seed: Seed, output: Ref, now: float) -> tuple[list[Seed], list[NewItem]]:
         """The seeds that follow ``seed``'s stage having produced ``output``."""
-        children = self._next[seed.stage]
-        if self._stages[seed.stage].kind != "fanout":
+        plan = self._plans[seed.stage]
+        if not plan.fanout:
             run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
-            return [Seed(run_id, item_key, root_key, c, output) for c in children], []
+            return [Seed(run_id, item_key, root_key, c, output) for c in plan.children], []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
         seeds: list[Seed] = []
         items: list[NewItem] = []
         for index, element in enumerate(parse_fanout(output.inline)):
             key = child_key(seed.item_key, index)
             items.append(NewItem(seed.run_id, key, seed.item_key, seed.root_key, element.digest, element.size, now))
-            seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in children)
+            seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
         return seeds, items
 
     def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> int:
@@ -94,42 +107,50 @@ class Expander:
         self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
     ) -> tuple[list[NewTask], list[NewItem], int]:
         """The task and item rows for ``seeds``, following memo hits; reads only, so it may run
-        before the transaction that writes them. Returns (tasks, items, cached count)."""
+        before the transaction that writes them. Returns (tasks, items, cached count).
+
+        This runs once per task of a run (and of every cached re-run), so per-stage constants
+        come from ``_plans`` and rows are built in one place per outcome.
+        """
         tasks: list[NewTask] = []
         new_items, frontier, cached = list(items), list(seeds), 0
-        prefix, kinds, sha256 = self._prefix, self._kinds, hashlib.sha256
+        plans, pipeline, sha256 = self._plans, self.pipeline.name, hashlib.sha256
         while frontier:
-            keys = [sha256(prefix[s.stage] + _key_suffix(kinds[s.stage], s.ref, s.item_key)).hexdigest()
-                    for s in frontier]
+            keys = []
+            for s in frontier:
+                p = plans[s.stage]
+                keys.append(sha256(p.prefix + _key_suffix(p.publish, s.ref, s.item_key)).hexdigest())
             memo = self.store.lookup_outputs(keys)
             next_frontier: list[Seed] = []
             for seed, key in zip(frontier, keys, strict=True):
+                run_id, item_key, root_key, stage, ref = seed
+                p = plans[stage]
                 hit = memo.get(key)
-                tasks.append(self._task(seed, key, hit, now))
-                if hit is not None:
-                    cached += 1
-                    if hit.kind == "failed":
-                        continue
-                    more, more_items = self.successors(seed, Ref(hit.kind, hit.digest, hit.size, hit.inline), now)
+                if hit is None:
+                    tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "queued", key, p.version,
+                                         p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None, 0,
+                                         p.max_attempts, now, now, None))
+                    continue
+                cached += 1
+                if hit.kind == "failed":
+                    # A memoised refusal keeps its input: `conveyor requeue` may run it again.
+                    error_class, message = parse_failure_memo(hit.inline or b"{}")
+                    tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "failed", key, p.version,
+                                         p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None, 1,
+                                         p.max_attempts, now, now, now, error_class, message))
+                    continue
+                # A task answered from the memo never runs, so its row needs no copy of the input.
+                tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "succeeded", key, p.version,
+                                     p.config_hash, ref.digest, ref.kind, None, ref.size, hit.digest, hit.kind, 1,
+                                     p.max_attempts, now, now, now))
+                if not p.children:
+                    continue
+                output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
+                if p.fanout:
+                    more, more_items = self.successors(seed, output, now)
                     next_frontier += more
                     new_items += more_items
+                else:
+                    next_frontier += [Seed(run_id, item_key, root_key, c, output) for c in p.children]
             frontier = next_frontier
         return tasks, new_items, cached
-
-    def _task(self, seed: Seed, key: str, hit: tuple[str, str, str, str, bytes | None, int] | None,
-              now: float) -> NewTask:
-        stage, ref = self._stages[seed.stage], seed.ref
-        if hit is None:
-            return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "queued", key,
-                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
-                           0, stage.retry.max_attempts, now, now, None)
-        # A task answered from the memo never runs, so its row needs no copy of the input; a
-        # memoised failure keeps it, since `conveyor requeue` may run it again.
-        if hit[2] == "failed":
-            error_class, message = parse_failure_memo(hit[4] or b"{}")
-            return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "failed", key,
-                           stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None,
-                           1, stage.retry.max_attempts, now, now, now, error_class, message)
-        return NewTask(seed.run_id, self.pipeline.name, stage.name, seed.item_key, seed.root_key, "succeeded", key,
-                       stage.version, stage.config_hash, ref.digest, ref.kind, None, ref.size, hit[3], hit[2],
-                       1, stage.retry.max_attempts, now, now, now)
