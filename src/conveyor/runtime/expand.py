@@ -93,15 +93,16 @@ class Expander:
             seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
         return seeds, items
 
-    def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> int:
-        """Insert tasks for ``seeds`` and, through memo hits, their successors; return cached count."""
+    def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> tuple[int, int]:
+        """Insert tasks for ``seeds`` and, through memo hits, their successors.
+        Returns (tasks answered from the memo, tasks queued to run)."""
         tasks, new_items, cached = self.plan(seeds, now, items)
         with self.store.transaction():
             if new_items:
                 self.store.insert_items(new_items)
             if tasks:
                 self.store.insert_tasks(tasks)
-        return cached
+        return cached, sum(1 for t in tasks if t.status == "queued")
 
     def plan(
         self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),

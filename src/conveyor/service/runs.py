@@ -45,8 +45,9 @@ def run_pipeline(
         fleet = Fleet(pipeline.name, target, store, blobs, options)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            run_id = submit(pipeline, target, input_path, store, blobs, on_created=fleet.start).run_id
-            fleet.watch(progress)
+            run_id = submit(pipeline, target, input_path, store, blobs, on_work=fleet.start).run_id
+            if fleet.procs:
+                fleet.watch(progress)
         finally:
             signal.signal(signal.SIGTERM, previous)
             fleet.stop()  # workers finish or release their in-flight tasks

@@ -7,6 +7,7 @@ removed again and the error says which line or file to fix.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import secrets
 import time
@@ -45,22 +46,21 @@ def stages_json(pipeline: Pipeline) -> str:
 def submit(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
     clock: Callable[[], float] = time.time, items: Iterable[SourceItem] | None = None,
-    on_created: Callable[[str], None] | None = None,
+    on_work: Callable[[str], None] | None = None,
 ) -> Submitted:
     """Create a run for every item of ``input_path`` (or of ``items``); return its id.
 
-    ``on_created(run_id)`` is called as soon as the run exists, so workers can start on
-    the first items while the rest are still being submitted.
+    ``on_work(run_id)`` is called once, as soon as the first task to run is queued, so
+    workers can start on the first items while the rest are still being submitted; it is
+    not called when the memo answers every task.
     """
     now = clock()
     run_id = new_run_id(now)
     store.create_run(RunRecord(run_id, pipeline.name, target, str(input_path), "submitting", 0,
                                pipeline.has_publish, stages_json(pipeline), now, None, None))
     try:
-        if on_created is not None:
-            on_created(run_id)
         cached = _ingest(pipeline, run_id, items if items is not None else iter_items(input_path),
-                         store, blobs, clock)
+                         store, blobs, clock, on_work)
     except BaseException:
         store.discard_run(run_id)
         raise
@@ -71,24 +71,26 @@ def submit(
 
 def _ingest(
     pipeline: Pipeline, run_id: str, items: Iterable[SourceItem], store: SqlStore, blobs: Blobs,
-    clock: Callable[[], float],
+    clock: Callable[[], float], on_work: Callable[[str], None] | None,
 ) -> int:
     expander = Expander(pipeline, store)
     read_limit = _read_limit(pipeline)
     cached, batch = 0, []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= BATCH:
-            cached += _add_batch(expander, run_id, batch, blobs, read_limit, clock())
-            batch = []
-    if batch:
-        cached += _add_batch(expander, run_id, batch, blobs, read_limit, clock())
+    for item in itertools.chain(items, [None]):  # streamed: None marks the end
+        if item is not None:
+            batch.append(item)
+        if batch and (item is None or len(batch) >= BATCH):
+            hits, queued = _add_batch(expander, run_id, batch, blobs, read_limit, clock())
+            cached, batch = cached + hits, []
+            if queued and on_work is not None:
+                on_work(run_id)
+                on_work = None
     return cached
 
 
 def _add_batch(
     expander: Expander, run_id: str, batch: list[SourceItem], blobs: Blobs, read_limit: int | None, now: float,
-) -> int:
+) -> tuple[int, int]:
     new_items: list[NewItem] = []
     seeds: list[Seed] = []
     for item in batch:
