@@ -52,6 +52,6 @@ def test_sql_lives_in_store_only() -> None:
 
 def test_public_api_is_curated() -> None:
     assert sorted(conveyor.__all__) == [
-        "ConveyorError", "Pipeline", "Retry", "RetryLater", "Stage", "TerminalError", "__version__"]
+        "ConveyorError", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage", "TerminalError", "__version__"]
     for name in conveyor.__all__:
         assert getattr(conveyor, name) is not None

@@ -28,6 +28,8 @@ Blobs = Annotated[str, typer.Option("--blobs", envvar="CONVEYOR_BLOBS", help="bl
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:pipeline")]
 Input = Annotated[str, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
+Lane = Annotated[str, typer.Option("--lane", help="bulk, or interactive: claimed first, with a reserved share "
+                                   "of every provider quota")]
 
 
 def main() -> None:
@@ -82,7 +84,7 @@ def _stage_output_to_stderr() -> Iterator[None]:
 def run(
     target: Target, input: Input, workers: Annotated[int, typer.Option("--workers", "-w",
         help="worker processes; 0 runs in this process")] = 1,
-    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.cli import render
@@ -91,8 +93,8 @@ def run(
 
     pipeline = load_target(target)
     with _store(db) as store, render.progress(enabled=not as_json) as progress, _stage_output_to_stderr():
-        summary = run_pipeline(pipeline, target, input, store, open_blobs(blobs), RunOptions(workers=workers),
-                               progress)
+        options = RunOptions(workers=workers, lane=lane)
+        summary = run_pipeline(pipeline, target, input, store, open_blobs(blobs), options, progress)
     _emit(summary, as_json, render.summary)
     if summary["unaccounted"]:
         raise typer.Exit(3)
@@ -100,14 +102,14 @@ def run(
 
 @app.command()
 def submit(target: Target, input: Input, db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
-           as_json: Json = False) -> None:
+           as_json: Json = False, lane: Lane = "bulk") -> None:
     """Create a run without processing it; print its id."""
     from conveyor.runtime.target import load_target
     from conveyor.service.submit import submit as submit_run
 
     pipeline = load_target(target)
     with _store(db) as store:
-        done = submit_run(pipeline, target, input, store, open_blobs(blobs))
+        done = submit_run(pipeline, target, input, store, open_blobs(blobs), lane=lane)
     data = {"run_id": done.run_id, "expected": done.expected, "cached": done.cached}
     _emit(data, as_json, lambda d: typer.echo(d["run_id"]))
 

@@ -1,6 +1,7 @@
 """Declaration API and graph: pure Python, no I/O."""
 
 from conveyor.pipeline.declare import KINDS, Pipeline, Stage
+from conveyor.pipeline.limits import RateLimit, find_limit, parse_limits
 from conveyor.pipeline.retry import Retry
 
-__all__ = ["KINDS", "Pipeline", "Retry", "Stage"]
+__all__ = ["KINDS", "Pipeline", "RateLimit", "Retry", "Stage", "find_limit", "parse_limits"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from conveyor.errors import PipelineError
+from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.retry import Retry
 
 StageKind = Literal["map", "fanout", "publish"]
@@ -76,7 +77,8 @@ class Pipeline:
 
     def __init__(
         self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0,
-        provider: Callable[[], Any] | None = None,
+        provider: Callable[[], Any] | None = None, limits: Mapping[str, RateLimit] | None = None,
+        max_backlog: int = 20_000,
     ) -> None:
         if not name or not isinstance(name, str):
             raise PipelineError("Pipeline(name) needs a non-empty name")
@@ -88,6 +90,10 @@ class Pipeline:
         # Called once per worker process to make the model provider ``ctx.chat`` and
         # ``ctx.embed`` use; by default conveyor.providers.provider_from_env().
         self.provider_factory = provider
+        # Fleet-wide provider limits by model (see conveyor.pipeline.limits); CONVEYOR_LIMITS overrides.
+        self.limits: dict[str, RateLimit] = parse_limits(limits or {}, f"Pipeline({name!r}, limits=...)")
+        # Backpressure: a stage is not claimed while a stage after it has this many tasks queued.
+        self.max_backlog = _positive_int("max_backlog", max_backlog) or 1
         self._stages: dict[str, Stage] = {}
 
     def stage(

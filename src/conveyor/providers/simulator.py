@@ -78,6 +78,7 @@ class SimConfig:
     models: tuple[str, ...] = ("sim-1", "sim-embed-1")
     embedding_dim: int = 384
     default_max_tokens: int = 512
+    window_s: float = 60.0  # the limits' window; shorter only to test quota logic quickly
 
     def __post_init__(self) -> None:
         for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate"):
@@ -88,6 +89,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 0")
         if not 0 < self.hang_seconds <= MAX_HANG_S:
             raise ValueError(f"hang_seconds must be in (0, {MAX_HANG_S:g}]")
+        if self.window_s <= 0:
+            raise ValueError("window_s must be > 0")
         if self.embedding_dim < 1 or self.default_max_tokens < 1:
             raise ValueError("embedding_dim and default_max_tokens must be >= 1")
 
@@ -110,7 +113,7 @@ class _Sim:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
-        self.limiter = WindowLimiter(config.rpm, config.tpm)
+        self.limiter = WindowLimiter(config.rpm, config.tpm, config.window_s)
         self._count = 0
         self.log_path = Path(config.log_path) if config.log_path else None
 
@@ -357,6 +360,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log", dest="log_path", default=None, help="JSONL request log")
     p.add_argument("--api-key", default=None, help="require this bearer key")
     p.add_argument("--revision", default=SimConfig.revision)
+    p.add_argument("--window-s", type=float, default=60.0, help="the limits' window (tests use a short one)")
     return p
 
 

@@ -23,11 +23,12 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "input_digest", "item_key", "pipeline", "run_id", "stage",
-                 "task_key", "usage")
+    __slots__ = ("__dict__", "_services", "attempt", "input_digest", "item_key", "lane", "pipeline", "run_id",
+                 "stage", "task_key", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
-                 input_digest: str, idempotency_key: str | None = None, services: Services | None = None) -> None:
+                 input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
+                 lane: str = "bulk") -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -36,6 +37,7 @@ class Context:
         self.pipeline = pipeline
         self.input_digest = input_digest
         self._services = services
+        self.lane = lane  # "interactive" or "bulk": provider calls of interactive runs use the reserved share
         self.usage = Usage()
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
@@ -66,15 +68,7 @@ class Context:
     async def _call(self, method: str, payload: Any, options: dict[str, Any]) -> Any:
         if self._services is None:
             raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
-        provider = self._services.provider()
-        try:
-            result = await getattr(provider, method)(payload, **options)
-        except Exception as exc:
-            if getattr(exc, "error_class", None) is not None:
-                self.usage.add(exc, options.get("prompt_version"))  # a rejected answer still cost tokens
-            raise
-        self.usage.add(result, options.get("prompt_version"))
-        return result
+        return await self._services.call(method, payload, options, self.lane, self.usage)
 
     def fields(self) -> dict[str, Any]:
         """The picklable part, to rebuild the context in a child process."""

@@ -33,7 +33,7 @@ Finish = Callable[[Outcome], None]
 
 class Executor:
     def __init__(self, pipeline: Pipeline, target: str, blobs: Blobs, guarded_processes: int,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], store_url: str | None = None, worker: str = "") -> None:
         self.pipeline = pipeline
         self.target = target
         self.blobs = blobs
@@ -42,7 +42,7 @@ class Executor:
         self.stopping = threading.Event()
         self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
         self._pool: GuardedPool | None = None
-        self.services = Services(pipeline)
+        self.services = Services(pipeline, store_url, worker)
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -116,6 +116,7 @@ class Executor:
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
+        await self.services.close()
 
     def load(self, task: ClaimedTask) -> Any:
         data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
@@ -129,4 +130,4 @@ class Executor:
 
     def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
-                       task.input_digest, services=services)
+                       task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk")

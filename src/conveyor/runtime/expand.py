@@ -16,6 +16,9 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.values import Ref, parse_failure_memo, parse_fanout
 from conveyor.store import NewItem, NewTask, SqlStore
 
+# Lanes, by claim order: an interactive run's tasks are claimed before any bulk task.
+LANE_RANKS = {"interactive": 0, "bulk": 1}
+
 
 class Seed(NamedTuple):
     """An item that needs ``stage`` run on ``ref``."""
@@ -74,6 +77,18 @@ class Expander:
             for s in pipeline
         }
         self._roots = [s.name for s in pipeline.roots]
+        self._lane_ranks: dict[str, int] = {}
+
+    def set_lane(self, run_id: str, lane: str) -> None:
+        """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
+        self._lane_ranks[run_id] = LANE_RANKS[lane]
+
+    def _lane_rank(self, run_id: str) -> int:
+        rank = self._lane_ranks.get(run_id)
+        if rank is None:
+            run = self.store.get_run(run_id)
+            rank = self._lane_ranks[run_id] = LANE_RANKS.get(run.lane if run else "bulk", 1)
+        return rank
 
     def roots(self, run_id: str, item_key: str, source: Ref) -> list[Seed]:
         return [Seed(run_id, item_key, item_key, name, source) for name in self._roots]
@@ -115,7 +130,7 @@ class Expander:
         """
         tasks: list[NewTask] = []
         new_items, frontier, cached = list(items), list(seeds), 0
-        plans, pipeline, sha256 = self._plans, self.pipeline.name, hashlib.sha256
+        plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
         while frontier:
             keys = []
             for s in frontier:
@@ -128,9 +143,10 @@ class Expander:
                 p = plans[stage]
                 hit = memo.get(key)
                 if hit is None:
+                    rank = ranks[run_id] if run_id in ranks else self._lane_rank(run_id)
                     tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "queued", key, p.version,
                                          p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None, 0,
-                                         p.max_attempts, now, now, None))
+                                         p.max_attempts, now, now, None, None, None, rank))
                     continue
                 cached += 1
                 if hit.kind == "failed":

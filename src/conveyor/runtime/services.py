@@ -1,18 +1,34 @@
-"""What a worker process shares with its stages: the model provider, made once, on first use."""
+"""What a worker process shares with its stages: the model provider, made once, on first use,
+and the quota gate every provider call passes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.pipeline import Pipeline
+from conveyor.pipeline import Pipeline, find_limit, parse_limits
+from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
+from conveyor.providers.estimate import chat_tokens, embed_tokens
+from conveyor.runtime.quota import QuotaGate
+
+LOCAL = "local"
+DEFAULT_MAX_TOKENS = 512
 
 
 class Services:
-    def __init__(self, pipeline: Pipeline) -> None:
+    """The provider, made once per process on first use, behind the fleet's quota gate.
+
+    Limits come from the pipeline (``Pipeline(limits=...)``) and, overriding them key by key,
+    from ``CONVEYOR_LIMITS``; a bad ``CONVEYOR_LIMITS`` fails when the worker starts.
+    """
+
+    def __init__(self, pipeline: Pipeline, store_url: str | None = None, worker: str = "") -> None:
         self._factory: Callable[[], Any] | None = pipeline.provider_factory
         self._provider: Any = None
+        self.limits = {**pipeline.limits, **parse_limits(os.environ.get(LIMITS_ENV))}
+        self.gate = QuotaGate(store_url, self.limits, worker) if store_url else None
 
     def provider(self) -> Any:
         if self._provider is None:
@@ -22,6 +38,56 @@ class Services:
                 self._factory = provider_from_env
             self._provider = self._factory()
         return self._provider
+
+    async def call(self, method: str, payload: Any, options: dict[str, Any], lane: str, usage: Usage) -> Any:
+        """One provider call, admitted by the quota gate and settled with what it used."""
+        provider = self.provider()
+        backend = _backend(provider, method)
+        name = str(getattr(backend, "name", type(backend).__name__))
+        if self.gate is None or name == LOCAL:  # a local model has no quota to keep
+            return await self._counted(provider, method, payload, options, usage)
+        model = str(options.get("model") or getattr(backend, "model_name", None) or "default")
+        estimate = (chat_tokens(payload, int(options.get("max_tokens", DEFAULT_MAX_TOKENS))) if method == "chat"
+                    else embed_tokens(payload))
+        ticket = await self.gate.acquire(f"{name}/{model}", find_limit(self.limits, name, model), estimate, lane)
+        try:
+            result = await self._counted(provider, method, payload, options, usage)
+        except BaseException as exc:
+            await self.gate.release(ticket, _charged(exc), exc)
+            raise
+        await self.gate.release(ticket, _charged(result))
+        return result
+
+    @staticmethod
+    async def _counted(provider: Any, method: str, payload: Any, options: dict[str, Any], usage: Usage) -> Any:
+        try:
+            result = await getattr(provider, method)(payload, **options)
+        except Exception as exc:
+            if getattr(exc, "error_class", None) is not None:
+                usage.add(exc, options.get("prompt_version"))  # a rejected answer still cost tokens
+            raise
+        usage.add(result, options.get("prompt_version"))
+        return result
+
+    async def close(self) -> None:
+        if self.gate is not None:
+            await self.gate.close()
+
+
+def _backend(provider: Any, method: str) -> Any:
+    """The provider that serves ``method`` (a CompositeProvider delegates)."""
+    return getattr(provider, f"{method}_provider", None) or provider
+
+
+def _charged(outcome: Any) -> int | None:
+    """Tokens the provider counted for an answer (a rejected one too); None when unknown."""
+    prompt = int(getattr(outcome, "prompt_tokens", 0) or 0)
+    completion = int(getattr(outcome, "completion_tokens", 0) or 0)
+    if prompt or completion or not isinstance(outcome, BaseException):
+        return prompt + completion
+    status = getattr(outcome, "status_code", None) or 0
+    refused = getattr(outcome, "error_class", "") == "rate_limited" or status >= 500
+    return 0 if refused else None  # a timeout or a dropped connection may have been charged
 
 
 @dataclass

@@ -34,6 +34,7 @@ from conveyor.runtime.values import Ref, parse_failure_memo
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
 log = logging.getLogger("conveyor.worker")
+BACKLOG_READ_S = 1.0
 T = TypeVar("T")
 
 
@@ -66,7 +67,8 @@ class Worker:
         self.id = worker_id()
         self.lease = self.opts.lease_seconds or pipeline.lease_seconds
         self.stats: Counter[str] = Counter()
-        self.executor = Executor(pipeline, _absolute_target(target), blobs, self.opts.guarded_processes, clock)
+        self.executor = Executor(pipeline, _absolute_target(target), blobs, self.opts.guarded_processes, clock,
+                                 store_url, self.id)
         self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
         self._leases: dict[int, int] = {}
@@ -75,6 +77,10 @@ class Worker:
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
+        # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
+        self._downstream = {s.name: [c.name for c in pipeline.children(s.name)] for s in pipeline}
+        self._held_back: set[str] = set()
+        self._depths_read = float("-inf")
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -172,8 +178,9 @@ class Worker:
                 or time.monotonic() - last_flush >= self.opts.flush_interval)
 
     async def _claim(self, room: int) -> list[ClaimedTask]:
+        await self._read_backlog()
         claimed = await self._call(self.store.claim, self.pipeline.name, self._stages, room, self.id,
-                                   self.clock(), self.lease, self.opts.run_id, self.pacing.caps(self._in_flight))
+                                   self.clock(), self.lease, self.opts.run_id, self._caps(self._in_flight))
         self._track(claimed)
         return claimed
 
@@ -186,6 +193,30 @@ class Worker:
             self._track(claimed)
             await self._dispatch(claimed)
         return bool(claimed)
+
+    def _caps(self, in_flight: Counter[str]) -> dict[str, int]:
+        caps = self.pacing.caps(in_flight)
+        for stage in self._held_back:
+            caps[stage] = 0
+        return caps
+
+    async def _read_backlog(self) -> None:
+        """Once a second: which stages wait because a stage after them is backed up."""
+        if time.monotonic() - self._depths_read < BACKLOG_READ_S:
+            return
+        self._depths_read = time.monotonic()
+        limit = self.pipeline.max_backlog
+        later = [name for name, children in self._downstream.items() if children]
+        if not later:
+            return
+        wanted = sorted({c for name in later for c in self._downstream[name]})
+        depths = await self._call(self.store.queued_depths, self.pipeline.name, wanted, limit, self.opts.run_id)
+        held = {name for name in later if any(depths.get(c, 0) >= limit for c in self._downstream[name])}
+        if held != self._held_back:
+            log.info("backpressure: holding back %s", sorted(held) or "nothing",
+                     extra={"event": "backpressure", "run": self.opts.run_id})
+            self.stats["backpressure_holds"] += len(held - self._held_back)
+        self._held_back = held
 
     def _track(self, claimed: list[ClaimedTask]) -> None:
         for task in claimed:
@@ -210,7 +241,8 @@ class Worker:
         batch, self._results = self._results, []
         claim_args = None
         if claim:
-            caps = self.pacing.caps(self._in_flight - Counter(o.task.stage for o in batch))
+            await self._read_backlog()
+            caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
             claim_args = (self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
         counts, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(), claim_args)
         for outcome in batch:

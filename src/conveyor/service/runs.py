@@ -26,6 +26,7 @@ class RunOptions:
     workers: int = 1
     poll: float = 0.25
     max_restarts: int = 1000
+    lane: str = "bulk"
     worker_args: list[str] = field(default_factory=list)
 
 
@@ -39,13 +40,14 @@ def run_pipeline(
     rest of the submission.
     """
     if options.workers <= 0:
-        run_id = submit(pipeline, target, input_path, store, blobs).run_id
+        run_id = submit(pipeline, target, input_path, store, blobs, lane=options.lane).run_id
         Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=run_id, until_idle=True)).run()
     else:
         fleet = Fleet(pipeline.name, target, store, blobs, options)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            run_id = submit(pipeline, target, input_path, store, blobs, on_work=fleet.start).run_id
+            run_id = submit(pipeline, target, input_path, store, blobs, on_work=fleet.start,
+                            lane=options.lane).run_id
             if fleet.procs:
                 fleet.watch(progress)
         finally:

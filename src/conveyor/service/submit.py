@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from conveyor.blobs import Blobs
-from conveyor.errors import InputError
+from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.expand import LANE_RANKS, Expander, Seed
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, iter_items
 from conveyor.store import NewItem, RunRecord, SqlStore
@@ -46,21 +46,24 @@ def stages_json(pipeline: Pipeline) -> str:
 def submit(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
     clock: Callable[[], float] = time.time, items: Iterable[SourceItem] | None = None,
-    on_work: Callable[[str], None] | None = None,
+    on_work: Callable[[str], None] | None = None, lane: str = "bulk",
 ) -> Submitted:
     """Create a run for every item of ``input_path`` (or of ``items``); return its id.
 
     ``on_work(run_id)`` is called once, as soon as the first task to run is queued, so
     workers can start on the first items while the rest are still being submitted; it is
-    not called when the memo answers every task.
+    not called when the memo answers every task. ``lane="interactive"`` puts the run's tasks
+    ahead of every bulk task and lets its provider calls use the quota's reserved share.
     """
+    if lane not in LANE_RANKS:
+        raise UserError(f"lane {lane!r} is not a lane; use {' or '.join(LANE_RANKS)}")
     now = clock()
     run_id = new_run_id(now)
     store.create_run(RunRecord(run_id, pipeline.name, target, str(input_path), "submitting", 0,
-                               pipeline.has_publish, stages_json(pipeline), now, None, None))
+                               pipeline.has_publish, stages_json(pipeline), now, None, None, lane))
     try:
         cached = _ingest(pipeline, run_id, items if items is not None else iter_items(input_path),
-                         store, blobs, clock, on_work)
+                         store, blobs, clock, on_work, lane)
     except BaseException:
         store.discard_run(run_id)
         raise
@@ -71,9 +74,10 @@ def submit(
 
 def _ingest(
     pipeline: Pipeline, run_id: str, items: Iterable[SourceItem], store: SqlStore, blobs: Blobs,
-    clock: Callable[[], float], on_work: Callable[[str], None] | None,
+    clock: Callable[[], float], on_work: Callable[[str], None] | None, lane: str,
 ) -> int:
     expander = Expander(pipeline, store)
+    expander.set_lane(run_id, lane)
     read_limit = _read_limit(pipeline)
     cached, batch = 0, []
     for item in itertools.chain(items, [None]):  # streamed: None marks the end

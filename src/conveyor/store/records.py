@@ -47,6 +47,7 @@ class NewTask(NamedTuple):
     finished_at: float | None
     error_class: str | None = None
     last_error: str | None = None
+    lane_rank: int = 1  # 0 = interactive (claimed first), 1 = bulk
 
 
 class NewItem(NamedTuple):
@@ -95,6 +96,7 @@ class ClaimedTask(NamedTuple):
     attempts: int
     max_attempts: int
     lease_token: int
+    lane_rank: int = 1
 
 
 class AttemptRecord(NamedTuple):
@@ -145,6 +147,7 @@ class RunRecord:
     created_at: float
     submitted_at: float | None
     finished_at: float | None
+    lane: str = "bulk"
 
 
 @dataclass(frozen=True)

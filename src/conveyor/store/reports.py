@@ -10,7 +10,8 @@ from conveyor.store.records import DeadLetter, RunRecord
 from conveyor.store.tasks import chunks
 
 RUN_COLUMNS = (
-    "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at"
+    "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at, "
+    "lane"
 )
 DLQ_COLUMNS = (
     "id, task_id, run_id, item_key, stage, error_class, error, attempts, created_at, replayed_at, replay_reason"
@@ -48,9 +49,9 @@ class ReportQueries:
     def create_run(self, run: RunRecord) -> None:
         with self.db.transaction():
             self.db.execute(
-                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run.run_id, run.pipeline, run.target, run.input, run.status, run.expected,
-                 int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at),
+                 int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at, run.lane),
             )
 
     def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None) -> None:
@@ -96,6 +97,18 @@ class ReportQueries:
                                    (pipeline, *params))
             total += int(rows[0][0])
         return total
+
+    def queued_depths(self, pipeline: str, stages: Sequence[str], cap: int,
+                      run_id: str | None = None) -> dict[str, int]:
+        """Runnable tasks per stage, counted up to ``cap`` (a bounded walk of the hot index)."""
+        where, params = _scope(run_id, None)
+        depths = {}
+        for stage in stages:
+            rows = self.db.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' AND crashes = 0 "
+                f"AND pipeline = ? AND stage = ? {where} LIMIT ?) AS q", (pipeline, stage, *params, cap))
+            depths[stage] = int(rows[0][0])
+        return depths
 
     def submitting(self, pipeline: str, run_id: str | None = None) -> bool:
         """Whether a run (of this pipeline, or this run) is still being submitted: more work may come."""

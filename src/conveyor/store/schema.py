@@ -132,4 +132,35 @@ ALTER TABLE attempts ADD COLUMN model TEXT;
 ALTER TABLE attempts ADD COLUMN prompt_version TEXT;
 """,
     ),
+    (
+        3,
+        "fleet-wide provider quotas, lanes (interactive before bulk)",
+        """
+-- One row per provider request granted by the quota ledger (or per interactive demand marker,
+-- requests = 0): a sliding window over these rows is the fleet's use of a provider's limits.
+CREATE TABLE quota_grants (
+    id {id},
+    quota_key TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    granted_at {real} NOT NULL,
+    at {real} NOT NULL,
+    tokens INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    settled INTEGER NOT NULL DEFAULT 0,
+    worker TEXT
+);
+CREATE INDEX quota_grants_window ON quota_grants (quota_key, at);
+-- A 429 with Retry-After stops the whole fleet from calling that key until then.
+CREATE TABLE quota_pauses (
+    quota_key TEXT PRIMARY KEY,
+    paused_until {real} NOT NULL,
+    reason TEXT
+);
+ALTER TABLE runs ADD COLUMN lane TEXT NOT NULL DEFAULT 'bulk';
+-- 0 = interactive, 1 = bulk: lower ranks are claimed first.
+ALTER TABLE tasks ADD COLUMN lane_rank INTEGER NOT NULL DEFAULT 1;
+DROP INDEX tasks_runnable;
+CREATE INDEX tasks_runnable ON tasks (pipeline, stage, lane_rank, available_at) WHERE status = 'queued' AND crashes = 0;
+""",
+    ),
 ]

@@ -24,14 +24,14 @@ T = TypeVar("T")
 
 CLAIM_COLUMNS = (
     "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
-    "input_size, attempts, max_attempts, lease_token"
+    "input_size, attempts, max_attempts, lease_token, lane_rank"
 )
 
 INSERT_TASK = """
 INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key, stage_version,
     config_hash, input_digest, input_kind, input_inline, input_size, output_digest, output_kind,
-    cached, max_attempts, available_at, created_at, finished_at, error_class, last_error)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    cached, max_attempts, available_at, created_at, finished_at, error_class, last_error, lane_rank)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING
 """
 
@@ -152,7 +152,7 @@ class TaskQueries:
                     f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
                         lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
                     WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
-                        AND stage = ? AND available_at <= ? {run_filter} ORDER BY available_at LIMIT ?
+                        AND stage = ? AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at LIMIT ?
                         {self.db.skip_locked})
                     RETURNING {CLAIM_COLUMNS}""",
                     params,

@@ -1,0 +1,158 @@
+"""Fleet-wide provider quotas, against the simulator's own request log, on both backends.
+
+The limits' window is shortened (the simulator's and conveyor's alike) so that a
+test covers several windows in seconds; the logic is the same at 60 s
+(`make soak` runs it at the real window).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import cli_json, write_pipeline
+
+pytest.importorskip("openai")
+from conveyor.providers.simulator import SimConfig, run_simulator
+
+WINDOW = 3.0
+LIMIT = 9_000  # tokens per window for the fleet
+# Requests granted before a 429 was recorded may still be on their way (a busy 2-core CI machine
+# can hold a coroutine that long); what must never happen is a new grant while the fleet is paused.
+GRACE = 0.75
+PROMPT = "Summarise part {i}: " + "the quick brown fox jumps over the lazy dog " * 18
+
+PIPE = """
+    import os
+    from conveyor import Pipeline, Retry
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+    def provider():
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=10)
+
+    pipe = Pipeline("quota", provider=provider, retry=Retry(max_attempts=8, base=0.05, cap=0.5))
+
+    @pipe.stage(version="1", concurrency=8)
+    async def ask(ctx, source: bytes) -> dict:
+        answer = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1",
+                                max_tokens=int(os.environ.get("MAX_TOKENS", "64")),
+                                json_mode=os.environ.get("JSON_MODE") == "1")
+        if answer.data is not None and not isinstance(answer.data.get("summary", ""), str):
+            raise ValueError("summary must be text")
+        return {"text": answer.text[:40], "data": answer.data}
+"""
+
+
+def _docs(folder: Path, count: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (folder / f"doc{i:04d}.txt").write_text(PROMPT.format(i=i))
+    return folder
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _max_window(entries: list[dict[str, Any]], window: float) -> tuple[int, int]:
+    """The most charged tokens and requests that arrived within any ``window`` seconds."""
+    answered = sorted((e["time"], e["charged_tokens"]) for e in entries if e["status"] != 429)
+    most_tokens = most_requests = 0
+    for i, (start, _) in enumerate(answered):
+        inside = [tokens for t, tokens in answered[i:] if t < start + window]
+        most_tokens, most_requests = max(most_tokens, sum(inside)), max(most_requests, len(inside))
+    return most_tokens, most_requests
+
+
+def _run(tmp_path: Path, store_url: str, sim: SimConfig, limits: dict[str, Any] | None, docs: int,
+         workers: int = 4, **env: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    target = write_pipeline(tmp_path, PIPE)
+    log = tmp_path / "sim.jsonl"
+    with run_simulator(SimConfig(**{**sim.__dict__, "log_path": log, "window_s": WINDOW})) as url:
+        run_env = {"SIM_URL": url, "CONVEYOR_QUOTA_WINDOW_S": str(WINDOW), **env}
+        if limits is not None:
+            run_env["CONVEYOR_LIMITS"] = json.dumps(limits)
+        summary = cli_json("run", target, "--input", str(_docs(tmp_path / "docs", docs)), "--workers",
+                           str(workers), "--db", store_url, "--blobs", str(tmp_path / "blobs"), cwd=tmp_path,
+                           env=run_env, timeout=240)
+    return summary, _log(log)
+
+
+def test_four_workers_share_one_limit_and_never_exceed_it(tmp_path: Path, store_url: str) -> None:
+    # The simulator would admit twice the fleet's limit: only conveyor's own accounting holds it.
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=3, tpm=2 * LIMIT, latency_ms=40, latency_tail=0.5),
+                            {"sim-1": {"tpm": LIMIT}}, docs=100)
+    assert summary["outcomes"] == {"completed": 100} and summary["unaccounted"] == 0
+    most_tokens, _ = _max_window(entries, WINDOW)
+    assert most_tokens <= LIMIT, f"{most_tokens} tokens arrived within one {WINDOW}s window (limit {LIMIT})"
+    assert not [e for e in entries if e["status"] == 429]
+    # ... and it is used, not left idle: the busiest window holds most of the limit.
+    assert most_tokens >= 0.7 * LIMIT
+
+
+def test_fleet_keeps_the_request_limit_too(tmp_path: Path, store_url: str) -> None:
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=4, latency_ms=20), {"sim-1": {"rpm": 15}}, docs=30,
+                            workers=2)
+    assert summary["outcomes"] == {"completed": 30}
+    _, most_requests = _max_window(entries, WINDOW)
+    assert most_requests <= 15
+
+
+def test_retry_after_pauses_the_whole_fleet(tmp_path: Path, store_url: str) -> None:
+    # Declared three times higher than the provider's real limit: 429s happen, and each one's
+    # Retry-After holds for every worker, not just the task that met it.
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=5, tpm=LIMIT // 3, latency_ms=20),
+                            {"sim-1": {"tpm": LIMIT}}, docs=24)
+    assert summary["outcomes"] == {"completed": 24}
+    refusals = [e for e in entries if e["status"] == 429]
+    assert refusals, "the test needs 429s to check Retry-After"
+    arrivals = sorted(e["time"] for e in entries)
+    for refusal in refusals:
+        start, until = refusal["time"] + GRACE, refusal["time"] + refusal["retry_after"]
+        early = [t for t in arrivals if start < t < until - 0.01]
+        assert not early, f"{len(early)} requests within the Retry-After of the 429 at {refusal['time']:.3f}"
+
+
+def test_unlimited_model_backs_off_and_honours_retry_after(tmp_path: Path, store_url: str) -> None:
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=6, tpm=LIMIT // 2, latency_ms=20), None, docs=24)
+    assert summary["outcomes"] == {"completed": 24}
+    refusals = [e for e in entries if e["status"] == 429]
+    answered = [e for e in entries if e["status"] == 200]
+    assert len(answered) == 24
+    # AIMD plus the fleet-wide pause: after a 429, nobody knocks again before Retry-After.
+    arrivals = sorted(e["time"] for e in entries)
+    for refusal in refusals:
+        early = [t for t in arrivals if refusal["time"] + GRACE < t < refusal["time"] + refusal["retry_after"] - 0.01]
+        assert not early
+
+
+def test_terminal_error_is_never_retried(tmp_path: Path, store_url: str) -> None:
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=7, api_key="the-right-key"),
+                            {"sim-1": {"tpm": LIMIT}}, docs=6, workers=1)
+    assert summary["outcomes"] == {"failed": 6} and summary["retries"] == 0
+    assert len(entries) == 6 and {e["status"] for e in entries} == {401}
+    assert all(item["error_classes"] == ["auth"] for item in summary["not_done"])
+
+
+def test_malformed_completion_is_classified_not_published(tmp_path: Path, store_url: str) -> None:
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=8, malformed_rate=0.4, truncated_rate=0.2),
+                            {"sim-1": {"tpm": 10 * LIMIT}}, docs=30, workers=2, JSON_MODE="1", MAX_TOKENS="400")
+    faults = [e for e in entries if e["fault"] in ("malformed", "truncated")]
+    assert faults, "the test needs malformed answers"
+    assert summary["unaccounted"] == 0
+    from conveyor.store import open_store
+
+    store = open_store(store_url)
+    try:
+        rows = store.db.execute("SELECT error_class, COUNT(*) FROM attempts WHERE outcome != 'succeeded' "
+                                "GROUP BY error_class")
+        published = store.db.execute("SELECT inline FROM outputs WHERE stage = 'ask' AND kind = 'json'")
+    finally:
+        store.close()
+    assert dict(rows).get("malformed_output", 0) >= len(faults) * 0.9
+    for (inline,) in published:
+        value = json.loads(inline)
+        assert isinstance(value["data"], dict), "only parsed JSON objects are stored as outputs"
