@@ -34,7 +34,7 @@ from conveyor.runtime.values import Ref, parse_failure_memo
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
 log = logging.getLogger("conveyor.worker")
-BACKLOG_READ_S = 1.0
+BACKLOG_READ_S = 0.25
 T = TypeVar("T")
 
 
@@ -201,7 +201,7 @@ class Worker:
         return caps
 
     async def _read_backlog(self) -> None:
-        """Once a second: which stages wait because a stage after them is backed up."""
+        """Every BACKLOG_READ_S: which stages wait because a stage after them is backed up."""
         if time.monotonic() - self._depths_read < BACKLOG_READ_S:
             return
         self._depths_read = time.monotonic()

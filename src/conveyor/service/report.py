@@ -53,6 +53,7 @@ def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
         "open_tasks": open_tasks, "cached": cached, "stage_calls": attempts.get("stage_calls", 0),
         "retries": attempts.get("retry", 0), "lease_lost": attempts.get("lease_lost", 0),
         "usage": {k: attempts.get(k, 0) for k in USAGE_FIELDS},
+        "attempt_errors": store.attempt_errors(run.run_id),
     }
 
 
@@ -78,6 +79,7 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
         "unaccounted": run.expected - known, "not_done": list(not_done.values()),
         "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
         "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
+        "attempt_errors": status["attempt_errors"],
     }
 
 

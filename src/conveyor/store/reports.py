@@ -142,6 +142,13 @@ class ReportQueries:
         out["cost"] = sum(float(r[6] or 0) for r in rows)
         return out
 
+    def attempt_errors(self, run_id: str) -> dict[str, int]:
+        """Attempts of this run that did not succeed, by error class (``rate_limited`` counts the 429s)."""
+        rows = self.db.execute(
+            "SELECT error_class, COUNT(*) FROM attempts WHERE run_id = ? AND error_class IS NOT NULL "
+            "GROUP BY error_class ORDER BY error_class", (run_id,))
+        return {str(r[0]): int(r[1]) for r in rows}
+
     # --- reconciliation ---------------------------------------------------
 
     def item_outcomes(self, run_id: str, publish_stages: Sequence[str]) -> dict[str, int]:
