@@ -82,6 +82,9 @@ def test_submit_then_workers_then_status_and_replay(tmp_path: Path, store_url: s
     status = cli_json("status", run_id, "--db", store_url, cwd=tmp_path)
     assert status["status"] == "finished"
     assert status["stages"]["publish"] == {"succeeded": 6}
+    assert status["outcomes"] == {"dead_lettered": 1, "published": 6}
+    assert set(status["usage"]) >= {"tokens_per_accepted_item", "cost_per_accepted_item"}
+    assert status["attempt_errors"]
 
     replayed = cli_json("dlq", "replay", "--run", run_id, "--reason", "fixed the parser", "--db", store_url,
                         cwd=tmp_path)

@@ -146,10 +146,10 @@ def status(
 ) -> None:
     """Per-stage progress of one run, or a list of recent runs."""
     from conveyor.cli import render
-    from conveyor.service.report import find_run, list_status, run_status
+    from conveyor.service.report import find_run, list_status, status_report
 
     with _store(db) as store:
-        data = run_status(store, find_run(store, run_id)) if run_id else list_status(store)
+        data = status_report(store, find_run(store, run_id)) if run_id else list_status(store)
     _emit(data, as_json, render.status)
 
 

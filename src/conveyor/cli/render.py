@@ -51,6 +51,7 @@ def summary(data: dict[str, Any]) -> None:
     out.print(f"expected {data['expected']}, unaccounted {data['unaccounted']}, "
               f"stage calls {data['stage_calls']}, cached {data['cached']}, retries {data['retries']}")
     _usage(data.get("usage"))
+    _errors(data.get("attempt_errors"))
     for entry in data["not_done"][:20]:
         classes = ", ".join(entry["error_classes"]) or "in progress"
         out.print(f"  [yellow]{entry['item_key']}[/]: {classes}")
@@ -82,7 +83,16 @@ def status(data: dict[str, Any]) -> None:
     for stage, counts in data["stages"].items():
         table.add_row(stage, *(str(counts.get(k, 0)) for k in columns))
     out.print(table)
+    if data.get("outcomes"):
+        out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
     _usage(data.get("usage"))
+    _errors(data.get("attempt_errors"))
+
+
+def _errors(errors: dict[str, int] | None) -> None:
+    if errors:
+        out.print("failed attempts by class: " + ", ".join(f"{k} {v}" for k, v in errors.items())
+                  + (f" ({errors['rate_limited']} answered 429)" if "rate_limited" in errors else ""))
 
 
 def _runs(runs: list[dict[str, Any]]) -> None:

@@ -64,12 +64,8 @@ def list_status(store: SqlStore, limit: int = 20) -> dict[str, Any]:
 def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str, Any]:
     """Every expected item with a known outcome; ``unaccounted`` must be 0 for a finished run."""
     status = run_status(store, run)
-    settled = run.status != "submitting" and all(
-        set(counts) <= {"succeeded"} for counts in status["stages"].values())
-    if settled:  # the common end of a run: every task succeeded, so no item needs a look of its own
-        outcomes = store.settled_outcomes(run.run_id, publish_stages(run))
-    else:
-        outcomes = store.item_outcomes(run.run_id, publish_stages(run))
+    settled = _settled(run, status)
+    outcomes = _outcomes(store, run, settled)
     known = sum(outcomes.get(k, 0) for k in KNOWN_OUTCOMES)
     not_done: dict[str, dict[str, Any]] = {}
     for task in [] if settled else store.unfinished_tasks(run.run_id, limit):
@@ -86,6 +82,27 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
         "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
         "attempt_errors": status["attempt_errors"],
     }
+
+
+def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
+    """Every task of the run succeeded (the common end of a run)."""
+    return run.status != "submitting" and all(set(counts) <= {"succeeded"} for counts in status["stages"].values())
+
+
+def _outcomes(store: SqlStore, run: RunRecord, settled: bool) -> dict[str, int]:
+    """Items by outcome; a settled run needs no look at each item."""
+    if settled:
+        return store.settled_outcomes(run.run_id, publish_stages(run))
+    return store.item_outcomes(run.run_id, publish_stages(run))
+
+
+def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    """``run_status`` plus items by outcome and tokens and cost per accepted item (`conveyor status RUN`)."""
+    status = run_status(store, run)
+    outcomes = _outcomes(store, run, _settled(run, status))
+    status["outcomes"] = {k: v for k, v in sorted(outcomes.items())}
+    status["usage"] = status["usage"] | _per_accepted_item(status["usage"], outcomes)
+    return status
 
 
 def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
