@@ -18,10 +18,12 @@ REPLY_OVERHEAD = 3
 
 
 def text_tokens(text: str) -> int:
+    """The approximate token count of a text: ceil(len/4)."""
     return math.ceil(len(text) / 4)
 
 
-def _message_text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message; list content keeps its text parts."""
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -30,13 +32,17 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+def prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The approximate prompt token count of a list of chat messages."""
+    return sum(text_tokens(message_text(m)) + MESSAGE_OVERHEAD for m in messages) + REPLY_OVERHEAD
+
+
 def chat_tokens(messages: Sequence[Mapping[str, Any]], max_tokens: int) -> int:
     """Prompt tokens (estimated) + ``max_tokens``::
 
         chat_tokens([{"role": "user", "content": "x" * 400}], max_tokens=256)  # 100 + 4 + 3 + 256
     """
-    prompt = sum(text_tokens(_message_text(m)) + MESSAGE_OVERHEAD for m in messages) + REPLY_OVERHEAD
-    return prompt + max(0, int(max_tokens))
+    return prompt_tokens(messages) + max(0, int(max_tokens))
 
 
 def embed_tokens(texts: Sequence[str] | str) -> int:

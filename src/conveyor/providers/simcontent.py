@@ -23,8 +23,7 @@ import re
 import struct
 from typing import Any
 
-MESSAGE_OVERHEAD = 4
-REPLY_OVERHEAD = 3
+from conveyor.providers.estimate import message_text, text_tokens
 
 _WORDS = (
     "the pipeline stage item batch model token quota worker queue lease retry manual chunk summary "
@@ -33,27 +32,6 @@ _WORDS = (
     "quick small large every each one many first last next before after while until across through"
 )
 _VOCABULARY = tuple(_WORDS.split())
-
-
-def text_tokens(text: str) -> int:
-    """The approximate token count of a text: ceil(len/4)."""
-    return math.ceil(len(text) / 4)
-
-
-def message_text(message: dict[str, Any]) -> str:
-    """The text of a chat message; list content keeps its text parts."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        return "".join(p for p in parts if isinstance(p, str))
-    return ""
-
-
-def prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """The approximate prompt token count of a list of chat messages."""
-    return sum(text_tokens(message_text(m)) + MESSAGE_OVERHEAD for m in messages) + REPLY_OVERHEAD
 
 
 def _seeded(*parts: str) -> random.Random:

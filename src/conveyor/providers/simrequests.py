@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.providers import estimate
 from conveyor.providers import simcontent as content
 
 
@@ -68,7 +69,7 @@ def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ChatRequest | s
     if not isinstance(fmt, dict) or fmt.get("type", "text") not in ("text", "json_object", "json_schema"):
         return "'response_format' must be an object with type text, json_object or json_schema"
     json_mode = fmt.get("type") in ("json_object", "json_schema")
-    return ChatRequest(model, messages, max_tokens, json_mode, content.prompt_tokens(messages))
+    return ChatRequest(model, messages, max_tokens, json_mode, estimate.prompt_tokens(messages))
 
 
 def _chat_content(chat: ChatRequest, rec: Record) -> tuple[str, str]:
@@ -88,7 +89,7 @@ def _chat_content(chat: ChatRequest, rec: Record) -> tuple[str, str]:
 def chat_payload(chat: ChatRequest, rec: Record, served_model: str, revision: str) -> dict[str, Any]:
     """The chat.completion body; sets rec.completion_tokens."""
     text, finish = _chat_content(chat, rec)
-    rec.completion_tokens = content.text_tokens(text)
+    rec.completion_tokens = estimate.text_tokens(text)
     return {
         "id": f"chatcmpl-{rec.request_id}",
         "object": "chat.completion",
@@ -116,7 +117,7 @@ def parse_embed(body: dict[str, Any], max_dim: int) -> EmbedRequest | str:
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         return "'encoding_format' must be float or base64"
-    tokens = sum(content.text_tokens(t) for t in texts)
+    tokens = sum(estimate.text_tokens(t) for t in texts)
     return EmbedRequest(model, texts, dim, fmt == "base64", tokens)
 
 
