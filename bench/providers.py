@@ -78,7 +78,8 @@ from typing import Any
 
 import psutil
 
-from conveyor.providers.simcontent import completion_text, limit_tokens, prompt_tokens, text_tokens
+from conveyor.providers.estimate import prompt_tokens, text_tokens
+from conveyor.providers.simcontent import completion_text, limit_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / "bench" / "quota_pipeline.py"
