@@ -156,3 +156,24 @@ def test_malformed_completion_is_classified_not_published(tmp_path: Path, store_
     for (inline,) in published:
         value = json.loads(inline)
         assert isinstance(value["data"], dict), "only parsed JSON objects are stored as outputs"
+
+
+def test_limits_parse_and_bad_limits_are_one_line_errors(tmp_path: Path) -> None:
+    from conveyor.errors import PipelineError
+    from conveyor.pipeline import RateLimit, find_limit, parse_limits
+    from tests.helpers import cli
+
+    limits = parse_limits('{"gpt-4o-mini": {"tpm": 1000}, "openai/*": {"rpm": 5}, "*": {"tpm": 7}}')
+    assert find_limit(limits, "openai", "gpt-4o-mini") == RateLimit(tpm=1000)
+    assert find_limit(limits, "openai", "gpt-4o") == RateLimit(rpm=5)
+    assert find_limit(limits, "anthropic", "claude") == RateLimit(tpm=7)
+    assert parse_limits(None) == {}
+    for bad in ('{"m": {"tpm": -5}}', "nope", '{"m": {"tpmm": 5}}', '{"m": {}}', '{"m": {"interactive_share": 1}}'):
+        with pytest.raises(PipelineError):
+            parse_limits(bad)
+    target = write_pipeline(tmp_path, PIPE)
+    proc = cli("run", target, "--input", str(_docs(tmp_path / "docs", 1)), "--db", f"sqlite:///{tmp_path}/x.db",
+               cwd=tmp_path, env={"CONVEYOR_LIMITS": '{"sim-1": {"tpm": 0}}', "SIM_URL": "http://127.0.0.1:9/v1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: CONVEYOR_LIMITS['sim-1']: RateLimit(tpm=0): give a positive whole "
+                                   "number, or None for no limit")

@@ -78,6 +78,13 @@ def _stage_output_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _check_limits_env() -> None:
+    from conveyor.pipeline import parse_limits
+    from conveyor.pipeline.limits import ENV_VAR
+
+    parse_limits(os.environ.get(ENV_VAR))
+
+
 # --- commands ---------------------------------------------------------------
 
 @app.command()
@@ -92,6 +99,7 @@ def run(
     from conveyor.service.runs import RunOptions, run_pipeline
 
     pipeline = load_target(target)
+    _check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
     with _store(db) as store, render.progress(enabled=not as_json) as progress, _stage_output_to_stderr():
         options = RunOptions(workers=workers, lane=lane)
         summary = run_pipeline(pipeline, target, input, store, open_blobs(blobs), options, progress)

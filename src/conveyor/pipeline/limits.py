@@ -68,7 +68,10 @@ def parse_limits(raw: str | Mapping[str, Any] | None, source: str = ENV_VAR) -> 
         if not isinstance(value, Mapping) or not set(value) <= {"tpm", "rpm", "interactive_share"}:
             raise PipelineError(f'{source}[{key!r}] must be an object with "tpm", "rpm" and/or '
                                 '"interactive_share"')
-        limits[str(key)] = RateLimit(**value)
+        try:
+            limits[str(key)] = RateLimit(**value)
+        except PipelineError as exc:
+            raise PipelineError(f"{source}[{key!r}]: {exc}") from None
     return limits
 
 
