@@ -68,16 +68,16 @@ def _max_window(entries: list[dict[str, Any]], window: float) -> tuple[int, int]
 
 
 def _run(tmp_path: Path, store_url: str, sim: SimConfig, limits: dict[str, Any] | None, docs: int,
-         workers: int = 4, **env: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         workers: int = 4, window: float = WINDOW, **env: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     target = write_pipeline(tmp_path, PIPE)
     log = tmp_path / "sim.jsonl"
-    with run_simulator(SimConfig(**{**sim.__dict__, "log_path": log, "window_s": WINDOW})) as url:
-        run_env = {"SIM_URL": url, "CONVEYOR_QUOTA_WINDOW_S": str(WINDOW), **env}
+    with run_simulator(SimConfig(**{**sim.__dict__, "log_path": log, "window_s": window})) as url:
+        run_env = {"SIM_URL": url, "CONVEYOR_QUOTA_WINDOW_S": str(window), **env}
         if limits is not None:
             run_env["CONVEYOR_LIMITS"] = json.dumps(limits)
         summary = cli_json("run", target, "--input", str(_docs(tmp_path / "docs", docs)), "--workers",
                            str(workers), "--db", store_url, "--blobs", str(tmp_path / "blobs"), cwd=tmp_path,
-                           env=run_env, timeout=240)
+                           env=run_env, timeout=max(240, 6 * window))
     return summary, _log(log)
 
 
@@ -91,6 +91,18 @@ def test_four_workers_share_one_limit_and_never_exceed_it(tmp_path: Path, store_
     assert not [e for e in entries if e["status"] == 429]
     # ... and it is used, not left idle: the busiest window holds most of the limit.
     assert most_tokens >= 0.7 * LIMIT
+
+
+@pytest.mark.soak
+def test_four_workers_at_the_real_one_minute_window(tmp_path: Path, store_url: str) -> None:
+    """The same check at the providers' real 60-s window, over about three minutes (`make soak`)."""
+    limit = 60_000
+    summary, entries = _run(tmp_path, store_url, SimConfig(seed=13, tpm=2 * limit, latency_ms=200, latency_tail=0.5),
+                            {"sim-1": {"tpm": limit}}, docs=600, window=60.0)
+    assert summary["unaccounted"] == 0
+    most_tokens, _ = _max_window(entries, 60.0)
+    assert 0.9 * limit <= most_tokens <= limit
+    assert not [e for e in entries if e["status"] == 429]
 
 
 def test_fleet_keeps_the_request_limit_too(tmp_path: Path, store_url: str) -> None:
