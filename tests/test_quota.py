@@ -189,3 +189,35 @@ def test_limits_parse_and_bad_limits_are_one_line_errors(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: CONVEYOR_LIMITS['sim-1']: RateLimit(tpm=0): give a positive whole "
                                    "number, or None for no limit")
+
+
+def test_ledger_window_lanes_and_spread(store_url: str) -> None:
+    """The ledger itself, with an injected clock: the window, the interactive share, spreading."""
+    from conveyor.store import open_store
+
+    store = open_store(store_url)
+    try:
+        def ask(requests: list[tuple[str, int]], now: float, key: str = "openai/m", **kw: Any) -> Any:
+            opts = {"tpm": 1000, "rpm": None, "interactive_share": 0.2, "window": 60.0, "worker": "w"} | kw
+            return store.reserve_quota(key, requests, now=now, **opts)
+
+        first = ask([("bulk", 600), ("bulk", 300), ("bulk", 200)], now=1000.0)
+        assert [g is not None for g in first.grants] == [True, True, False]  # 1,100 > 1,000
+        assert 59.0 < first.wait <= 60.0  # until the first grant ages out
+        assert ask([("bulk", 2000)], now=1001.0).grants == [0]  # can never fit
+        assert ask([("bulk", 100)], now=1001.0).grants[0] is not None  # 1,000 exactly
+        assert ask([("interactive", 50)], now=1002.0).grants == [None]  # full: but demand is recorded
+        store.settle_quota([(400, 0.0, first.grants[0])])  # the 600-token call really used 400
+        # Interactive work is about: bulk now gets 800, interactive the whole 1,000.
+        assert ask([("bulk", 150)], now=1003.0).grants == [None]
+        assert ask([("interactive", 50)], now=1003.0).grants[0] is not None
+        assert ask([("bulk", 10)], now=1200.0).grants[0] is not None  # everything aged out
+        # spread: a sixtieth per second (one request always fits an empty second)
+        spread = {"key": "openai/s", "spread": True}
+        assert ask([("bulk", 10), ("bulk", 10)], now=2000.0, **spread).grants[1] is None  # 20 > 1,000/60
+        assert ask([("bulk", 100)], now=2000.5, **spread).grants == [None]
+        assert ask([("bulk", 100)], now=2001.1, **spread).grants[0] is not None  # a new second
+        paused_until = store.pause_quota("openai/p", 30.0, "429")
+        assert ask([("bulk", 1)], now=paused_until - 1, key="openai/p").paused
+    finally:
+        store.close()

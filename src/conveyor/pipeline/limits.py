@@ -31,11 +31,15 @@ class RateLimit:
     ``tpm``/``rpm`` of None means that dimension is not limited. While interactive
     work is about (an interactive call in the last minute), bulk calls may use only
     ``1 - interactive_share`` of each limit, so the interactive lane always finds room.
+    ``spread=True`` also holds grants to a sixtieth of each limit per second, for providers that
+    enforce a minute's limit in shorter periods (OpenAI documents that it may); without it the
+    fleet may spend a minute's budget in its first seconds, which a sliding minute allows.
     """
 
     tpm: int | None = None
     rpm: int | None = None
     interactive_share: float = 0.1
+    spread: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tpm", "rpm"):
@@ -65,9 +69,9 @@ def parse_limits(raw: str | Mapping[str, Any] | None, source: str = ENV_VAR) -> 
         if isinstance(value, RateLimit):
             limits[str(key)] = value
             continue
-        if not isinstance(value, Mapping) or not set(value) <= {"tpm", "rpm", "interactive_share"}:
-            raise PipelineError(f'{source}[{key!r}] must be an object with "tpm", "rpm" and/or '
-                                '"interactive_share"')
+        if not isinstance(value, Mapping) or not set(value) <= {"tpm", "rpm", "interactive_share", "spread"}:
+            raise PipelineError(f'{source}[{key!r}] must be an object with "tpm", "rpm", "interactive_share" '
+                                'and/or "spread"')
         try:
             limits[str(key)] = RateLimit(**value)
         except PipelineError as exc:

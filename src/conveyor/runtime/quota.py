@@ -185,7 +185,7 @@ class QuotaGate:
                     return None
                 return store.reserve_quota(model.key, requests, tpm=limit.tpm, rpm=limit.rpm,
                                            interactive_share=limit.interactive_share, window=self.window,
-                                           worker=self.worker)
+                                           worker=self.worker, spread=limit.spread)
 
             asked_at = self.clock()  # before the grant, on this process's clock
             try:

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from conveyor.store.dialect import Dialect
 
 NEVER = 0  # in QuotaAnswer.grants: the request is larger than the whole limit
+SPREAD_PARTS = 60  # with spread: a sixtieth of the limit per sixtieth of the window
 IN_WINDOW = "quota_key = ? AND at > ? AND (settled = 0 OR at > ?)"  # key, since - window, since
 
 
@@ -47,13 +48,15 @@ class QuotaQueries:
 
     def reserve_quota(
         self, key: str, requests: Sequence[tuple[str, int]], *, tpm: int | None, rpm: int | None,
-        interactive_share: float, window: float, worker: str, now: float | None = None,
+        interactive_share: float, window: float, worker: str, now: float | None = None, spread: bool = False,
     ) -> QuotaAnswer:
         """Grant, in order, the ``(lane, tokens)`` requests that fit; a lane stops at its first refusal.
 
         Interactive requests come first in ``requests``. While interactive work is about (an
         interactive grant or a refused interactive request within the window), bulk requests may
-        use only ``1 - interactive_share`` of each limit.
+        use only ``1 - interactive_share`` of each limit. With ``spread``, grants are also held to
+        a sixtieth of each limit per sixtieth of the window (a second, at the real window), for
+        providers that enforce a minute's limit per second; one request always fits an empty second.
         """
         with self.db.transaction():
             if self.db.name == "postgres":
@@ -69,6 +72,12 @@ class QuotaQueries:
                 "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(requests), 0), MAX(CASE WHEN lane = 'interactive' "
                 f"AND at > ? THEN at END) FROM quota_grants WHERE {IN_WINDOW}", (since, key, since - window, since))[0]
             tokens, count = int(tokens), int(count)
+            recent_tokens = recent_count = 0
+            if spread:
+                recent = now - window / SPREAD_PARTS
+                recent_tokens, recent_count = (int(v) for v in self.db.execute(
+                    "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(requests), 0) FROM quota_grants "
+                    "WHERE quota_key = ? AND at > ? AND granted_at > ?", (key, recent, recent))[0])
             active = last_interactive is not None or any(lane == "interactive" for lane, _ in requests)
             grants: list[int | None] = []
             blocked: dict[str, int] = {}  # lane -> tokens of its first refused request
@@ -79,12 +88,16 @@ class QuotaQueries:
                     continue
                 fits = ((cap_tokens is None or tokens + want <= cap_tokens)
                         and (cap_requests is None or count + 1 <= cap_requests))
+                if spread and recent_count and fits:
+                    fits = ((cap_tokens is None or recent_tokens + want <= cap_tokens / SPREAD_PARTS)
+                            and (cap_requests is None or recent_count + 1 <= max(1.0, cap_requests / SPREAD_PARTS)))
                 if lane in blocked or not fits:
                     blocked.setdefault(lane, want)
                     grants.append(None)
                     continue
                 grants.append(self._insert_grant(key, lane, now, want, 1, 0, worker))
                 tokens, count = tokens + want, count + 1
+                recent_tokens, recent_count = recent_tokens + want, recent_count + 1
             if "interactive" in blocked:
                 self._insert_grant(key, "interactive", now, 0, 0, 1, worker)  # demand: bulk leaves the share
             wait = None
@@ -92,6 +105,8 @@ class QuotaQueries:
                 wait = min(self._wait(key, since, window, now, tokens, count, want,
                                       *_caps(lane, active, tpm, rpm, interactive_share))
                            for lane, want in blocked.items())
+                if spread:
+                    wait = min(wait, window / SPREAD_PARTS / 2)
             if random.random() < 0.02:
                 self.db.execute("DELETE FROM quota_grants WHERE quota_key = ? AND at < ?", (key, now - 3 * window))
         return QuotaAnswer(now, grants, wait)
