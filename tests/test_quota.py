@@ -221,3 +221,24 @@ def test_ledger_window_lanes_and_spread(store_url: str) -> None:
         assert ask([("bulk", 1)], now=paused_until - 1, key="openai/p").paused
     finally:
         store.close()
+
+
+def test_quota_command_shows_the_window_and_pauses(tmp_path: Path, store_url: str) -> None:
+    from conveyor.store import open_store
+    from tests.helpers import cli
+
+    store = open_store(store_url)
+    try:
+        granted = store.reserve_quota("openai/q", [("bulk", 300), ("interactive", 200)], tpm=1000, rpm=None,
+                                      interactive_share=0.1, window=60.0, worker="w")
+        store.settle_quota([(250, 0.0, granted.grants[0])])
+        store.pause_quota("openai/p", 30.0, "openai rate_limited (HTTP 429)")
+    finally:
+        store.close()
+    data = cli_json("quota", "--db", store_url, cwd=tmp_path)
+    models = {m["key"]: m for m in data["models"]}
+    assert data["window_s"] == 60.0
+    q = models["openai/q"]
+    assert (q["tokens"], q["requests"], q["in_flight"], q["interactive_active"]) == (450, 2, 1, True)
+    assert 29 < models["openai/p"]["paused_for_s"] <= 30 and "429" in models["openai/p"]["pause_reason"]
+    assert "openai/q" in cli("quota", "--db", store_url, cwd=tmp_path, check=True).stdout

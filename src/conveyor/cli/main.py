@@ -162,6 +162,17 @@ def status(
 
 
 @app.command()
+def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+    """What the fleet holds of each provider model's limit in the current window, and any pause."""
+    from conveyor.cli import render
+    from conveyor.service.report import quota_report
+
+    with _store(db) as store:
+        data = quota_report(store)
+    _emit(data, as_json, render.quota)
+
+
+@app.command()
 def reconcile(run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB,
               as_json: Json = False) -> None:
     """Every expected item with its outcome; exits 3 when some are unaccounted."""

@@ -134,3 +134,17 @@ def dlq_entry(data: dict[str, Any]) -> None:
     out.print(data["error"] or "", markup=False, highlight=False)
     for a in data["attempt_history"]:
         out.print(f"  attempt {a['attempt']}: {a['outcome']} {a['error_class'] or ''} on {a['worker']}")
+
+
+def quota(data: dict[str, Any]) -> None:
+    if not data["models"]:
+        out.print("no provider model has been called under a declared limit yet")
+        return
+    table = Table(title=f"the fleet's use of each limited model over the last {data['window_s']:g} s")
+    for column in ("model", "tokens", "requests", "in flight", "interactive", "paused"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in data["models"]:
+        paused = f"{m['paused_for_s']:.1f} s" if m.get("paused_for_s") else ""
+        table.add_row(m["key"], f"{m['tokens']:,}", str(m["requests"]), str(m["in_flight"]),
+                      "yes" if m.get("interactive_active") else "", paused)
+    out.print(table)

@@ -46,6 +46,11 @@ LANES = ("interactive", "bulk")
 AIMD_START, AIMD_MAX = 8.0, 1024.0
 
 
+def window_seconds() -> float:
+    """The limits' window: 60 s, unless a test shortens it with CONVEYOR_QUOTA_WINDOW_S."""
+    return float(os.environ.get("CONVEYOR_QUOTA_WINDOW_S") or WINDOW_S)
+
+
 @dataclass
 class Ticket:
     """One admitted call: its grant (None when the model has no declared limit) and timings."""
@@ -88,7 +93,7 @@ class QuotaGate:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="conveyor-quota")
         self._store: SqlStore | None = None
         self.stats = {"granted": 0, "waited_s": 0.0, "rate_limited": 0, "paused": 0}
-        self.window = float(os.environ.get("CONVEYOR_QUOTA_WINDOW_S") or WINDOW_S)
+        self.window = window_seconds()
 
     # --- admission -------------------------------------------------------
 

@@ -105,6 +105,14 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     return status
 
 
+def quota_report(store: SqlStore) -> dict[str, Any]:
+    """The fleet's use of each limited provider model over the current window (``conveyor quota``)."""
+    from conveyor.runtime.quota import window_seconds
+
+    window = window_seconds()
+    return {"window_s": window, "models": store.quota_usage(window)}
+
+
 def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
     """Tokens and cost of the whole run, retries and failures included, per item that made it."""
     accepted = outcomes.get("published", 0) + outcomes.get("completed", 0)

@@ -164,6 +164,27 @@ class QuotaQueries:
         rows = self.db.execute("SELECT paused_until FROM quota_pauses WHERE quota_key = ?", (key,))
         return float(rows[0][0]) if rows else None
 
+    def quota_usage(self, window: float) -> list[dict[str, object]]:
+        """Per model: what the fleet holds in the current window, what is in flight, and any pause."""
+        now = self.quota_clock()
+        since = now - window
+        rows = self.db.execute(
+            "SELECT quota_key, COALESCE(SUM(tokens), 0), COALESCE(SUM(requests), 0), "
+            "SUM(CASE WHEN settled = 0 AND requests > 0 THEN 1 ELSE 0 END), "
+            "MAX(CASE WHEN lane = 'interactive' THEN at END) FROM quota_grants "
+            "WHERE at > ? AND (settled = 0 OR at > ?) GROUP BY quota_key", (since - window, since))
+        usage: dict[str, dict[str, object]] = {
+            str(key): {"key": str(key), "tokens": int(tokens), "requests": int(requests), "in_flight": int(flying),
+                       "interactive_active": last is not None and float(last) > since,
+                       "paused_for_s": 0.0, "pause_reason": None}
+            for key, tokens, requests, flying, last in rows}
+        for key, until, reason in self.db.execute(
+                "SELECT quota_key, paused_until, reason FROM quota_pauses WHERE paused_until > ?", (now,)):
+            entry = usage.setdefault(str(key), {"key": str(key), "tokens": 0, "requests": 0, "in_flight": 0,
+                                                "interactive_active": False})
+            entry["paused_for_s"], entry["pause_reason"] = round(float(until) - now, 3), reason
+        return [usage[k] for k in sorted(usage)]
+
     def quota_window(self, key: str, since: float, until: float) -> tuple[int, int]:
         """(tokens, requests) the ledger holds for grants made in [since, until)."""
         row = self.db.execute(
