@@ -90,3 +90,25 @@ def test_malformed_completions_are_retried_then_dead_lettered_never_published(
     # Rejected answers still cost tokens: every attempt is accounted, none accepted.
     assert report["usage"]["provider_calls"] == 4 and report["usage"]["prompt_tokens"] > 0
     assert report["usage"]["cost_per_accepted_item"] is None
+
+
+def test_worker_reports_what_the_quota_gate_did(tmp_path: Path, store_url: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.runtime.target import load_target
+    from conveyor.service.submit import submit
+    from tests.helpers import work
+
+    target = write_pipeline(tmp_path, PIPE)
+    docs = make_docs(tmp_path / "docs", 3, "order {i}")
+    monkeypatch.setenv("CONVEYOR_LIMITS", '{"sim-1": {"tpm": 100000}}')
+    with run_simulator(SimConfig(seed=2)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        store = open_store(store_url)
+        try:
+            run_id = submit(load_target(target), target, str(docs), store, FilesystemBlobs(tmp_path / "blobs")).run_id
+        finally:
+            store.close()
+        stats = work(target, store_url, tmp_path / "blobs", run_id=run_id)
+    # 3 chats under the declared limit and 3 embeddings under AIMD, all admitted by the gate
+    assert stats["quota_granted"] == 6 and stats["quota_rate_limited"] == 0 and stats["quota_waited_s"] >= 0

@@ -92,7 +92,7 @@ class QuotaGate:
         self._settle: list[tuple[int, float, int]] = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="conveyor-quota")
         self._store: SqlStore | None = None
-        self.stats = {"granted": 0, "waited_s": 0.0, "rate_limited": 0, "paused": 0}
+        self.stats: dict[str, float] = {"granted": 0, "waited_s": 0.0, "rate_limited": 0, "paused": 0}
         self.window = window_seconds()
 
     # --- admission -------------------------------------------------------

@@ -341,6 +341,10 @@ class Worker:
         if self._running:
             await asyncio.wait(self._running, timeout=5)
         await self.executor.close()
+        gate = self.executor.services.gate
+        if gate is not None and gate.stats["granted"]:
+            # Provider calls admitted, seconds they waited for the fleet's quota, 429s met, pauses honoured.
+            self.stats.update({f"quota_{k}": round(v, 3) for k, v in gate.stats.items()})
         if self._results:
             await self._flush()
         if self._leases:
