@@ -40,7 +40,10 @@ class Executor:
         self.clock = clock
         self.guarded_processes = guarded_processes
         self.stopping = threading.Event()
-        self._semaphores = {s.name: asyncio.Semaphore(s.concurrency) for s in pipeline if s.is_async}
+        # Per async stage, ``concurrency`` slots for bulk work and as many of its own for the interactive
+        # lane, so an interactive task never waits behind bulk tasks that hold every slot.
+        self._semaphores = {(s.name, rank): asyncio.Semaphore(s.concurrency)
+                            for s in pipeline if s.is_async for rank in (0, 1)}
         self._pool: GuardedPool | None = None
         self.services = Services(pipeline, store_url, worker)
 
@@ -71,7 +74,7 @@ class Executor:
         ctx = self.context(task, self.services)
         try:
             value = self.load(task) if task.input_inline is not None else await asyncio.to_thread(self.load, task)
-            async with self._semaphores[stage.name]:
+            async with self._semaphores[stage.name, 0 if task.lane_rank == 0 else 1]:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
