@@ -16,7 +16,17 @@ from typing import Any
 import anthropic
 from anthropic.resources.messages import AsyncMessages
 
-from conveyor.providers.base import Completion, Embeddings, Message, Prices, PriceTable, ProviderError, deadline, parsed
+from conveyor.providers.base import (
+    AsyncClosing,
+    Completion,
+    Embeddings,
+    Message,
+    Prices,
+    PriceTable,
+    ProviderError,
+    deadline,
+    parsed,
+)
 from conveyor.providers.errormap import body_fields, from_status, parse_json_object
 from conveyor.providers.headers import header, rate_limits
 
@@ -28,7 +38,7 @@ JSON_INSTRUCTION = (
 )
 
 
-class AnthropicProvider:
+class AnthropicProvider(AsyncClosing):
     """Chat/JSON completions from Anthropic's Messages API.
 
     Example::
@@ -130,12 +140,6 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def split_system(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 Message = Mapping[str, Any]
 
@@ -85,6 +85,19 @@ class Provider(Protocol):
     ) -> Completion: ...
 
     async def embed(self, texts: Sequence[str], *, model: str) -> Embeddings: ...
+
+
+class AsyncClosing:
+    """``async with provider:`` closes the provider (``aclose``) on the way out."""
+
+    async def aclose(self) -> None:
+        """Release the provider's connections; nothing to release by default."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class ProviderError(Exception):

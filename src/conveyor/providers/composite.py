@@ -18,12 +18,12 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.providers.base import Completion, Embeddings, Message, Provider
+from conveyor.providers.base import AsyncClosing, Completion, Embeddings, Message, Provider
 
 NAME = "composite"
 
 
-class CompositeProvider:
+class CompositeProvider(AsyncClosing):
     """Delegates ``chat`` to ``chat`` and ``embed`` to ``embed``; options pass through unchanged::
 
         provider = CompositeProvider(chat=OpenAIProvider(url, key), embed=LocalEmbeddings())
@@ -68,12 +68,6 @@ class CompositeProvider:
                 result = close()
                 if inspect.isawaitable(result):
                     await result
-
-    async def __aenter__(self) -> CompositeProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"CompositeProvider(chat={self.chat_provider!r}, embed={self.embed_provider!r})"

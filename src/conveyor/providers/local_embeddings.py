@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from conveyor.errors import UserError
-from conveyor.providers.base import Completion, Embeddings, Message, ProviderError
+from conveyor.providers.base import AsyncClosing, Completion, Embeddings, Message, ProviderError
 
 NAME = "local"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -53,7 +53,7 @@ _models: dict[tuple[str, str], LoadedModel] = {}
 _models_lock = threading.Lock()
 
 
-class LocalEmbeddings:
+class LocalEmbeddings(AsyncClosing):
     """Embeddings from a local sentence-transformers model on the CPU; no chat.
 
     The model is loaded on the first ``embed`` (once per process, thread-safe);
@@ -132,15 +132,6 @@ class LocalEmbeddings:
             array = loaded.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=self.normalize,
                                         convert_to_numpy=True, show_progress_bar=False)
             return array.tolist(), tokens, time.monotonic() - started
-
-    async def aclose(self) -> None:
-        """Nothing to close: the model stays loaded for the process."""
-
-    async def __aenter__(self) -> LocalEmbeddings:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def load_model(path: Path, name: str, device: str = "cpu") -> LoadedModel:

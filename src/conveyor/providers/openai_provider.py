@@ -12,7 +12,17 @@ from typing import Any
 
 import openai
 
-from conveyor.providers.base import Completion, Embeddings, Message, Prices, PriceTable, ProviderError, deadline, parsed
+from conveyor.providers.base import (
+    AsyncClosing,
+    Completion,
+    Embeddings,
+    Message,
+    Prices,
+    PriceTable,
+    ProviderError,
+    deadline,
+    parsed,
+)
 from conveyor.providers.errormap import body_fields, from_status, parse_json_object
 from conveyor.providers.headers import header, rate_limits
 
@@ -20,7 +30,7 @@ NAME = "openai"
 PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama, llama.cpp) accept any key
 
 
-class OpenAIProvider:
+class OpenAIProvider(AsyncClosing):
     """Chat/JSON completions and embeddings from an OpenAI-compatible endpoint.
 
     Example (the simulator, or any server speaking the OpenAI API)::
@@ -140,12 +150,6 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-    async def __aenter__(self) -> OpenAIProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def map_error(exc: openai.OpenAIError) -> ProviderError:
