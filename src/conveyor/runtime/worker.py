@@ -78,7 +78,9 @@ class Worker:
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
-        self._downstream = {s.name: [c.name for c in pipeline.children(s.name)] for s in pipeline}
+        self._downstream = {s.name: [c.name for c in pipeline.children(s.name)]
+                            for s in pipeline if pipeline.children(s.name)}
+        self._watched = sorted({c for children in self._downstream.values() for c in children})
         self._held_back: set[str] = set()
         self._depths_read = float("-inf")
         self._stop: asyncio.Event | None = None
@@ -205,13 +207,12 @@ class Worker:
         if time.monotonic() - self._depths_read < BACKLOG_READ_S:
             return
         self._depths_read = time.monotonic()
-        limit = self.pipeline.max_backlog
-        later = [name for name, children in self._downstream.items() if children]
-        if not later:
+        if not self._watched:
             return
-        wanted = sorted({c for name in later for c in self._downstream[name]})
-        depths = await self._call(self.store.queued_depths, self.pipeline.name, wanted, limit, self.opts.run_id)
-        held = {name for name in later if any(depths.get(c, 0) >= limit for c in self._downstream[name])}
+        limit = self.pipeline.max_backlog
+        depths = await self._call(self.store.queued_depths, self.pipeline.name, self._watched, limit,
+                                  self.opts.run_id)
+        held = {name for name, children in self._downstream.items() if any(depths[c] >= limit for c in children)}
         if held != self._held_back:
             log.info("backpressure: holding back %s", sorted(held) or "nothing",
                      extra={"event": "backpressure", "run": self.opts.run_id})

@@ -173,17 +173,17 @@ class QuotaQueries:
             "SUM(CASE WHEN settled = 0 AND requests > 0 THEN 1 ELSE 0 END), "
             "MAX(CASE WHEN lane = 'interactive' THEN at END) FROM quota_grants "
             "WHERE at > ? AND (settled = 0 OR at > ?) GROUP BY quota_key", (since - window, since))
-        usage: dict[str, dict[str, object]] = {
-            str(key): {"key": str(key), "tokens": int(tokens), "requests": int(requests), "in_flight": int(flying),
-                       "interactive_active": last is not None and float(last) > since,
-                       "paused_for_s": 0.0, "pause_reason": None}
-            for key, tokens, requests, flying, last in rows}
-        for key, until, reason in self.db.execute(
-                "SELECT quota_key, paused_until, reason FROM quota_pauses WHERE paused_until > ?", (now,)):
-            entry = usage.setdefault(str(key), {"key": str(key), "tokens": 0, "requests": 0, "in_flight": 0,
-                                                "interactive_active": False})
-            entry["paused_for_s"], entry["pause_reason"] = round(float(until) - now, 3), reason
-        return [usage[k] for k in sorted(usage)]
+        pauses = {str(key): (round(float(until) - now, 3), reason) for key, until, reason in self.db.execute(
+            "SELECT quota_key, paused_until, reason FROM quota_pauses WHERE paused_until > ?", (now,))}
+        held = {str(key): (int(tokens), int(requests), int(flying), last is not None and float(last) > since)
+                for key, tokens, requests, flying, last in rows}
+        usage = []
+        for key in sorted(held.keys() | pauses.keys()):
+            tokens, requests, flying, interactive = held.get(key, (0, 0, 0, False))
+            paused_for, reason = pauses.get(key, (0.0, None))
+            usage.append({"key": key, "tokens": tokens, "requests": requests, "in_flight": flying,
+                          "interactive_active": interactive, "paused_for_s": paused_for, "pause_reason": reason})
+        return usage
 
     def quota_window(self, key: str, since: float, until: float) -> tuple[int, int]:
         """(tokens, requests) the ledger holds for grants made in [since, until)."""
