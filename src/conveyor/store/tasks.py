@@ -212,14 +212,12 @@ class TaskQueries:
         self.db.executemany(INSERT_DEAD_LETTER, rows)
 
     def renew_leases(self, tokens: Sequence[tuple[int, int]], expires_at: float) -> int:
-        renewed = 0
+        """Extend the leases still held, in one batch; returns how many were."""
         with self.db.transaction():
-            for task_id, token in tokens:
-                renewed += self.db.execute_rowcount(
-                    "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
-                    (expires_at, task_id, token),
-                )
-        return renewed
+            return self.db.executemany_count(
+                f"UPDATE tasks SET lease_expires_at = ? {FENCE}",
+                [(expires_at, task_id, token) for task_id, token in tokens],
+            )
 
     def release(self, tokens: Sequence[tuple[int, int]]) -> None:
         """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
