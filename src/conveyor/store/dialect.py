@@ -6,6 +6,9 @@ turns it into what its driver wants and owns the connection's transactions.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
@@ -34,8 +37,49 @@ class Dialect(Protocol):
     def close(self) -> None: ...
 
 
+class WriterLock:
+    """An advisory file lock that SQLite writers of one store queue on, beside SQLite's own lock.
+
+    SQLite makes a writer that finds the database locked sleep and retry, for up to 100 ms a
+    time, so with several worker processes the write lock often sits free while every waiter
+    sleeps. Waiting on ``flock`` instead wakes the next writer the moment the lock is released.
+    A thread that already holds the lock through another connection to the same file does not
+    wait on it again (that would wait forever); it falls back to SQLite's busy timeout.
+    """
+
+    _held: ClassVar[dict[tuple[str, int], int]] = {}  # (lock path, thread id) -> depth
+    _guard = threading.Lock()
+
+    def __init__(self, db_path: str) -> None:
+        self.path = os.path.abspath(db_path) + ".lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        key = (self.path, threading.get_ident())
+        with self._guard:
+            nested = key in self._held
+            self._held[key] = self._held.get(key, 0) + 1
+        try:
+            if not nested:
+                fcntl.flock(self.fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+            try:
+                yield
+            finally:
+                if not nested:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            with self._guard:
+                self._held[key] -= 1
+                if not self._held[key]:
+                    del self._held[key]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class SqliteDialect:
-    """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout."""
+    """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout, writers queued on a file lock."""
 
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
@@ -53,6 +97,7 @@ class SqliteDialect:
                        "journal_size_limit=268435456"):
             self.conn.execute(f"PRAGMA {pragma}")
         self._depth = 0
+        self._writers = WriterLock(path) if path != ":memory:" and not path.startswith("file:") else None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql, params).fetchall()
@@ -77,6 +122,15 @@ class SqliteDialect:
             finally:
                 self._depth -= 1
             return
+        if self._writers is None:
+            with self._write():
+                yield
+            return
+        with self._writers.held(), self._write():
+            yield
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
         try:
@@ -98,6 +152,8 @@ class SqliteDialect:
 
     def close(self) -> None:
         self.conn.close()
+        if self._writers is not None:
+            self._writers.close()
 
 
 class PostgresDialect:
