@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.values import Ref, parse_failure_memo, parse_fanout
-from conveyor.store import NewItem, NewTask, SqlStore
+from conveyor.store import NewItem, NewTasks, SqlStore
 
 # Lanes, by claim order: an interactive run's tasks are claimed before any bulk task.
 LANE_RANKS = {"interactive": 0, "bulk": 1}
@@ -117,18 +117,19 @@ class Expander:
                 self.store.insert_items(new_items)
             if tasks:
                 self.store.insert_tasks(tasks)
-        return cached, sum(1 for t in tasks if t.status == "queued")
+        return cached, len(tasks.queued)
 
     def plan(
         self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
-    ) -> tuple[list[NewTask], list[NewItem], int]:
+    ) -> tuple[NewTasks, list[NewItem], int]:
         """The task and item rows for ``seeds``, following memo hits; reads only, so it may run
         before the transaction that writes them. Returns (tasks, items, cached count).
 
         This runs once per task of a run (and of every cached re-run), so per-stage constants
-        come from ``_plans`` and rows are built in one place per outcome.
+        come from ``_plans`` and each row is one plain tuple in its shape's column order (NewTasks).
         """
-        tasks: list[NewTask] = []
+        tasks = NewTasks()
+        queued, answered, refused = tasks.queued, tasks.cached, tasks.failed
         new_items, frontier, cached = list(items), list(seeds), 0
         plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
         while frontier:
@@ -141,25 +142,24 @@ class Expander:
             for seed, key in zip(frontier, keys, strict=True):
                 run_id, item_key, root_key, stage, ref = seed
                 p = plans[stage]
+                rank = ranks[run_id] if run_id in ranks else self._lane_rank(run_id)
                 hit = memo.get(key)
                 if hit is None:
-                    rank = ranks[run_id] if run_id in ranks else self._lane_rank(run_id)
-                    tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "queued", key, p.version,
-                                         p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None, 0,
-                                         p.max_attempts, now, now, None, None, None, rank))
+                    queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                                   ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
                     continue
                 cached += 1
                 if hit.kind == "failed":
                     # A memoised refusal keeps its input: `conveyor requeue` may run it again.
                     error_class, message = parse_failure_memo(hit.inline or b"{}")
-                    tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "failed", key, p.version,
-                                         p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, None, None, 1,
-                                         p.max_attempts, now, now, now, error_class, message))
+                    refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                                    ref.digest, ref.kind, ref.inline, ref.size, error_class, message, p.max_attempts,
+                                    rank, now, now, now))
                     continue
                 # A task answered from the memo never runs, so its row needs no copy of the input.
-                tasks.append(NewTask(run_id, pipeline, stage, item_key, root_key, "succeeded", key, p.version,
-                                     p.config_hash, ref.digest, ref.kind, None, ref.size, hit.digest, hit.kind, 1,
-                                     p.max_attempts, now, now, now))
+                answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                                 ref.digest, ref.kind, ref.size, hit.digest, hit.kind, p.max_attempts, rank, now, now,
+                                 now))
                 if not p.children:
                     continue
                 output = Ref(hit.kind, hit.digest, hit.size, hit.inline)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref, failure_memo
-from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTask, SqlStore
+from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTasks, SqlStore
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -57,13 +57,30 @@ class Writes:
     outputs: list[NewOutput] = field(default_factory=list)
     dead: list[tuple[int, str, str, str, str, str, int, float]] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
-    tasks: list[NewTask] = field(default_factory=list)
+    plain_attempts: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.insert_attempts
+    tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
     def fenced(self) -> int:
         return len(self.succeeded) + len(self.retry) + len(self.ended)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a commit may claim for its worker in the same transaction."""
+
+    pipeline: str
+    stages: Sequence[str]  # in claim order: later stages first
+    limit: int
+    owner: str
+    lease_seconds: float
+    run_id: str | None = None
+    caps: Mapping[str, int] | None = None  # at most this many of a stage
+
+    def cap(self, stage: str) -> int:
+        return self.limit if self.caps is None else self.caps.get(stage, self.limit)
 
 
 class LeaseLost(Exception):
@@ -83,15 +100,18 @@ class Transitions:
         return self.commit_and_claim(outcomes, now, None)[0]
 
     def commit_and_claim(
-        self, outcomes: Sequence[Outcome], now: float, claim: tuple[Any, ...] | None,
-    ) -> tuple[Counter[str], list[ClaimedTask]]:
-        """Commit, then with ``claim`` = (pipeline, stages, limit, owner, lease seconds, run id, caps)
-        claim the next batch in the same transaction, saving a round trip and a commit."""
+        self, outcomes: Sequence[Outcome], now: float, claim: Claim | None,
+    ) -> tuple[Counter[str], list[ClaimedTask], list[ClaimedTask]]:
+        """Commit, then with ``claim`` claim the next batch in the same transaction, saving a round trip
+        and a commit. Returns (counts, fresh, claimed): ``fresh`` tasks were created by this commit and
+        claimed as they were inserted (their memo lookup was made while preparing it), ``claimed`` ones
+        come from the queue."""
         writes = self.prepare(outcomes, now)
+        self._take_fresh(writes, claim, now)
         try:
             with self.store.transaction():
-                self._write(writes)
-                return writes.counts, self._claim(claim, now)
+                fresh = self._write(writes)
+                return writes.counts, fresh, self._claim(claim, now, fresh)
         except LeaseLost:
             pass
         with self.store.transaction():
@@ -99,27 +119,46 @@ class Transitions:
             writes = self.prepare([o for o in outcomes if o.task.id in held], now)
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
             writes.counts["lease_lost"] = len(outcomes) - len(held)
-            self._write(writes)
-            return writes.counts, self._claim(claim, now)
+            self._take_fresh(writes, claim, now)
+            fresh = self._write(writes)
+            return writes.counts, fresh, self._claim(claim, now, fresh)
 
-    def _claim(self, claim: tuple[Any, ...] | None, now: float) -> list[ClaimedTask]:
-        if claim is None:
+    def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
+        """Claim new tasks as they are created, within the claim's room and per-stage caps: the
+        row is inserted already leased to this worker instead of being queued and then claimed."""
+        if claim is None or not w.tasks.queued:
+            return
+        room, taken, keep, running = claim.limit, Counter[str](), [], w.tasks.running
+        expires = now + claim.lease_seconds
+        for row in w.tasks.queued:
+            stage = row[2]
+            if room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id):
+                running.append((*row, claim.owner, expires, now))
+                room -= 1
+                taken[stage] += 1
+            else:
+                keep.append(row)
+        w.tasks.queued = keep
+
+    def _claim(self, claim: Claim | None, now: float, fresh: Sequence[ClaimedTask]) -> list[ClaimedTask]:
+        if claim is None or claim.limit <= len(fresh):
             return []
-        pipeline, stages, limit, owner, lease_seconds, run_id, caps = claim
-        return self.store.claim(pipeline, stages, limit, owner, now, lease_seconds, run_id, caps)
+        taken = Counter(t.stage for t in fresh)
+        caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
+        return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
+                                claim.lease_seconds, claim.run_id, caps)
 
-    def _write(self, w: Writes) -> None:
+    def _write(self, w: Writes) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if changed != w.fenced:
             raise LeaseLost
         self.store.insert_outputs(w.outputs)
         self.store.insert_dead_letters(w.dead)
-        self.store.insert_attempts(w.attempts)
+        self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
             self.store.insert_items(w.items)
-        if w.tasks:
-            self.store.insert_tasks(w.tasks)
+        return self.store.insert_tasks(w.tasks) if w.tasks else []
 
     # --- preparing a commit (reads only) ------------------------------------
 
@@ -142,7 +181,12 @@ class Transitions:
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
             seeds += more
             w.items += items
-            w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
+            if o.usage is None or not o.usage.calls:
+                w.plain_attempts.append((task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded",
+                                         int(o.invoked), self.worker, task.lease_token,
+                                         self.pipeline[task.stage].version, __version__, o.started, o.duration))
+            else:
+                w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
         w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
 

@@ -29,7 +29,7 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.pacing import Pacing
-from conveyor.runtime.transitions import Outcome, Transitions
+from conveyor.runtime.transitions import Claim, Outcome, Transitions
 from conveyor.runtime.values import Ref, parse_failure_memo
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
@@ -136,16 +136,17 @@ class Worker:
         idle_sleep, last_flush, claim_again = 0.01, time.monotonic(), True
         while not self._stop.is_set():
             room = self._room() if claim_again else 0
+            fresh: list[ClaimedTask] = []
             if self._flush_due(last_flush):
                 # One transaction commits the finished batch and claims the next one.
-                claimed = await self._flush(room)
+                fresh, claimed = await self._flush(room)
                 last_flush, claim_again = time.monotonic(), True
             elif room > 0:
                 claimed = await self._claim(room)
             else:
                 claimed = []
-            if claimed:
-                await self._dispatch(claimed)
+            if claimed or fresh:
+                await self._dispatch(claimed, fresh)
                 idle_sleep = 0.01
                 continue
             if room > 0:
@@ -237,32 +238,38 @@ class Worker:
             except TimeoutError:
                 pass
 
-    async def _flush(self, claim: int = 0) -> list[ClaimedTask]:
-        """Commit the finished outcomes; in the same transaction, claim up to ``claim`` new tasks."""
+    async def _flush(self, claim: int = 0) -> tuple[list[ClaimedTask], list[ClaimedTask]]:
+        """Commit the finished outcomes; in the same transaction, claim up to ``claim`` new tasks.
+        Returns (fresh, claimed): see Transitions.commit_and_claim."""
         batch, self._results = self._results, []
         claim_args = None
         if claim:
             await self._read_backlog()
             caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
-            claim_args = (self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
-        counts, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(), claim_args)
+            claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
+        counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
+                                                  claim_args)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
             self._in_flight[outcome.task.stage] -= 1
             if outcome.invoked:
                 self.pacing.record(outcome.task.stage, outcome.duration)
         self._alone = False
+        self._track(fresh)
         self._track(claimed)
         self.stats.update(counts)
         self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
-        return claimed
+        return fresh, claimed
 
     # --- dispatching -------------------------------------------------------
 
-    async def _dispatch(self, claimed: list[ClaimedTask]) -> None:
-        memo = await self._call(self.store.lookup_outputs, [t.task_key for t in claimed])
+    async def _dispatch(self, claimed: list[ClaimedTask], fresh: list[ClaimedTask] | None = None) -> None:
+        """Start claimed tasks. A task from the queue is looked up in the memo first (another worker may
+        have done the same work meanwhile, or this is a redelivery); a fresh one was looked up as it was
+        created, in the commit that claimed it."""
+        memo = await self._call(self.store.lookup_outputs, [t.task_key for t in claimed]) if claimed else {}
         inline: list[tuple[ClaimedTask, Stage]] = []
-        for task in claimed:
+        for task in (fresh or []) + claimed:
             stage = self.pipeline[task.stage]
             refused = self._precheck(task, stage, memo.get(task.task_key))
             if refused is not None:

@@ -13,7 +13,7 @@ from conveyor.store.records import (
     ExpiredLease,
     NewItem,
     NewOutput,
-    NewTask,
+    NewTasks,
     RunRecord,
     StoredOutput,
     TaskStatus,
@@ -23,7 +23,7 @@ from conveyor.store.sql_store import SqlStore
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput", "NewTask",
+    "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput", "NewTasks",
     "RunRecord", "SqlStore", "StoredOutput", "TaskStatus", "open_store",
 ]
 

@@ -22,32 +22,35 @@ OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 # so a batch of them goes to executemany as it is, without a copy per row.
 
 
-class NewTask(NamedTuple):
-    """A task row to insert: queued, or already succeeded from the memo (cached)."""
+class NewTasks:
+    """Task rows to insert, by shape. Each shape's statement writes NULL itself for the columns it
+    does not bind, because sqlite3 binds ``None`` (and ``bytes``) through a slow adaptation path:
+    a row of the old one-shape statement took twice as long to bind as it does now.
 
-    run_id: str
-    pipeline: str
-    stage: str
-    item_key: str
-    root_key: str
-    status: str
-    task_key: str
-    stage_version: str
-    config_hash: str
-    input_digest: str
-    input_kind: str
-    input_inline: bytes | None
-    input_size: int
-    output_digest: str | None
-    output_kind: str | None
-    cached: int
-    max_attempts: int
-    available_at: float
-    created_at: float
-    finished_at: float | None
-    error_class: str | None = None
-    last_error: str | None = None
-    lane_rank: int = 1  # 0 = interactive (claimed first), 1 = bulk
+    Rows are plain tuples, in these column orders (``now`` is the creation time):
+
+    - ``queued``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
+      input_digest, input_kind, input_inline, input_size, max_attempts, lane_rank, now (available_at), now
+    - ``running``: a queued row followed by lease_owner, lease_expires_at, now (started_at): claimed as it is
+      created, by the worker that created it (attempt 1, lease token 1), so it never waits in the queue
+    - ``cached``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
+      input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, now, now, now:
+      answered from the memo, succeeded at once, without a copy of its input
+    - ``failed``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
+      input_digest, input_kind, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
+      now, now, now: a refusal answered from the memo; it keeps its input so it may be requeued
+    """
+
+    __slots__ = ("cached", "failed", "queued", "running")
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Any, ...]] = []
+        self.running: list[tuple[Any, ...]] = []
+        self.cached: list[tuple[Any, ...]] = []
+        self.failed: list[tuple[Any, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.queued) + len(self.running) + len(self.cached) + len(self.failed)
 
 
 class NewItem(NamedTuple):

@@ -16,7 +16,7 @@ from conveyor.store.records import (
     ExpiredLease,
     NewItem,
     NewOutput,
-    NewTask,
+    NewTasks,
     StoredOutput,
 )
 
@@ -27,17 +27,29 @@ CLAIM_COLUMNS = (
     "input_size, attempts, max_attempts, lease_token, lane_rank"
 )
 
-INSERT_TASK = """
-INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key, stage_version,
-    config_hash, input_digest, input_kind, input_inline, input_size, output_digest, output_kind,
-    cached, max_attempts, available_at, created_at, finished_at, error_class, last_error, lane_rank)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING
-"""
+_NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
+    config_hash, input_digest, input_kind"""
+_NEW_TASK_TAIL = "ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING"
+# One statement per shape of NewTasks (see there); NULL columns are written by the statement, not bound.
+INSERT_QUEUED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
+    status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0) {_NEW_TASK_TAIL}"""
+INSERT_RUNNING = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
+    lease_owner, lease_expires_at, started_at, status, cached, attempts, lease_token)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_NEW_TASK_TAIL}"""
+INSERT_CACHED = f"""{_NEW_TASK_HEAD}, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
+    created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    'succeeded', 1) {_NEW_TASK_TAIL}"""
+INSERT_FAILED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
+    available_at, created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    ?, ?, ?, 'failed', 1) {_NEW_TASK_TAIL}"""
 
 INSERT_ITEM = """
 INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, item_key) DO NOTHING
+"""
+INSERT_ROOT_ITEM = """
+INSERT INTO items (run_id, item_key, root_key, source_digest, source_size, created_at, parent_key)
+VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, item_key) DO NOTHING
 """
 
 INSERT_OUTPUT = """
@@ -50,6 +62,12 @@ INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, error_class, m
     lease_token, stage_version, code_version, started_at, duration, provider_calls, prompt_tokens,
     completion_tokens, cost, model, prompt_version)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+# The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
+INSERT_PLAIN_ATTEMPT = """
+INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, worker, lease_token, stage_version, code_version,
+    started_at, duration)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # Every transition of a leased task is fenced: it applies only while the caller's
@@ -102,14 +120,32 @@ class TaskQueries:
     db: Dialect
 
     def insert_items(self, items: Sequence[NewItem]) -> None:
+        roots = [i[:2] + i[3:] for i in items if i.parent_key is None]
         with self.db.transaction():
-            self.db.executemany(INSERT_ITEM, items)
+            self.db.executemany(INSERT_ROOT_ITEM, roots)
+            if len(roots) < len(items):
+                self.db.executemany(INSERT_ITEM, [i for i in items if i.parent_key is not None])
 
-    def insert_tasks(self, tasks: Sequence[NewTask]) -> None:
+    def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
+        """Insert new task rows; return the ones claimed as they were created (``tasks.running``)."""
         with self.db.transaction():
-            self.db.executemany(INSERT_TASK, tasks)
-            if any(t.status == "queued" for t in tasks):
+            self.db.executemany(INSERT_QUEUED, tasks.queued)
+            self.db.executemany(INSERT_CACHED, tasks.cached)
+            self.db.executemany(INSERT_FAILED, tasks.failed)
+            claimed = self._insert_running(tasks.running) if tasks.running else []
+            if tasks.queued:
                 self.db.notify()
+        return claimed
+
+    def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
+        # Ids come from a sequence (PostgreSQL) or are one more than the largest (SQLite), so the rows
+        # this transaction inserts are the ones above the largest id it saw before inserting; of those,
+        # the running ones leased by this owner are exactly these (a row that already existed is not).
+        before = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM tasks")[0][0]
+        self.db.executemany(INSERT_RUNNING, rows)
+        return list(map(ClaimedTask._make, self.db.execute(
+            f"SELECT {CLAIM_COLUMNS} FROM tasks WHERE id > ? AND lease_owner = ? AND status = 'running'",
+            (before, rows[0][16]))))
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
         """The memo: one indexed lookup per key, batched."""
@@ -204,8 +240,11 @@ class TaskQueries:
         """rows: ('failed' | 'dead_lettered', error class, message, now, cached, task id, lease token)."""
         return self.db.executemany_count(MARK_ENDED, rows)
 
-    def insert_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
+    def insert_attempts(self, attempts: Sequence[AttemptRecord], plain: Sequence[tuple[Any, ...]] = ()) -> None:
+        """``plain``: successes without provider calls, as (task_id, run_id, attempt, outcome, invoked, worker,
+        lease_token, stage_version, code_version, started_at, duration)."""
         self.db.executemany(INSERT_ATTEMPT, attempts)
+        self.db.executemany(INSERT_PLAIN_ATTEMPT, plain)
 
     def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int, float]]) -> None:
         """rows: (task id, run id, item key, stage, error class, error, attempts, now)."""
