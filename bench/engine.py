@@ -55,6 +55,8 @@ from typing import Any
 import orjson
 import psutil
 
+from conveyor.store.memokey import key64
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "bench/noop_pipeline.py:pipe"
 STAGES = ("a", "b", "c")
@@ -427,8 +429,8 @@ WHERE id IN (SELECT id FROM tasks WHERE {runnable} AND pipeline = 'bench_noop' A
 RETURNING id, item_key, root_key, task_key, input_inline, attempts, lease_token, stage"""
 FLOOR_SUCCEED = """UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = 'bytes', cached = 0,
     finished_at = ?, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?"""
-FLOOR_INSERT_OUTPUT = """INSERT INTO outputs (task_key, stage, kind, digest, inline, size, run_id, created_at)
-VALUES (?, ?, 'bytes', ?, ?, ?, ?, ?) ON CONFLICT (task_key) DO NOTHING"""
+FLOOR_INSERT_OUTPUT = """INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at)
+VALUES (?, ?, ?, 'bytes', ?, ?, ?, ?, ?) ON CONFLICT (key64) DO NOTHING"""
 FLOOR_INSERT_ATTEMPT = """INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, worker, lease_token,
     stage_version, code_version, started_at, duration)
 VALUES (?, ?, ?, 'succeeded', 1, 'floor', ?, '1', 'floor', ?, 0)"""
@@ -529,7 +531,7 @@ def floor_commit(db: RawSql, claimed: list[tuple[Any, ...]], now: float) -> None
         data = bytes(data)  # the no-op stage: output = input
         digest = hashlib.sha256(data).hexdigest()
         succeed.append((digest, now, task_id))
-        outputs.append((task_key, stage, digest, data, len(data), FLOOR_RUN, now))
+        outputs.append((key64(task_key), task_key, stage, digest, data, len(data), FLOOR_RUN, now))
         attempts.append((task_id, FLOOR_RUN, attempt, token, now))
         index = STAGES.index(stage)
         if index + 1 < len(STAGES):

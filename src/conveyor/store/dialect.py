@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
 
+from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
+
 
 class Dialect(Protocol):
     name: str
@@ -83,7 +85,8 @@ class SqliteDialect:
 
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
-        "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"}
+        "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
+        "key64": KEY64_SQL["sqlite"]}
     skip_locked = ""
     max_params = 30000
 
@@ -96,6 +99,7 @@ class SqliteDialect:
                        "foreign_keys=OFF", "cache_size=-65536", "wal_autocheckpoint=100000",
                        "journal_size_limit=268435456"):
             self.conn.execute(f"PRAGMA {pragma}")
+        self.conn.create_function(SQLITE_FUNCTION, 1, key64, deterministic=True)
         self._depth = 0
         self._writers = WriterLock(path) if path != ":memory:" and not path.startswith("file:") else None
 
@@ -161,7 +165,8 @@ class PostgresDialect:
 
     name = "postgres"
     types: ClassVar[dict[str, str]] = {
-        "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": ""}
+        "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
+        "key64": KEY64_SQL["postgres"]}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     channel = "conveyor_tasks"

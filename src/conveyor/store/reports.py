@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.memokey import key64
 from conveyor.store.records import DeadLetter, RunRecord
 from conveyor.store.tasks import chunks
 
@@ -268,8 +269,9 @@ class ReportQueries:
         budget, forget the settled failures in ``forget`` (task keys), record ``reason`` as an attempt."""
         with self.db.transaction():
             for part in chunks(list(forget), 900):
-                self.db.execute(
-                    f"DELETE FROM outputs WHERE kind = 'failed' AND task_key IN ({','.join('?' * len(part))})", part)
+                marks = ",".join("?" * len(part))
+                self.db.execute(f"DELETE FROM outputs WHERE kind = 'failed' AND key64 IN ({marks})"
+                                f" AND task_key IN ({marks})", [*map(key64, part), *part])
             changed = self.db.executemany_count(REQUEUE, [(key, version, config, now, task_id)
                                                           for key, version, config, task_id in rows])
             self.db.executemany(

@@ -163,4 +163,29 @@ DROP INDEX tasks_runnable;
 CREATE INDEX tasks_runnable ON tasks (pipeline, stage, lane_rank, available_at) WHERE status = 'queued' AND crashes = 0;
 """,
     ),
+    (
+        4,
+        "memo indexed by a 64-bit integer key: outputs appended in order, a compact unique index",
+        """
+CREATE TABLE outputs_v4 (
+    id {id},
+    key64 BIGINT NOT NULL,
+    task_key TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    inline {blob},
+    size INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at {real} NOT NULL
+);
+-- A second task key with the same 64 bits is not memoised (a lookup checks the full key): see store/memokey.py.
+CREATE UNIQUE INDEX outputs_key64 ON outputs_v4 (key64);
+INSERT INTO outputs_v4 (key64, task_key, stage, kind, digest, inline, size, run_id, created_at)
+SELECT {key64}, task_key, stage, kind, digest, inline, size, run_id, created_at FROM outputs WHERE true
+ORDER BY created_at ON CONFLICT (key64) DO NOTHING;
+DROP TABLE outputs;
+ALTER TABLE outputs_v4 RENAME TO outputs;
+""",
+    ),
 ]

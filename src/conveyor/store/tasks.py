@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.memokey import key64
 from conveyor.store.records import (
     AttemptRecord,
     ClaimedTask,
@@ -53,8 +54,8 @@ VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, item_key) DO NOTHING
 """
 
 INSERT_OUTPUT = """
-INSERT INTO outputs (task_key, stage, kind, digest, inline, size, run_id, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_key) DO NOTHING
+INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO NOTHING
 """
 
 INSERT_ATTEMPT = """
@@ -148,22 +149,23 @@ class TaskQueries:
             (before, rows[0][16]))))
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
-        """The memo: one indexed lookup per key, batched."""
-        keys = list(dict.fromkeys(task_keys))
+        """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""
+        wanted = set(task_keys)
         found: dict[str, StoredOutput] = {}
-        for part in chunks(keys, 900):
+        for part in chunks([key64(k) for k in wanted], 900):
             marks = ",".join("?" * len(part))
             for row in self.db.execute(
-                f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE task_key IN ({marks})",
+                f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE key64 IN ({marks})",
                 part,
             ):
-                found[row[0]] = StoredOutput._make(row)
+                if row[0] in wanted:
+                    found[row[0]] = StoredOutput._make(row)
         return found
 
     def insert_outputs(self, outputs: Sequence[NewOutput]) -> None:
         """Insert-or-ignore: when two workers race on one key, the first write wins, both are fine."""
         with self.db.transaction():
-            self.db.executemany(INSERT_OUTPUT, outputs)
+            self.db.executemany(INSERT_OUTPUT, [(key64(o[0]), *o) for o in outputs])
 
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
