@@ -479,3 +479,31 @@ def test_sigterm_drain_keeps_its_leases_while_a_replacement_starts(tmp_path: Pat
     assert {item: n for item, n in per_item.items() if n != 1} == {}, "items ran twice across the handover"
     lost = query(store_url, "SELECT COUNT(*) FROM attempts WHERE run_id = ? AND outcome = 'lease_lost'", run_id)
     assert lost == [(0,)], "the draining worker's finished work was thrown away"
+
+
+@pytest.mark.timeout(120)
+def test_the_loser_of_a_memo_race_builds_on_the_winners_output(tmp_path: Path, store_url: str) -> None:
+    # Two items with the same content: one task key, run by two workers at once, with different answers
+    # (a model call is not deterministic). The first commit is memoised; the second takes its output.
+    store = open_store(store_url)
+    blobs = FilesystemBlobs(tmp_path / "blobs")
+    try:
+        items = [SourceItem("one", text=b"same"), SourceItem("two", text=b"same")]
+        run_id = submit(RACE, "race", "inline", store, blobs, clock=lambda: T0, items=items).run_id
+        [a] = store.claim("race", ["first"], 1, "A", T0, 5, run_id)
+        [b] = store.claim("race", ["first"], 1, "B", T0, 5, run_id)
+        assert a.task_key == b.task_key and a.item_key != b.item_key
+        won, lost = result("A's answer", blobs), result("B's answer", blobs)
+        assert Transitions(RACE, store, "A").commit([Outcome(a, T0, 0.1, True, won)], T0 + 1)["succeeded"] == 1
+        assert Transitions(RACE, store, "B").commit([Outcome(b, T0, 0.1, True, lost)], T0 + 2)["succeeded"] == 1
+
+        assert store.db.execute("SELECT digest FROM outputs WHERE task_key = ?", (a.task_key,)) == [(won.digest,)]
+        rows = store.db.execute("SELECT item_key, output_digest FROM tasks WHERE run_id = ? AND stage = 'first'"
+                                " ORDER BY item_key", (run_id,))
+        assert rows == [("one", won.digest), ("two", won.digest)]
+        downstream = store.db.execute("SELECT item_key, input_digest FROM tasks WHERE run_id = ?"
+                                      " AND stage = 'second' ORDER BY item_key", (run_id,))
+        assert downstream == [("one", won.digest), ("two", won.digest)], "both items go on from the memoised one"
+        assert attempt_rows(store, b.id) == [(1, "succeeded", "B")], "B's call is still recorded as made"
+    finally:
+        store.close()

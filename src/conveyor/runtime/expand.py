@@ -78,6 +78,8 @@ class Expander:
         }
         self._roots = [s.name for s in pipeline.roots]
         self._lane_ranks: dict[str, int] = {}
+        self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
+        self._fanout = any(s.kind == "fanout" for s in pipeline)
 
     def set_lane(self, run_id: str, lane: str) -> None:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
@@ -108,6 +110,30 @@ class Expander:
             seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
         return seeds, items
 
+    def expand_sources(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float) -> tuple[int, int]:
+        """Create root items (key, source) and their tasks. An item that settled in the latest earlier run of
+        the same graph, from the same source, is copied from there (store/replay.py); the others are planned
+        through the memo. Returns (tasks answered from the memo, tasks queued to run)."""
+        items = [NewItem(run_id, key, None, key, ref.digest, ref.size, now) for key, ref in sources]
+        base = self._replay_base(run_id)
+        replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
+        seeds = [seed for key, ref in sources if key not in replayed for seed in self.roots(run_id, key, ref)]
+        tasks, new_items, cached = self.plan(seeds, now, items)
+        with self.store.transaction():
+            self.store.insert_items(new_items)
+            if base and replayed:
+                cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
+                                                  self._lane_rank(run_id), self._fanout)
+            if tasks:
+                self.store.insert_tasks(tasks)
+        return cached, len(tasks.queued)
+
+    def _replay_base(self, run_id: str) -> str | None:
+        if run_id not in self._bases:
+            run = self.store.get_run(run_id)
+            self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
+        return self._bases[run_id]
+
     def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> tuple[int, int]:
         """Insert tasks for ``seeds`` and, through memo hits, their successors.
         Returns (tasks answered from the memo, tasks queued to run)."""
@@ -134,10 +160,11 @@ class Expander:
         plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
         while frontier:
             keys = []
-            for s in frontier:
-                p = plans[s.stage]
-                keys.append(sha256(p.prefix + _key_suffix(p.publish, s.ref, s.item_key)).hexdigest())
-            memo = self.store.lookup_outputs(keys)
+            for _, item_key, _, stage, ref in frontier:
+                p = plans[stage]
+                suffix = f"{ref.kind}\0{ref.digest}\0{item_key}" if p.publish else f"{ref.kind}\0{ref.digest}"
+                keys.append(sha256(p.prefix + suffix.encode()).hexdigest())
+            memo = self.store.memo_rows(keys)
             next_frontier: list[Seed] = []
             for seed, key in zip(frontier, keys, strict=True):
                 run_id, item_key, root_key, stage, ref = seed
@@ -149,20 +176,20 @@ class Expander:
                                    ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
                     continue
                 cached += 1
-                if hit.kind == "failed":
+                _, kind, digest, inline, size = hit
+                if kind == "failed":
                     # A memoised refusal keeps its input: `conveyor requeue` may run it again.
-                    error_class, message = parse_failure_memo(hit.inline or b"{}")
+                    error_class, message = parse_failure_memo(inline or b"{}")
                     refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
                                     ref.digest, ref.kind, ref.inline, ref.size, error_class, message, p.max_attempts,
                                     rank, now, now, now))
                     continue
                 # A task answered from the memo never runs, so its row needs no copy of the input.
                 answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                                 ref.digest, ref.kind, ref.size, hit.digest, hit.kind, p.max_attempts, rank, now, now,
-                                 now))
+                                 ref.digest, ref.kind, ref.size, digest, kind, p.max_attempts, rank, now, now, now))
                 if not p.children:
                     continue
-                output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
+                output = Ref(kind, digest, size, inline)
                 if p.fanout:
                     more, more_items = self.successors(seed, output, now)
                     next_frontier += more

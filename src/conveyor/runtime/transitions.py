@@ -27,7 +27,7 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
 from conveyor.runtime.services import Usage
-from conveyor.runtime.values import Ref, failure_memo
+from conveyor.runtime.values import Ref, failure_memo, parse_failure_memo
 from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTasks, SqlStore
 
 log = logging.getLogger("conveyor.transitions")
@@ -87,6 +87,10 @@ class LeaseLost(Exception):
     """A fenced update missed: some lease was lost since the commit was prepared."""
 
 
+class MemoTaken(Exception):
+    """Another worker memoised some of these task keys first (the same work, done twice at once)."""
+
+
 class Transitions:
     def __init__(self, pipeline: Pipeline, store: SqlStore, worker: str, rng: random.Random | None = None) -> None:
         self.pipeline = pipeline
@@ -112,16 +116,38 @@ class Transitions:
             with self.store.transaction():
                 fresh = self._write(writes)
                 return writes.counts, fresh, self._claim(claim, now, fresh)
-        except LeaseLost:
+        except (LeaseLost, MemoTaken):
             pass
+        # Redo, inside one transaction, for the leases still held, and with the memo's answer for any key
+        # another worker memoised first: every item then builds on the one output a task key has, which is
+        # also what a re-run copies or looks up (the losing attempt is still recorded as invoked).
         with self.store.transaction():
             held = self.store.held_leases([(o.task.id, o.task.lease_token) for o in outcomes])
-            writes = self.prepare([o for o in outcomes if o.task.id in held], now)
+            kept = self._adopt_memo([o for o in outcomes if o.task.id in held])
+            writes = self.prepare(kept, now)
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
-            fresh = self._write(writes)
+            fresh = self._write(writes, memo_checked=False)
             return writes.counts, fresh, self._claim(claim, now, fresh)
+
+    def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Outcomes whose own result lost a memo race take the memo's result instead."""
+        fresh = [o for o in outcomes if not o.cached and (o.output is not None or _memoised(o.failure))]
+        memo = self.store.lookup_outputs([o.task.task_key for o in fresh])
+        adopted: dict[int, Outcome] = {}
+        for o in fresh:
+            hit = memo.get(o.task.task_key)
+            if hit is None or (o.output is not None and hit.digest == o.output.digest and hit.kind == o.output.kind):
+                continue
+            if hit.kind == "failed":
+                error_class, message = parse_failure_memo(hit.inline or b"{}")
+                failure = Failure(error_class, False, message, deterministic=True)
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, failure=failure, usage=o.usage)
+            else:
+                output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, output, usage=o.usage)
+        return [adopted.get(o.task.id, o) for o in outcomes]
 
     def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
         """Claim new tasks as they are created, within the claim's room and per-stage caps: the
@@ -148,12 +174,13 @@ class Transitions:
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
                                 claim.lease_seconds, claim.run_id, caps)
 
-    def _write(self, w: Writes) -> list[ClaimedTask]:
+    def _write(self, w: Writes, memo_checked: bool = True) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if changed != w.fenced:
             raise LeaseLost
-        self.store.insert_outputs(w.outputs)
+        if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
+            raise MemoTaken
         self.store.insert_dead_letters(w.dead)
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
@@ -282,6 +309,11 @@ class Transitions:
                                completion_tokens=u.completion_tokens, cost=u.cost,
                                model=",".join(sorted(u.models)) or None,
                                prompt_version=",".join(sorted(u.prompt_versions)) or None)
+
+
+def _memoised(failure: Failure | None) -> bool:
+    """A failure that is stored in the memo like an output (a refusal decided by the input)."""
+    return failure is not None and not failure.retryable and failure.deterministic
 
 
 def _full(failure: Failure) -> str:

@@ -10,8 +10,7 @@ live inline in the database; larger ones in the blob store.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -22,9 +21,9 @@ INLINE_MAX = 8 * 1024
 _JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A stored value: its kind, digest, size, and its bytes when inline."""
+class Ref(NamedTuple):
+    """A stored value: its kind, digest, size, and its bytes when inline (a NamedTuple: one is made
+    per task of every run, and a tuple is made several times faster than a frozen dataclass)."""
 
     kind: str
     digest: str

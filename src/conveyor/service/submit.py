@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import LANE_RANKS, Expander, Seed
+from conveyor.runtime.expand import LANE_RANKS, Expander
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, iter_items
-from conveyor.store import NewItem, RunRecord, SqlStore
+from conveyor.store import RunRecord, SqlStore
 
-BATCH = 2000
+BATCH = 5000
 
 
 @dataclass(frozen=True)
@@ -95,15 +95,9 @@ def _ingest(
 def _add_batch(
     expander: Expander, run_id: str, batch: list[SourceItem], blobs: Blobs, read_limit: int | None, now: float,
 ) -> tuple[int, int]:
-    new_items: list[NewItem] = []
-    seeds: list[Seed] = []
-    for item in batch:
-        ref = source_ref(item, blobs, read_limit)
-        new_items.append(NewItem(run_id, item.key, None, item.key, ref.digest, ref.size, now))
-        seeds.extend(expander.roots(run_id, item.key, ref))
-    # expand() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
+    # expand_sources() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
     # writer, workers processing the first items keep committing while the next batch is planned.
-    return expander.expand(seeds, now, new_items)
+    return expander.expand_sources(run_id, [(item.key, source_ref(item, blobs, read_limit)) for item in batch], now)
 
 
 def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:

@@ -150,22 +150,27 @@ class TaskQueries:
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
         """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""
+        return {key: StoredOutput(key, *row) for key, row in self.memo_rows(task_keys).items()}
+
+    def memo_rows(self, task_keys: Iterable[str]) -> dict[str, tuple[str, str, str, bytes | None, int]]:
+        """lookup_outputs as plain tuples (stage, kind, digest, inline, size), for the planner's hot loop."""
         wanted = set(task_keys)
-        found: dict[str, StoredOutput] = {}
+        found: dict[str, tuple[str, str, str, bytes | None, int]] = {}
         for part in chunks([key64(k) for k in wanted], 900):
             marks = ",".join("?" * len(part))
-            for row in self.db.execute(
+            for key, *row in self.db.execute(
                 f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE key64 IN ({marks})",
                 part,
             ):
-                if row[0] in wanted:
-                    found[row[0]] = StoredOutput._make(row)
+                if key in wanted:
+                    found[key] = row  # type: ignore[assignment]
         return found
 
-    def insert_outputs(self, outputs: Sequence[NewOutput]) -> None:
-        """Insert-or-ignore: when two workers race on one key, the first write wins, both are fine."""
+    def insert_outputs(self, outputs: Sequence[NewOutput]) -> int:
+        """Insert-or-ignore: when two workers race on one key, the first write wins. Returns the rows
+        written, so a caller can tell that it lost a race (see Transitions.commit_and_claim)."""
         with self.db.transaction():
-            self.db.executemany(INSERT_OUTPUT, [(key64(o[0]), *o) for o in outputs])
+            return self.db.executemany_count(INSERT_OUTPUT, [(key64(o[0]), *o) for o in outputs])
 
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,

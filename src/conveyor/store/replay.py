@@ -1,0 +1,78 @@
+"""Replaying settled items of an earlier run: a cached re-run copied row for row inside the database.
+
+An item whose every task succeeded in an earlier run of the same pipeline graph
+(same stages, versions and config hashes), from the same source bytes, would be
+answered task by task from the memo with exactly the rows that run already holds:
+its task keys follow from the source digest and the graph, and each output is the
+memo's (a commit that loses a memo race takes the winner's output). So instead of
+one memo lookup and one row built in Python per task, its rows are copied with one
+``INSERT ... SELECT`` per batch of items, each marked ``cached`` as a memo answer is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.tasks import chunks
+
+_TASK_COPY_COLUMNS = """run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
+    input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
+    created_at, finished_at, status, cached"""
+
+
+class ReplayQueries:
+    db: Dialect
+
+    def replay_base(self, pipeline: str, stages: str, run_id: str) -> str | None:
+        """The latest other run of ``pipeline`` with exactly this graph (``stages``, as runs.stages holds it)."""
+        rows = self.db.execute(
+            "SELECT run_id FROM runs WHERE pipeline = ? AND stages = ? AND run_id <> ? AND status <> 'submitting'"
+            " ORDER BY created_at DESC LIMIT 1", (pipeline, stages, run_id))
+        return str(rows[0][0]) if rows else None
+
+    def settled_roots(self, base: str, roots: Sequence[tuple[str, str | None]]) -> list[str]:
+        """Of ``roots`` (item key, source digest), the keys whose root item in ``base`` came from the same
+        source and whose every task there succeeded. A task's successors are created in the same transaction
+        as its success, so "every task succeeded" also means the item's whole graph is there."""
+        digests = dict(roots)
+        settled: list[str] = []
+        for part in chunks(list(digests), 900):
+            marks = ",".join("?" * len(part))
+            same = {key for key, digest in self.db.execute(
+                f"SELECT item_key, source_digest FROM items WHERE run_id = ? AND item_key IN ({marks})"
+                " AND parent_key IS NULL", [base, *part]) if digest is not None and digest == digests[key]}
+            if not same:
+                continue
+            open_or_failed = {row[0] for row in self.db.execute(
+                f"SELECT DISTINCT root_key FROM tasks WHERE run_id = ? AND root_key IN ({marks})"
+                " AND status <> 'succeeded'", [base, *part])}
+            settled += [key for key in part if key in same and key not in open_or_failed]
+        return settled
+
+    def copy_settled(self, base: str, run_id: str, roots: Sequence[str], now: float, lane_rank: int,
+                     children: bool) -> int:
+        """Copy the tasks (and, with ``children``, the fan-out child items) of ``roots`` from ``base`` into
+        ``run_id`` as cached successes; returns the tasks copied. Runs inside the caller's transaction."""
+        copied = 0
+        with self.db.transaction():
+            for part in chunks(list(roots), 900):
+                marks = ",".join("?" * len(part))
+                copied += self.db.execute_rowcount(
+                    f"""INSERT INTO tasks ({_TASK_COPY_COLUMNS})
+                    SELECT ?, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash, input_digest,
+                        input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1
+                    FROM tasks WHERE run_id = ? AND root_key IN ({marks})
+                    ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING""",
+                    [run_id, lane_rank, now, now, now, base, *part])
+            if children:
+                # A child's key extends its parent's with "#<index>", so a root's descendants sort between
+                # "<root>#" and "<root>$"; root_key = ? leaves out another root whose own key has a "#".
+                self.db.executemany(
+                    """INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size,
+                        created_at)
+                    SELECT ?, item_key, parent_key, root_key, source_digest, source_size, ? FROM items
+                    WHERE run_id = ? AND item_key > ? AND item_key < ? AND root_key = ?
+                    ON CONFLICT (run_id, item_key) DO NOTHING""",
+                    [(run_id, now, base, f"{root}#", f"{root}$", root) for root in roots])
+        return copied
