@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
 from conveyor.errors import InputError
 
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
+_HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
 
 
-@dataclass(frozen=True, slots=True)
-class SourceItem:
-    """One input item: its key and either a file path or its text."""
+class SourceItem(NamedTuple):
+    """One input item: its key and either a file path or its text (a NamedTuple: one per manifest line)."""
 
     key: str
     path: Path | None = None
@@ -57,27 +57,28 @@ def _manifest(path: Path) -> Iterator[SourceItem]:
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             if raw.strip():
-                yield _manifest_line(raw, base, f"{path}:{number}")
+                yield _manifest_line(raw, base, path, number)
 
 
-def _manifest_line(raw: bytes, base: Path, where: str) -> SourceItem:
-    hint = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
+def _manifest_line(raw: bytes, base: Path, path: Path, number: int) -> SourceItem:
     try:
         entry = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc}); {hint}") from None
+        raise InputError(f"{path}:{number}: not valid JSON ({exc}); {_HINT}") from None
     if not isinstance(entry, dict):
-        raise InputError(f"{where}: not a JSON object; {hint}")
+        raise InputError(f"{path}:{number}: not a JSON object; {_HINT}")
     key = entry.get("key")
     if not isinstance(key, str) or not key:
-        raise InputError(f"{where}: missing or empty \"key\"; {hint}")
-    if isinstance(entry.get("text"), str):
-        return SourceItem(key, text=entry["text"].encode())
+        raise InputError(f"{path}:{number}: missing or empty \"key\"; {_HINT}")
+    text = entry.get("text")
+    if isinstance(text, str):
+        return SourceItem(key, None, text.encode())
+    where = f"{path}:{number}"
     if isinstance(entry.get("path"), str):
         full = (base / entry["path"]) if not os.path.isabs(entry["path"]) else Path(entry["path"])
         _check_readable(full, f"{where}: path {entry['path']!r}")
         return SourceItem(key, path=full)
-    raise InputError(f"{where}: needs \"path\" or \"text\"; {hint}")
+    raise InputError(f"{where}: needs \"path\" or \"text\"; {_HINT}")
 
 
 def _check_readable(path: Path, what: str) -> None:
