@@ -58,18 +58,13 @@ INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id,
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO NOTHING
 """
 
-INSERT_ATTEMPT = """
-INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, error_class, message, worker,
-    lease_token, stage_version, code_version, started_at, duration, provider_calls, prompt_tokens,
-    completion_tokens, cost, model, prompt_version)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
+ATTEMPT_COLUMNS = (
+    "task_id", "run_id", "attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
+    "stage_version", "code_version", "started_at", "duration", "provider_calls", "prompt_tokens",
+    "completion_tokens", "cost", "model", "prompt_version")
 # The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
-INSERT_PLAIN_ATTEMPT = """
-INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, worker, lease_token, stage_version, code_version,
-    started_at, duration)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
+PLAIN_ATTEMPT_COLUMNS = ("task_id", "run_id", "attempt", "outcome", "invoked", "worker", "lease_token",
+                         "stage_version", "code_version", "started_at", "duration")
 
 # Every transition of a leased task is fenced: it applies only while the caller's
 # lease token still holds, so a worker that lost its lease changes nothing.
@@ -139,9 +134,13 @@ class TaskQueries:
         return claimed
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
-        # Ids come from a sequence (PostgreSQL) or are one more than the largest (SQLite), so the rows
-        # this transaction inserts are the ones above the largest id it saw before inserting; of those,
-        # the running ones leased by this owner are exactly these (a row that already existed is not).
+        if self.db.name == "postgres":
+            returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)
+            return list(map(ClaimedTask._make, returned))
+        # sqlite3 cannot return rows from executemany. A new id is one more than the largest, and this
+        # transaction holds the only write lock, so the rows it inserts are the ones above the largest id
+        # it saw before inserting; of those, the running ones leased by this owner are exactly these
+        # (a row that already existed is not inserted again).
         before = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM tasks")[0][0]
         self.db.executemany(INSERT_RUNNING, rows)
         return list(map(ClaimedTask._make, self.db.execute(
@@ -250,8 +249,8 @@ class TaskQueries:
     def insert_attempts(self, attempts: Sequence[AttemptRecord], plain: Sequence[tuple[Any, ...]] = ()) -> None:
         """``plain``: successes without provider calls, as (task_id, run_id, attempt, outcome, invoked, worker,
         lease_token, stage_version, code_version, started_at, duration)."""
-        self.db.executemany(INSERT_ATTEMPT, attempts)
-        self.db.executemany(INSERT_PLAIN_ATTEMPT, plain)
+        self.db.append("attempts", ATTEMPT_COLUMNS, attempts)
+        self.db.append("attempts", PLAIN_ATTEMPT_COLUMNS, plain)
 
     def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int, float]]) -> None:
         """rows: (task id, run id, item key, stage, error class, error, attempts, now)."""
