@@ -35,7 +35,7 @@ class Dialect(Protocol):
         ...
 
     def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-        """executemany of a statement with RETURNING (PostgreSQL only: sqlite3 cannot)."""
+        """executemany of a statement with RETURNING: every row it returned."""
         ...
 
     def transaction(self) -> Any: ...
@@ -124,6 +124,14 @@ class SqliteDialect:
     def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """executemany, returning the total number of rows changed."""
         return self.conn.executemany(sql, rows).rowcount if rows else 0
+
+    def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """sqlite3's executemany cannot return rows: one execute per row, in the caller's transaction."""
+        returned: list[tuple[Any, ...]] = []
+        execute = self.conn.execute
+        for row in rows:
+            returned += execute(sql, row).fetchall()
+        return returned
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if rows:

@@ -134,18 +134,8 @@ class TaskQueries:
         return claimed
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
-        if self.db.name == "postgres":
-            returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)
-            return list(map(ClaimedTask._make, returned))
-        # sqlite3 cannot return rows from executemany. A new id is one more than the largest, and this
-        # transaction holds the only write lock, so the rows it inserts are the ones above the largest id
-        # it saw before inserting; of those, the running ones leased by this owner are exactly these
-        # (a row that already existed is not inserted again).
-        before = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM tasks")[0][0]
-        self.db.executemany(INSERT_RUNNING, rows)
-        return list(map(ClaimedTask._make, self.db.execute(
-            f"SELECT {CLAIM_COLUMNS} FROM tasks WHERE id > ? AND lease_owner = ? AND status = 'running'",
-            (before, rows[0][16]))))
+        returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)
+        return list(map(ClaimedTask._make, returned))
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
         """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""
