@@ -40,6 +40,10 @@ class Dialect(Protocol):
 
     def transaction(self) -> Any: ...
 
+    def refresh_statistics(self, tables: Sequence[str]) -> None:
+        """Bring the planner's picture of ``tables`` up to date after a bulk load."""
+        ...
+
     def notify(self) -> None: ...
 
     def wait_for_work(self, timeout: float) -> None: ...
@@ -167,6 +171,9 @@ class SqliteDialect:
         self._depth = 0
         self.conn.execute("COMMIT")
 
+    def refresh_statistics(self, tables: Sequence[str]) -> None:
+        """Nothing to refresh: SQLite plans without statistics unless ANALYZE was run, and conveyor never runs it."""
+
     def notify(self) -> None:
         """SQLite has no wake-ups across processes; idle workers poll."""
 
@@ -258,6 +265,11 @@ class PostgresDialect:
                 yield
         finally:
             self._depth = 0
+
+    def refresh_statistics(self, tables: Sequence[str]) -> None:
+        """ANALYZE: right after a bulk load the statistics still describe a far smaller table."""
+        for table in tables:
+            self.conn.execute(f"ANALYZE {table}")
 
     def notify(self) -> None:
         self.conn.execute(f"NOTIFY {self.channel}")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from conveyor.store.dialect import Dialect
 from conveyor.store.tasks import chunks
 
-ANALYZE_FROM = 5_000  # items in the base run from which PostgreSQL's statistics are refreshed first
+ANALYZE_FROM = 5_000  # items in the base run from which the planner's statistics are refreshed first
 
 _TASK_COPY_COLUMNS = """run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
     input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
@@ -33,11 +33,10 @@ class ReplayQueries:
             " AND status <> 'submitting' ORDER BY created_at DESC LIMIT 1", (pipeline, stages, run_id))
         if not rows:
             return None
-        if self.db.name == "postgres" and rows[0][1] >= ANALYZE_FROM:
-            # Right after a bulk load the planner's statistics still describe a far smaller table, and it
-            # then reads a whole run to find 900 roots (80 ms instead of 3 ms a batch, measured): refresh them.
-            self.db.execute("ANALYZE tasks")
-            self.db.execute("ANALYZE items")
+        if rows[0][1] >= ANALYZE_FROM:
+            # With statistics from before a bulk load, PostgreSQL read a whole run to find 900 roots
+            # (80 ms instead of 3 ms a batch, measured).
+            self.db.refresh_statistics(("tasks", "items"))
         return str(rows[0][0])
 
     def settled_roots(self, base: str, roots: Sequence[tuple[str, str | None]]) -> list[str]:
