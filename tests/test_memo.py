@@ -33,7 +33,7 @@ def empty_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/old.db"
         return
-    fresh_pg_url()  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
+    _drop(fresh_pg_url())  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
     name = f"conveyor_m_{uuid.uuid4().hex[:12]}"
     with _admin() as conn:
         conn.execute(f"CREATE DATABASE {name}")
