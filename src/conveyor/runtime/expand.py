@@ -3,7 +3,9 @@
 Each new task is first looked up in the memo by its task key. A hit is
 inserted as already succeeded (cached) and its own successors are expanded
 in turn, so re-running a finished run walks the whole graph with one
-indexed lookup per task: no stage call, no blob read.
+indexed lookup per task: no stage call, no blob read. Root items that
+settled in an earlier run of the same graph skip even that: their rows are
+copied (store/replay.py).
 """
 
 from __future__ import annotations
@@ -134,17 +136,6 @@ class Expander:
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
         return self._bases[run_id]
 
-    def expand(self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = ()) -> tuple[int, int]:
-        """Insert tasks for ``seeds`` and, through memo hits, their successors.
-        Returns (tasks answered from the memo, tasks queued to run)."""
-        tasks, new_items, cached = self.plan(seeds, now, items)
-        with self.store.transaction():
-            if new_items:
-                self.store.insert_items(new_items)
-            if tasks:
-                self.store.insert_tasks(tasks)
-        return cached, len(tasks.queued)
-
     def plan(
         self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
     ) -> tuple[NewTasks, list[NewItem], int]:
@@ -162,8 +153,7 @@ class Expander:
             keys = []
             for _, item_key, _, stage, ref in frontier:
                 p = plans[stage]
-                suffix = f"{ref.kind}\0{ref.digest}\0{item_key}" if p.publish else f"{ref.kind}\0{ref.digest}"
-                keys.append(sha256(p.prefix + suffix.encode()).hexdigest())
+                keys.append(sha256(p.prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
             memo = self.store.memo_rows(keys)
             next_frontier: list[Seed] = []
             for seed, key in zip(frontier, keys, strict=True):

@@ -18,10 +18,6 @@ class TaskStatus(StrEnum):
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 
 
-# The hot records are NamedTuples whose fields follow their table's column order,
-# so a batch of them goes to executemany as it is, without a copy per row.
-
-
 class NewTasks:
     """Task rows to insert, by shape. Each shape's statement writes NULL itself for the columns it
     does not bind, because sqlite3 binds ``None`` (and ``bytes``) through a slow adaptation path:
@@ -51,6 +47,10 @@ class NewTasks:
 
     def __len__(self) -> int:
         return len(self.queued) + len(self.running) + len(self.cached) + len(self.failed)
+
+
+# The hot records are NamedTuples whose fields follow their table's column order,
+# so a batch of them goes to executemany as it is, without a copy per row.
 
 
 class NewItem(NamedTuple):

@@ -116,7 +116,7 @@ class TaskQueries:
     db: Dialect
 
     def insert_items(self, items: Sequence[NewItem]) -> None:
-        roots = [i[:2] + i[3:] for i in items if i.parent_key is None]
+        roots = [i[:2] + i[3:] for i in items if i.parent_key is None]  # NewItem without parent_key
         with self.db.transaction():
             self.db.executemany(INSERT_ROOT_ITEM, roots)
             if len(roots) < len(items):
