@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: setup
+	scripts/ensure-tools.sh
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: setup

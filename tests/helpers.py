@@ -13,6 +13,7 @@ from typing import Any
 from conveyor.blobs import FilesystemBlobs
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
+from conveyor.service.report import find_run, reconcile
 from conveyor.service.submit import Submitted, submit
 from conveyor.store import open_store
 
@@ -67,3 +68,20 @@ def cli_json(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: 
     assert proc.stdout.strip(), f"no JSON on stdout (exit {proc.returncode}):\n{proc.stderr}"
     data: dict[str, Any] = json.loads(proc.stdout)
     return data
+
+
+def reconciled(store_url: str, run_id: str) -> dict[str, Any]:
+    """The run's reconciliation, read from the store the way `conveyor reconcile --json` reads it."""
+    store = open_store(store_url)
+    try:
+        return reconcile(store, find_run(store, run_id))
+    finally:
+        store.close()
+
+
+def query(store_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    store = open_store(store_url)
+    try:
+        return store.db.execute(sql, params)
+    finally:
+        store.close()

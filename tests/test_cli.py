@@ -130,15 +130,15 @@ def test_user_errors_are_one_clear_line(tmp_path: Path, args: list[str], message
     assert "Traceback" not in proc.stderr
 
 
-def test_failed_submit_leaves_no_half_run(tmp_path: Path) -> None:
+def test_a_missing_source_is_a_bad_input_item_not_a_refused_submission(tmp_path: Path) -> None:
     write_pipeline(tmp_path, PIPE)
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"key": "a", "text": "x"}\n{"key": "b", "path": "missing.txt"}\n')
     db = f"sqlite:///{tmp_path}/c.db"
-    proc = cli("submit", "pipe.py:pipe", "--input", str(manifest), "--db", db, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "m.jsonl:2: path 'missing.txt' is not a readable file" in proc.stderr
-    assert cli_json("status", "--db", db, cwd=tmp_path) == {"runs": []}
+    submitted = cli_json("submit", "pipe.py:pipe", "--input", str(manifest), "--db", db, cwd=tmp_path)
+    assert submitted["expected"] == 2
+    status = cli_json("status", submitted["run_id"], "--db", db, cwd=tmp_path)
+    assert status["stages"]["parse"] == {"queued": 1, "failed": 1}
 
 
 def test_module_target_and_single_file_input(tmp_path: Path) -> None:

@@ -28,10 +28,9 @@ from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import Outcome, Transitions
 from conveyor.runtime.values import Ref, encode, store_value
 from conveyor.service.inputs import SourceItem
-from conveyor.service.report import find_run, reconcile
 from conveyor.service.submit import submit
 from conveyor.store import SqlStore, open_store
-from tests.helpers import SRC, cli_json, make_docs, write_pipeline
+from tests.helpers import SRC, cli_json, make_docs, query, reconciled, write_pipeline
 
 # Every pipeline file below starts with this: a process-safe append-only journal.
 JOURNAL = """
@@ -94,13 +93,6 @@ def start_worker(target: str, run_id: str, store_url: str, blobs: Path, env: dic
     return proc
 
 
-def query(store_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    store = open_store(store_url)
-    try:
-        return store.db.execute(sql, params)
-    finally:
-        store.close()
-
 
 def lease_holders(store_url: str, run_id: str) -> set[int]:
     """Pids of the workers holding leases (a worker id is host:pid:nonce)."""
@@ -108,13 +100,6 @@ def lease_holders(store_url: str, run_id: str) -> set[int]:
                    run_id)
     return {int(owner.split(":")[1]) for (owner,) in owners if owner}
 
-
-def reconciled(store_url: str, run_id: str) -> dict[str, Any]:
-    store = open_store(store_url)
-    try:
-        return reconcile(store, find_run(store, run_id))
-    finally:
-        store.close()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

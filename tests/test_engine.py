@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.service.report import dlq_list, dlq_replay, find_run, reconcile
+from conveyor.service.report import dlq_list, dlq_replay
 from conveyor.store import open_store
-from tests.helpers import make_docs, submit_and_work, work, write_pipeline
+from tests.helpers import make_docs, reconciled, submit_and_work, work, write_pipeline
 
 BASIC = """
     import os
@@ -41,13 +41,6 @@ BASIC = """
 """
 
 
-def _reconcile(store_url: str, run_id: str) -> dict:
-    store = open_store(store_url)
-    try:
-        return reconcile(store, find_run(store, run_id))
-    finally:
-        store.close()
-
 
 def test_run_publishes_every_item_once_and_rerun_makes_no_calls(
     tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
@@ -58,7 +51,7 @@ def test_run_publishes_every_item_once_and_rerun_makes_no_calls(
     docs = make_docs(tmp_path / "docs", 20, "alpha beta {i}")
 
     first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    report = _reconcile(store_url, first.run_id)
+    report = reconciled(store_url, first.run_id)
     assert report["expected"] == 20
     assert report["outcomes"] == {"published": 20}
     assert report["unaccounted"] == 0
@@ -69,7 +62,7 @@ def test_run_publishes_every_item_once_and_rerun_makes_no_calls(
     assert len(sink.read_text().splitlines()) == 20
 
     second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    again = _reconcile(store_url, second.run_id)
+    again = reconciled(store_url, second.run_id)
     assert again["stage_calls"] == 0
     assert again["cached"] == 20 * 7
     assert again["outcomes"] == {"published": 20}
@@ -91,14 +84,14 @@ def test_version_bump_reruns_that_stage_and_downstream_only_on_changed_input(
     target_module._cache.clear()
     target2 = write_pipeline(tmp_path, BASIC, name="pipe_v2.py")
     second = submit_and_work(target2, docs, store_url, tmp_path / "blobs")
-    report = _reconcile(store_url, second.run_id)
+    report = reconciled(store_url, second.run_id)
     assert report["stage_calls"] == 5  # extract only
     assert report["outcomes"] == {"published": 5}
 
     # One document changes: its whole chain runs again, the others stay cached.
     (docs / "doc0000.txt").write_text("changed text here")
     third = submit_and_work(target2, docs, store_url, tmp_path / "blobs")
-    report = _reconcile(store_url, third.run_id)
+    report = reconciled(store_url, third.run_id)
     assert report["stage_calls"] == 4 + 3  # parse, extract, chunk, publish + 3 words
     assert len((tmp_path / "sink.log").read_text().splitlines()) == 6
 
@@ -162,7 +155,7 @@ def test_retries_terminal_errors_and_dead_letters(tmp_path: Path, store_url: str
     started = time.monotonic()
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
     elapsed = time.monotonic() - started
-    report = _reconcile(store_url, done.run_id)
+    report = reconciled(store_url, done.run_id)
 
     assert report["outcomes"] == {"completed": 4, "dead_lettered": 1, "failed": 2}
     assert report["unaccounted"] == 0
@@ -208,7 +201,7 @@ def test_declared_terminal_exception_fails_at_once(tmp_path: Path, store_url: st
     docs.mkdir()
     (docs / "ok").write_text("ok")
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    report = _reconcile(store_url, done.run_id)
+    report = reconciled(store_url, done.run_id)
     assert report["outcomes"] == {"failed": 1}
     task = report["not_done"][0]["tasks"][0]
     assert (task["stage"], task["status"], task["attempts"], task["error_class"]) == (
@@ -240,7 +233,7 @@ def test_hang_becomes_timeout_and_oversize_input_is_never_read(tmp_path: Path, s
     started = time.monotonic()
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
     elapsed = time.monotonic() - started
-    report = _reconcile(store_url, done.run_id)
+    report = reconciled(store_url, done.run_id)
     assert report["outcomes"] == {"completed": 1, "dead_lettered": 1, "failed": 1}
     classes = {e["item_key"]: e["error_classes"] for e in report["not_done"]}
     assert classes == {"hang": ["timeout"], "huge": ["input_too_large"]}
@@ -284,13 +277,13 @@ def test_same_content_is_paid_once_but_published_per_item_and_refusals_are_memoi
     (docs / "bad").write_text("refuse me")
 
     first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    report = _reconcile(store_url, first.run_id)
+    report = reconciled(store_url, first.run_id)
     assert report["outcomes"] == {"published": 3, "failed": 1}
     assert len(calls.read_text().splitlines()) == 2, "identical content is parsed once"
     assert sorted(line.split()[0] for line in sink.read_text().splitlines()) == ["a", "b", "c"]
 
     second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    again = _reconcile(store_url, second.run_id)
+    again = reconciled(store_url, second.run_id)
     assert again["stage_calls"] == 0, "a refusal decided by the content is not paid for again"
     assert again["outcomes"] == {"published": 3, "failed": 1}
     assert again["not_done"][0]["error_classes"] == ["not_a_document"]
@@ -333,7 +326,7 @@ def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: 
         (docs / name).write_text(f"{name} text")
     target = write_pipeline(tmp_path, REQUEUE)
     run = submit_and_work(target, docs, store_url, tmp_path / "blobs")
-    assert _reconcile(store_url, run.run_id)["outcomes"] == {"published": 1, "failed": 2, "dead_lettered": 1}
+    assert reconciled(store_url, run.run_id)["outcomes"] == {"published": 1, "failed": 2, "dead_lettered": 1}
 
     # The parser is fixed and its version bumped: re-run only what failed as unparseable under version 1.
     monkeypatch.setenv("PARSER_FIXED", "1")
@@ -347,12 +340,12 @@ def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: 
         store.close()
     assert done["requeued"] == 2
     work(fixed, store_url, tmp_path / "blobs", run_id=run.run_id)
-    report = _reconcile(store_url, run.run_id)
+    report = reconciled(store_url, run.run_id)
     assert report["outcomes"] == {"published": 3, "dead_lettered": 1}, "flaky was not selected"
     assert sorted(sink.read_text().split()) == ["bad1", "bad2", "good"]
 
     # The fixed version's outputs are in the memo: a new run of the same input under v2 parses only what
     # v2 never saw (good, flaky); good's publish input is unchanged, so only flaky is published anew.
     again = submit_and_work(fixed, docs, store_url, tmp_path / "blobs")
-    assert _reconcile(store_url, again.run_id)["stage_calls"] == 2 + 1
+    assert reconciled(store_url, again.run_id)["stage_calls"] == 2 + 1
     assert sorted(sink.read_text().split()) == ["bad1", "bad2", "flaky", "good"]

@@ -10,7 +10,8 @@ import conveyor
 
 SRC = Path(conveyor.__file__).parent
 
-# Which layers each layer may import (besides itself, errors and the package root).
+# Which layers each layer may import (besides itself and the package root's modules, which import no layer).
+ROOT_MODULES = {"errors", "retry_after"}
 ALLOWED = {
     "cli": {"service", "runtime", "pipeline", "store", "blobs", "providers"},
     "service": {"runtime", "pipeline", "store", "blobs", "providers"},
@@ -36,9 +37,14 @@ def test_imports_go_one_way() -> None:
     wrong = []
     for layer, allowed in ALLOWED.items():
         for path in (SRC / layer).rglob("*.py"):
-            for imported in _imports(path) - allowed - {layer, "errors"}:
+            for imported in _imports(path) - allowed - {layer} - ROOT_MODULES:
                 wrong.append(f"{path.relative_to(SRC)} imports conveyor.{imported}")
     assert wrong == []
+
+
+def test_root_modules_import_no_layer() -> None:
+    assert {name: _imports(SRC / f"{name}.py") - ROOT_MODULES for name in ROOT_MODULES} == {
+        name: set() for name in ROOT_MODULES}
 
 
 def test_sql_lives_in_store_only() -> None:

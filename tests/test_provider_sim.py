@@ -209,6 +209,18 @@ def test_cli_prints_the_base_url() -> None:
         assert proc.wait(timeout=10) == 0
 
 
+def test_cli_help_shows_defaults_models_and_endpoints() -> None:
+    script = Path(sys.executable).with_name("conveyor")  # the installed entry point, as a user runs it
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "conveyor"]
+    proc = subprocess.run([*cmd, "provider-sim", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps lines at the terminal's width
+    for default in ("(default: 8765)", "(default: 127.0.0.1)", "(default: 2026-11-01)", "(default: 60.0)"):
+        assert default in text, default
+    assert '"sim-1@2026-11-01"' in text and "sim-embed-1" in text
+    assert "POST /v1/chat/completions" in text and "POST /v1/embeddings" in text
+
+
 def test_window_limiter_retry_after_is_exact() -> None:
     from conveyor.providers.simlimits import Entry, Refusal, WindowLimiter
 

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conveyor.store import CHILD_MARK
+
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'pipeline.py'}:pipe"
 CORPUS = Path(os.environ.get("MANPAGES", "/usr/share/man"))
@@ -160,8 +162,8 @@ def show_catalogue() -> None:
     with sqlite3.connect(CATALOGUE) as db:
         total, twice = db.execute("SELECT COUNT(*), COALESCE(SUM(deliveries > 1), 0) FROM manpages").fetchone()
         chunks, chunks_twice, manuals = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(deliveries > 1), 0), COUNT(DISTINCT substr(source, 1, instr(source, '#')))"
-            " FROM chunks").fetchone()
+            "SELECT COUNT(*), COALESCE(SUM(deliveries > 1), 0), COUNT(DISTINCT substr(source, 1, instr(source, ?)))"
+            " FROM chunks", (CHILD_MARK,)).fetchone()
         marks = ",".join("?" * len(SHOWN))
         rows = db.execute(f"SELECT source, names, section, description, summary, keywords FROM manpages"
                           f" WHERE alias_of IS NULL AND source IN ({marks}) ORDER BY source", SHOWN).fetchall()
@@ -195,7 +197,7 @@ def search(query: str, top: int = 3) -> None:
     scores = matrix @ query_vector
     best: dict[str, tuple[float, str]] = {}
     for i in np.argsort(-scores):
-        manual = rows[i][0].split("#", 1)[0]
+        manual = rows[i][0].split(CHILD_MARK, 1)[0]  # a chunk is a fan-out child: "<manual>¶<index>"
         best.setdefault(manual, (float(scores[i]), rows[i][1]))
         if len(best) == top:
             break
@@ -213,7 +215,7 @@ def main() -> int:
         print(f"chat: {where}\nembeddings: all-MiniLM-L6-v2 on this machine's CPU (one thread per worker)")
         run_started = time.monotonic()
         first = conveyor("run", TARGET, "--input", str(MANIFEST), "--workers", "2", "--json", env=env, capture=True)
-        if first.returncode not in (0, 3):
+        if first.returncode not in (0, 3, 4):  # 4: some items failed or were dead-lettered (shown below)
             return first.returncode
         run1 = json.loads(first.stdout)
         first_s = time.monotonic() - run_started

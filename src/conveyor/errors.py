@@ -6,10 +6,13 @@
     │   ├── PipelineError         a broken pipeline declaration or graph
     │   ├── InputError            unreadable input path or manifest line
     │   ├── UrlError              a --db / --blobs URL that no backend understands
+    │   ├── ProviderUnavailable   stages call a model and no provider is configured
     │   └── NotFound              a run, task or dead letter that does not exist
+    │       └── StoreMissing      a read-only command found no store at all
     ├── StoreError                the database refused or lost something
     │   └── BackendUnavailable    the database cannot be reached
     ├── BlobError                 the blob store refused or lost something
+    │   ├── BlobUnwritable        the blob store's folder cannot be written (also a UserError)
     │   ├── BlobNotFound          no blob under that digest
     │   └── BlobCorrupt           the bytes on disk do not match their digest
     └── StageSignal               raised *by stage code* to steer the runtime
@@ -20,6 +23,8 @@ The CLI prints ``str(error)`` of a ``UserError`` as one line and exits 2.
 """
 
 from __future__ import annotations
+
+from conveyor.retry_after import sane_delay
 
 
 class ConveyorError(Exception):
@@ -48,8 +53,16 @@ class UrlError(UserError):
     code = "bad_url"
 
 
+class ProviderUnavailable(UserError):
+    code = "provider_unavailable"
+
+
 class NotFound(UserError):
     code = "not_found"
+
+
+class StoreMissing(NotFound):
+    code = "store_missing"
 
 
 class StoreError(ConveyorError):
@@ -62,6 +75,10 @@ class BackendUnavailable(StoreError, UserError):
 
 class BlobError(ConveyorError):
     code = "blob_error"
+
+
+class BlobUnwritable(BlobError, UserError):
+    code = "blob_unwritable"
 
 
 class BlobNotFound(BlobError):
@@ -80,7 +97,8 @@ class RetryLater(StageSignal):
     """Ask the runtime to run this task again ``after`` seconds from now.
 
     Counts as an attempt, so a stage that always asks for later still ends
-    on the dead-letter list after ``max_attempts``::
+    on the dead-letter list after ``max_attempts``. ``after`` is a finite
+    number >= 0; a wait longer than a day is cut to a day::
 
         if job.status == "pending":
             raise RetryLater(after=30, reason="batch job still running")
@@ -89,11 +107,12 @@ class RetryLater(StageSignal):
     code = "retry_later"
 
     def __init__(self, after: float, reason: str = "") -> None:
-        if after < 0:
-            raise ValueError("RetryLater(after=...) must be >= 0 seconds")
-        self.after = float(after)
+        delay = sane_delay(after) if isinstance(after, (int, float)) else None
+        if delay is None:
+            raise ValueError(f"RetryLater(after=...) must be a finite number of seconds >= 0, not {after!r}")
+        self.after = delay
         self.reason = reason
-        super().__init__(reason or f"retry requested in {after:g}s")
+        super().__init__(reason or f"retry requested in {delay:g}s")
 
 
 class TerminalError(StageSignal):

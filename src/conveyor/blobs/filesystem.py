@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
 from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks, sha256_hex
-from conveyor.errors import BlobCorrupt, BlobNotFound
+from conveyor.errors import BlobCorrupt, BlobNotFound, BlobUnwritable
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 class FilesystemBlobs:
@@ -22,6 +25,17 @@ class FilesystemBlobs:
         self.root = Path(root).absolute()
         self.url = self.root.as_uri()
 
+    def check_writable(self) -> None:
+        """Make the folder now (not at the first large input) and say plainly when it cannot be written."""
+        try:
+            _make_dirs(self.root / "tmp")
+            probe = self._new_temp_path()
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise BlobUnwritable(f"cannot write to the blob store {self.root}: {exc.strerror}; "
+                                 "choose a writable folder with --blobs") from None
+
     def put(self, data: bytes) -> str:
         """Store ``data``; return its digest."""
         digest, _ = self.put_stream([data])
@@ -29,14 +43,23 @@ class FilesystemBlobs:
 
     def put_stream(self, chunks: Iterable[bytes]) -> tuple[str, int]:
         """Store a stream chunk by chunk; return (digest, size)."""
-        tmp = self._new_temp_path()
         try:
+            tmp = self._new_temp_path()
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except OSError as exc:
+            raise BlobUnwritable(f"cannot write to the blob store {self.root}: {exc.strerror}; "
+                                 "choose a writable folder with --blobs") from None
+        try:
             with os.fdopen(fd, "wb") as out:
                 digest, size = copy_hashed(chunks, out.write)
                 out.flush()
                 os.fsync(out.fileno())
             self._commit(tmp, digest)
+        except OSError as exc:
+            if exc.errno in _FULL:  # the store's disk, not the source, refused
+                raise BlobUnwritable(f"cannot write to the blob store {self.root}: {exc.strerror}; free space or "
+                                     "choose another folder with --blobs") from None
+            raise
         finally:
             # After a successful commit the temp name is gone; otherwise drop it.
             tmp.unlink(missing_ok=True)

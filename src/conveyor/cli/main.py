@@ -1,26 +1,38 @@
-"""The ``conveyor`` command: a thin shell over the service functions."""
+"""The ``conveyor`` command: a thin shell over the service functions.
+
+Exit codes: 0 every item published or completed; 2 a user error (one line on stderr); 3 items
+unaccounted (or a submission that did not finish); 4 items failed or dead-lettered; 130 interrupted
+(the line says how to resume).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.exceptions import TyperException
 
+from conveyor import __version__
 from conveyor.blobs import open_blobs
-from conveyor.errors import ConveyorError, UserError
+from conveyor.errors import ConveyorError, NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB, SqlStore, open_store
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable, idempotent batch AI pipelines.")
-dlq_app = typer.Typer(no_args_is_help=True, help="The dead-letter list: inspect and replay poison tasks.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
+dlq_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                      help="The dead-letter list: inspect and replay poison tasks.")
 app.add_typer(dlq_app, name="dlq")
 
 DEFAULT_BLOBS = ".conveyor/blobs"
+INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
 Db = Annotated[str, typer.Option("--db", envvar="CONVEYOR_DB", help="sqlite:///file.db or postgresql://...")]
@@ -30,6 +42,17 @@ Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:
 Input = Annotated[str, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
 Lane = Annotated[str, typer.Option("--lane", help="bulk, or interactive: claimed first, with a reserved share "
                                    "of every provider quota")]
+Workers = Annotated[int, typer.Option("--workers", "-w", help="worker processes (default: one per CPU core); "
+                                      "0 runs in this process")]
+SkipBadLines = Annotated[bool, typer.Option(
+    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key becomes a bad_input item "
+    "(keyed MANIFEST:LINE) instead of refusing the submission")]
+StrictInputs = Annotated[bool, typer.Option(
+    "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
+    "item fail with bad_input")]
+AcceptCode = Annotated[list[str] | None, typer.Option(
+    "--accept-code-change", metavar="STAGE", help="keep outputs that other code of STAGE made under its current "
+    "version (silences stale_code for it); repeat for more stages")]
 
 
 def main() -> None:
@@ -37,18 +60,43 @@ def main() -> None:
     logging.basicConfig(level=os.environ.get("CONVEYOR_LOG", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        app()  # standalone: Typer itself reports usage errors and exits 2
+        code = app(standalone_mode=False)
+    except TyperException as exc:  # a usage error: Typer's own parser found it
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            typer.echo(exc.format_message(), err=True)
+            raise SystemExit(2) from None
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        _fail(f"error: {exc.format_message()}{where}", exc.exit_code)
+    except typer.Abort:
+        _fail("interrupted", INTERRUPTED)
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise SystemExit(2) from None
+        _fail(f"error: {exc}", 2)
     except ConveyorError as exc:
-        typer.echo(f"error [{exc.code}]: {exc}", err=True)
-        raise SystemExit(1) from None
+        _fail(f"error [{exc.code}]: {exc}", 1)
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _fail(line: str, code: int) -> None:
+    typer.echo(" ".join(line.split("\n")), err=True)
+    raise SystemExit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"conveyor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Durable, idempotent batch AI pipelines."""
 
 
 @contextmanager
-def _store(db: str) -> Iterator[SqlStore]:
-    store = open_store(db or DEFAULT_DB)
+def _store(db: str, create: bool = True) -> Iterator[SqlStore]:
+    store = open_store(db or DEFAULT_DB, create=create)
     try:
         yield store
     finally:
@@ -85,41 +133,164 @@ def _check_limits_env() -> None:
     parse_limits(os.environ.get(ENV_VAR))
 
 
+def _writable_blobs(url: str) -> Any:
+    blobs = open_blobs(url)
+    check = getattr(blobs, "check_writable", None)
+    if check is not None:
+        check()
+    return blobs
+
+
+def _finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None) -> None:
+    """Warnings on stderr, the summary, and the exit code a script can read."""
+    from conveyor.cli import render
+    from conveyor.service.report import exit_code, stale_code_warnings
+
+    if input_label is not None and not summary["expected"]:
+        typer.echo(f"warning: --input {input_label} holds no items; the run expects 0", err=True)
+    for line in stale_code_warnings(summary.get("stale_code") or []):
+        typer.echo(line, err=True)
+    _emit(summary, as_json, render.summary)
+    code = exit_code(summary)
+    if code:
+        raise typer.Exit(code)
+
+
+def _resume_hint(run_id: str, db: str, blobs: str) -> str:
+    parts = ["conveyor", "resume", run_id]
+    if db != DEFAULT_DB:
+        parts += ["--db", db]
+    if blobs != DEFAULT_BLOBS:
+        parts += ["--blobs", blobs]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _interrupted(run_id: str, db: str, blobs: str) -> None:
+    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {_resume_hint(run_id, db, blobs)}",
+               err=True)
+    raise typer.Exit(INTERRUPTED)
+
+
+def _submit_options(skip_bad_lines: bool, strict_inputs: bool, accept: list[str] | None,
+                    resume: str | None = None) -> Any:
+    from conveyor.service.submit import SubmitOptions
+
+    return SubmitOptions(skip_bad_lines=skip_bad_lines, strict_inputs=strict_inputs, resume=resume,
+                         accept_code_change=tuple(accept or ()))
+
+
+def _stages_progress(as_json: bool) -> Any:
+    from conveyor.cli import render
+
+    return render.progress(bars=not as_json)
+
+
 # --- commands ---------------------------------------------------------------
+
+def _default_workers() -> int:
+    from conveyor.service.runs import default_workers
+
+    return default_workers()
+
 
 @app.command()
 def run(
-    target: Target, input: Input, workers: Annotated[int, typer.Option("--workers", "-w",
-        help="worker processes; 0 runs in this process")] = 1,
+    target: Target, input: Input, workers: Workers = _default_workers(),
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
-    from conveyor.cli import render
     from conveyor.runtime.target import load_target
-    from conveyor.service.runs import RunOptions, run_pipeline
+    from conveyor.service.runs import Interrupted, RunOptions, run_pipeline
 
     pipeline = load_target(target)
     _check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
-    with _store(db) as store, render.progress(enabled=not as_json) as progress, _stage_output_to_stderr():
-        options = RunOptions(workers=workers, lane=lane)
-        summary = run_pipeline(pipeline, target, input, store, open_blobs(blobs), options, progress)
-    _emit(summary, as_json, render.summary)
-    if summary["unaccounted"]:
-        raise typer.Exit(3)
+    blob_store = _writable_blobs(blobs)
+    options = RunOptions(workers=workers, lane=lane,
+                         submit=_submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+    with _store(db) as store, _stages_progress(as_json) as progress, _stage_output_to_stderr():
+        try:
+            summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
+        except Interrupted as exc:
+            _interrupted(exc.run_id, db, blobs)
+    _finish_run(summary, as_json, input)
 
 
 @app.command()
-def submit(target: Target, input: Input, db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
-           as_json: Json = False, lane: Lane = "bulk") -> None:
+def resume(
+    run_id: Annotated[str, typer.Argument(help="the run to finish")], workers: Workers = _default_workers(),
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+) -> None:
+    """Finish a run: its submission, if that stopped part way, then its tasks; print the reconciliation."""
+    from conveyor.service.runs import Interrupted, RunOptions, resume_run
+
+    _check_limits_env()
+    blob_store = _writable_blobs(blobs)
+    options = RunOptions(workers=workers, submit=_submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+    with _store(db, create=False) as store, _stages_progress(as_json) as progress, _stage_output_to_stderr():
+        try:
+            summary = resume_run(run_id, store, blob_store, options, progress)
+        except Interrupted as exc:
+            _interrupted(exc.run_id, db, blobs)
+    _finish_run(summary, as_json)
+
+
+@app.command()
+def submit(
+    target: Target,
+    input: Annotated[str | None, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
+    = None,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+    resume_run: Annotated[str | None, typer.Option("--resume", metavar="RUN", help="finish the submission of "
+                                                   "RUN, which stopped part way (its input is read again)")] = None,
+) -> None:
     """Create a run without processing it; print its id."""
     from conveyor.runtime.target import load_target
     from conveyor.service.submit import submit as submit_run
 
     pipeline = load_target(target)
+    blob_store = _writable_blobs(blobs)
+    options = _submit_options(skip_bad_lines, strict_inputs, accept_code_change, resume_run)
     with _store(db) as store:
-        done = submit_run(pipeline, target, input, store, open_blobs(blobs), lane=lane)
-    data = {"run_id": done.run_id, "expected": done.expected, "cached": done.cached}
+        source = input
+        if resume_run is not None:
+            from conveyor.service.report import find_run
+
+            source = source or find_run(store, resume_run).input
+        if source is None:
+            raise UserError("give --input PATH (or --resume RUN to finish a submission that stopped)")
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            done = submit_run(pipeline, target, source, store, blob_store, lane=lane, options=options,
+                              on_run=_remember_run)
+        except KeyboardInterrupt:
+            if _RUN and store.get_run(_RUN[-1]) is not None:
+                _interrupted(_RUN[-1], db, blobs)
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    if not done.expected:
+        typer.echo(f"warning: --input {source} holds no items; the run expects 0", err=True)
+    from conveyor.service.report import stale_code_warnings
+
+    for line in stale_code_warnings([s | {"tasks": 0} for s in done.stale_code]):
+        typer.echo(line.replace(" answered 0 task(s)", " answered tasks"), err=True)
+    data = {"run_id": done.run_id, "expected": done.expected, "cached": done.cached, "resumed": done.resumed,
+            "stale_code": done.stale_code}
     _emit(data, as_json, lambda d: typer.echo(d["run_id"]))
+
+
+_RUN: list[str] = []
+
+
+def _remember_run(run_id: str) -> None:
+    _RUN.append(run_id)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @app.command()
@@ -137,9 +308,10 @@ def worker(
 
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
+    blob_store = _writable_blobs(blobs)
     options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size)
     with _stage_output_to_stderr():
-        stats = Worker(pipeline, target, db, open_blobs(blobs), options).run()
+        stats = Worker(pipeline, target, db, blob_store, options).run()
     data = {"worker": "done", **dict(stats)}
     if as_json:
         _emit(data, True, lambda d: None)
@@ -156,8 +328,13 @@ def status(
     from conveyor.cli import render
     from conveyor.service.report import find_run, list_status, status_report
 
-    with _store(db) as store:
-        data = status_report(store, find_run(store, run_id)) if run_id else list_status(store)
+    try:
+        with _store(db, create=False) as store:
+            data = status_report(store, find_run(store, run_id)) if run_id else list_status(store)
+    except StoreMissing as exc:
+        if run_id:
+            raise NotFound(f"no run {run_id!r}: {exc}") from None
+        data = {"runs": []}
     _emit(data, as_json, render.status)
 
 
@@ -165,26 +342,34 @@ def status(
 def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
     """What the fleet holds of each provider model's limit in the current window, and any pause."""
     from conveyor.cli import render
+    from conveyor.runtime.quota import window_seconds
     from conveyor.service.report import quota_report
 
-    with _store(db) as store:
-        data = quota_report(store)
+    try:
+        with _store(db, create=False) as store:
+            data = quota_report(store)
+    except StoreMissing:
+        data = {"window_s": window_seconds(), "models": []}
     _emit(data, as_json, render.quota)
 
 
 @app.command()
 def reconcile(run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB,
               as_json: Json = False) -> None:
-    """Every expected item with its outcome; exits 3 when some are unaccounted."""
+    """Every expected item with its outcome; exits 3 when some are unaccounted, 4 when some failed."""
     from conveyor.cli import render
-    from conveyor.service.report import find_run
+    from conveyor.service.report import exit_code, find_run
     from conveyor.service.report import reconcile as reconcile_run
 
-    with _store(db) as store:
-        data = reconcile_run(store, find_run(store, run_id))
+    try:
+        with _store(db, create=False) as store:
+            data = reconcile_run(store, find_run(store, run_id))
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_id!r}: {exc}") from None
     _emit(data, as_json, render.summary)
-    if data["unaccounted"]:
-        raise typer.Exit(3)
+    code = exit_code(data)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -192,7 +377,7 @@ def requeue(
     target: Target,
     run_id: Annotated[str, typer.Option("--run", help="the run")],
     stage: Annotated[str, typer.Option("--stage", help="the stage to run again")],
-    reason: Annotated[str, typer.Option("--reason", help="why; recorded with each task")] = "",
+    reason: Annotated[str, typer.Option("--reason", help="why; recorded with each task")],
     status: Annotated[list[str] | None, typer.Option("--status", help="failed and/or dead_lettered")] = None,
     error_class: Annotated[str | None, typer.Option("--error-class")] = None,
     stage_version: Annotated[str | None, typer.Option("--stage-version", help="only tasks made by this version")]
@@ -205,7 +390,7 @@ def requeue(
     from conveyor.service.report import requeue as requeue_tasks
 
     pipeline = load_target(target)
-    with _store(db) as store:
+    with _store(db, create=False) as store:
         run = find_run(store, run_id)
         data = requeue_tasks(pipeline, store, run.run_id, stage, reason, tuple(status or ("failed", "dead_lettered")),
                              error_class, stage_version)
@@ -235,8 +420,11 @@ def dlq_list(run: Filter = None, stage: Filter = None, error_class: Filter = Non
     from conveyor.cli import render
     from conveyor.service.report import dlq_list as list_entries
 
-    with _store(db) as store:
-        data = list_entries(store, run, stage, error_class, all_)
+    try:
+        with _store(db, create=False) as store:
+            data = list_entries(store, run, stage, error_class, all_)
+    except StoreMissing:
+        data = {"entries": []}
     _emit(data, as_json, render.dlq)
 
 
@@ -247,7 +435,7 @@ def dlq_show(entry_id: Annotated[int, typer.Argument(help="dead-letter id")], db
     from conveyor.cli import render
     from conveyor.service.report import dlq_show as show_entry
 
-    with _store(db) as store:
+    with _store(db, create=False) as store:
         data = show_entry(store, entry_id)
     _emit(data, as_json, render.dlq_entry)
 
@@ -263,6 +451,8 @@ def dlq_replay(
     """Queue dead-lettered tasks again with a fresh attempt budget; then run a worker."""
     from conveyor.service.report import dlq_replay as replay
 
-    with _store(db) as store:
+    if not reason.strip():
+        raise UserError("a replay needs --reason \"why\"; it is recorded with the dead letter")
+    with _store(db, create=False) as store:
         data = replay(store, list(ids or []), reason, run, stage, error_class, all_)
     _emit(data, as_json, lambda d: typer.echo(f"replayed {d['replayed']} task(s): {d['reason']}"))

@@ -1,8 +1,10 @@
-"""Human output: Rich tables on stdout, progress bars on stderr (only on a TTY)."""
+"""Human output: Rich tables on stdout; progress on stderr (bars on a terminal, else a line every few seconds)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conveyor.service.report import all_unpriced
+
 # Piped output gets room enough that ids and numbers are never cut.
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
@@ -18,12 +22,15 @@ DONE = ("succeeded", "failed", "dead_lettered")
 
 
 @contextmanager
-def progress(enabled: bool = True) -> Iterator[Callable[[dict[str, Any]], None] | None]:
-    """A callback that draws one bar per stage from a status dict; None when not on a TTY."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
+def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+    """A callback that shows progress from status dicts on stderr: one bar per stage on a terminal
+    (unless ``bars`` is False), else a line every ``every`` seconds (CONVEYOR_PROGRESS_S, default 5;
+    0 turns it off), so a run in CI, under nohup or in a pipe still says how far it got."""
+    if not bars or not sys.stderr.isatty():
+        every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
+        yield ProgressLines(every) if every > 0 else None
         return
-    bars = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
+    board = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
     ids: dict[str, Any] = {}
 
@@ -33,11 +40,54 @@ def progress(enabled: bool = True) -> Iterator[Callable[[dict[str, Any]], None] 
             done = sum(counts.get(k, 0) for k in DONE)
             note = ", ".join(f"{counts[k]} {k}" for k in ("failed", "dead_lettered") if counts.get(k))
             if stage not in ids:
-                ids[stage] = bars.add_task(stage, total=total or None, note=note)
-            bars.update(ids[stage], total=total or None, completed=done, note=note)
+                ids[stage] = board.add_task(stage, total=total or None, note=note)
+            board.update(ids[stage], total=total or None, completed=done, note=note)
 
-    with bars:
+    with board:
         yield update
+
+
+class ProgressLines:
+    """Plain progress lines: per stage done/total, the rate over the last interval, and an ETA."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.started = self.last_at = time.monotonic()
+        self.last_done = 0
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self.last_at < self.every:
+            return
+        line = progress_line(status, self.last_done, now - self.last_at, now - self.started)
+        self.last_done, self.last_at = _tasks_done(status), now
+        print(line, file=sys.stderr, flush=True)
+
+
+def progress_line(status: dict[str, Any], done_before: int, interval: float, elapsed: float) -> str:
+    """``progress r…: parse 1,200/5,000, embed 800/4,000; 850 tasks/s; ETA 0:00:07 (elapsed 0:01:02)``"""
+    stages = []
+    for stage, counts in status["stages"].items():
+        failed = counts.get("failed", 0) + counts.get("dead_lettered", 0)
+        stages.append(f"{stage} {sum(counts.get(k, 0) for k in DONE):,}/{sum(counts.values()):,}"
+                      + (f" ({failed:,} failed)" if failed else ""))
+    done = _tasks_done(status)
+    rate = max(0.0, done - done_before) / interval if interval > 0 else 0.0
+    # Tasks still open, plus those each stage has not been given yet (one per expected item at least).
+    left = status.get("open_tasks", 0) + sum(max(0, status.get("expected", 0) - sum(counts.values()))
+                                            for counts in status["stages"].values())
+    eta = _clock(left / rate) if rate > 0 and left else "-" if left else "0:00:00"
+    return (f"progress {status['run_id']}: {', '.join(stages) or 'no tasks yet'}; {rate:,.0f} tasks/s; "
+            f"ETA {eta} (elapsed {_clock(elapsed)})")
+
+
+def _tasks_done(status: dict[str, Any]) -> int:
+    return sum(counts.get(k, 0) for counts in status["stages"].values() for k in DONE)
+
+
+def _clock(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def summary(data: dict[str, Any]) -> None:
@@ -63,11 +113,21 @@ def _usage(usage: dict[str, Any] | None) -> None:
     if not usage or not usage.get("provider_calls"):
         return
     line = (f"model calls {usage['provider_calls']}, tokens {usage['prompt_tokens']:,} in / "
-            f"{usage['completion_tokens']:,} out, cost ${usage['cost']:.4f}")
+            f"{usage['completion_tokens']:,} out, {_cost(usage)}")
     if usage.get("tokens_per_accepted_item") is not None:
-        line += (f" (per accepted item: {usage['tokens_per_accepted_item']:,.0f} tokens, "
-                 f"${usage['cost_per_accepted_item']:.5f})")
+        per_item = usage.get("cost_per_accepted_item")
+        line += (f" (per accepted item: {usage['tokens_per_accepted_item']:,.0f} tokens"
+                 + (f", ${per_item:.5f})" if per_item is not None else ")"))
     out.print(line)
+
+
+def _cost(usage: dict[str, Any]) -> str:
+    """A model without a price is "unpriced", never $0: its cost is unknown, not nothing."""
+    if all_unpriced(usage):
+        return "cost unpriced"
+    unpriced = usage.get("unpriced_calls", 0)
+    note = f" (+{unpriced} unpriced call{'s' if unpriced != 1 else ''})" if unpriced else ""
+    return f"cost ${usage['cost']:.4f}{note}"
 
 
 def status(data: dict[str, Any]) -> None:

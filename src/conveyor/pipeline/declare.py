@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,8 +46,7 @@ class Stage:
     is_async: bool = False
 
     def __post_init__(self) -> None:
-        text = json.dumps(dict(self.config), sort_keys=True, default=str, separators=(",", ":"))
-        object.__setattr__(self, "config_hash", hashlib.sha256(text.encode()).hexdigest()[:16])
+        object.__setattr__(self, "config_hash", config_hash(self.name, self.config))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -193,6 +193,37 @@ class Pipeline:
         if not self._stages:
             raise PipelineError(f"pipeline {self.name!r} declares no stages; add one with @pipe.stage")
         return self
+
+
+def config_hash(stage: str, config: Mapping[str, Any]) -> str:
+    """The hash of a stage's config from its canonical JSON (sorted keys, no spaces; a tuple is a list),
+    the same in every process. A value JSON cannot hold as it is is a declaration error."""
+    _check_json_like(stage, "config", config)
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_json_like(stage: str, where: str, value: Any) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PipelineError(f"stage {stage!r}: {where} is {value!r}; config numbers must be finite")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PipelineError(f"stage {stage!r}: {where} has the key {key!r} ({type(key).__name__}); "
+                                    "config keys must be strings")
+            _check_json_like(stage, f"{where}[{key!r}]", item)
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_json_like(stage, f"{where}[{index}]", item)
+        return
+    raise PipelineError(f"stage {stage!r}: {where} is a {type(value).__name__}; config values must be JSON-like "
+                        "(str, number, bool, None, lists and dicts with str keys) so that their hash is the same in "
+                        "every process")
 
 
 def _positive(what: str, value: float | None) -> float | None:

@@ -16,5 +16,55 @@ The adapter layer (the ``providers`` extra: openai, anthropic), one module each:
 - ``factory``: ``provider_from_env()`` from OPENAI_* / ANTHROPIC_API_KEY.
 
 The SDKs' own retries are off (``max_retries=0``); conveyor owns retries.
-Nothing here imports an SDK until an adapter module is imported.
+Nothing here imports an SDK until an adapter is first used: ``OpenAIProvider``,
+``AnthropicProvider`` and ``LocalEmbeddings`` are imported on first access::
+
+    from conveyor.providers import OpenAIProvider, PriceTable  # imports openai only now
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from conveyor.providers.base import (
+    ERROR_CLASSES,
+    Completion,
+    Embeddings,
+    Price,
+    PriceTable,
+    Provider,
+    ProviderError,
+)
+from conveyor.providers.composite import CompositeProvider
+from conveyor.providers.factory import provider_from_env
+
+if TYPE_CHECKING:
+    from conveyor.providers.anthropic_provider import AnthropicProvider
+    from conveyor.providers.local_embeddings import LocalEmbeddings
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+__all__ = [
+    "ERROR_CLASSES", "AnthropicProvider", "Completion", "CompositeProvider", "Embeddings", "LocalEmbeddings",
+    "OpenAIProvider", "Price", "PriceTable", "Provider", "ProviderError", "provider_from_env",
+]
+
+# The SDK-backed adapters, by the module that defines each: imported when the name is first used.
+_LAZY = {
+    "OpenAIProvider": "conveyor.providers.openai_provider",
+    "AnthropicProvider": "conveyor.providers.anthropic_provider",
+    "LocalEmbeddings": "conveyor.providers.local_embeddings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

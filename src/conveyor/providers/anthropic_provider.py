@@ -118,7 +118,8 @@ class AnthropicProvider(AsyncClosing):
 
         def fail(error_class: str, message: str) -> ProviderError:
             return ProviderError(error_class, message, provider=NAME, model=reported, request_id=request_id,
-                                 prompt_tokens=prompt, completion_tokens=completion, cost=cost)
+                                 prompt_tokens=prompt, completion_tokens=completion, cost=cost,
+                                 priced=priced)
 
         if stop == "refusal":
             raise fail("content_policy", "the model refused to answer (stop_reason=refusal)")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, runtime_checkable
 
+from conveyor.retry_after import sane_delay
+
 Message = Mapping[str, Any]
 
 RETRYABLE = frozenset({"rate_limited", "overloaded", "timeout", "connection", "server_error", "malformed_output"})
@@ -106,7 +108,8 @@ class ProviderError(Exception):
     Retryable: rate_limited, overloaded, timeout, connection, server_error,
     malformed_output. Terminal: bad_request, auth, content_policy,
     context_length, not_found. An attempt that was answered (a malformed or
-    truncated completion) still carries its usage and cost for accounting::
+    truncated completion) still carries its usage and cost for accounting, and
+    ``priced`` is False when its model had no price (its ``cost`` is then 0.0)::
 
         raise ProviderError("rate_limited", "429 from openai", retry_after=2.0, status_code=429)
     """
@@ -125,10 +128,11 @@ class ProviderError(Exception):
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         cost: float = 0.0,
+        priced: bool = True,
     ) -> None:
         self.error_class = error_class
         self.retryable = error_class in RETRYABLE if retryable is None else retryable
-        self.retry_after = retry_after
+        self.retry_after = sane_delay(retry_after)  # None (normal backoff) unless finite and >= 0; at most a day
         self.status_code = status_code
         self.provider = provider
         self.model = model
@@ -136,6 +140,7 @@ class ProviderError(Exception):
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
         self.cost = cost
+        self.priced = priced
         self.detail = " ".join(str(message).split())[:500]
         super().__init__(self._line())
 

@@ -16,6 +16,8 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from conveyor.retry_after import sane_delay, sane_delay_ms
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
@@ -29,24 +31,24 @@ def header(headers: Any, name: str) -> str | None:
         value = headers.get(name)
         if value is None and isinstance(headers, Mapping):
             value = next((v for k, v in headers.items() if str(k).lower() == name), None)
-    except AttributeError:
+    except Exception:  # a headers object that cannot be read has no headers worth trusting
         return None
     return None if value is None else str(value)
 
 
 def parse_duration(raw: str | None) -> float | None:
-    """Seconds from ``"6m0s"``, ``"1.5s"``, ``"250ms"`` or a bare number of seconds."""
+    """Seconds from ``"6m0s"``, ``"1.5s"``, ``"250ms"`` or a bare number of seconds (``sane_delay``'s rule)."""
     if not raw:
         return None
     raw = raw.strip()
     try:
-        return max(0.0, float(raw))
+        return sane_delay(float(raw))
     except ValueError:
         pass
     parts = _DURATION.findall(raw)
     if not parts or "".join(n + u for n, u in parts) != raw:
         return None
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return sane_delay(sum(float(n) * _UNIT_S[u] for n, u in parts))
 
 
 def seconds_until(raw: str | None, now: float | None = None) -> float | None:
@@ -63,19 +65,14 @@ def seconds_until(raw: str | None, now: float | None = None) -> float | None:
         except (TypeError, ValueError, IndexError):
             continue
         if when.tzinfo is not None:
-            return max(0.0, when.timestamp() - now)
+            return sane_delay(max(0.0, when.timestamp() - now))
     return None
 
 
 def retry_after(headers: Any) -> float | None:
-    """``retry-after-ms`` (milliseconds), else ``retry-after`` (seconds or an HTTP date)."""
-    raw_ms = header(headers, "retry-after-ms")
-    if raw_ms is not None:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    return seconds_until(header(headers, "retry-after"))
+    """``retry-after-ms`` (milliseconds), else ``retry-after`` (seconds or an HTTP date); None when neither is sane."""
+    from_ms = sane_delay_ms(header(headers, "retry-after-ms"))
+    return from_ms if from_ms is not None else sane_delay(header(headers, "retry-after"))
 
 
 def rate_limits(headers: Any) -> dict[str, float] | None:

@@ -112,7 +112,8 @@ class OpenAIProvider(AsyncClosing):
 
         def fail(error_class: str, message: str) -> ProviderError:
             return ProviderError(error_class, message, provider=NAME, model=reported, request_id=request_id,
-                                 prompt_tokens=prompt, completion_tokens=completion, cost=cost)
+                                 prompt_tokens=prompt, completion_tokens=completion, cost=cost,
+                                 priced=priced)
 
         if finish == "content_filter" or refusal:
             raise fail("content_policy", f"the completion was refused or filtered: {refusal or finish}")

@@ -343,23 +343,51 @@ def run_simulator(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> 
         sock.close()
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default after its help (unless it has none); description and epilog kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def _epilog() -> str:
+    chat, embed = SimConfig.models
+    return f"""\
+models:
+  Any model name is served and reported with the revision: model="{chat}" answers
+  as "{chat}@{SimConfig.revision}". GET /v1/models lists {chat} (chat) and {embed}
+  (embeddings, {SimConfig.embedding_dim} dimensions; "dimensions" may ask for fewer).
+
+endpoints (the base URL printed on stdout, http://HOST:PORT/v1):
+  POST /v1/chat/completions  text, or JSON mode: response_format={{"type": "json_object"}}
+  POST /v1/embeddings        encoding_format "float" or "base64"
+  GET  /v1/models, GET /health
+
+use it:
+  OPENAI_BASE_URL=http://127.0.0.1:8765/v1 (any OPENAI_API_KEY unless --api-key is set);
+  give {chat} a price in CONVEYOR_PRICES, else its cost shows as unpriced.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="conveyor provider-sim", description="Run the OpenAI-compatible simulator.")
-    p.add_argument("--host", default="127.0.0.1")
+    p = argparse.ArgumentParser(prog="conveyor provider-sim", formatter_class=_HelpFormatter, epilog=_epilog(),
+                                description="Run a local OpenAI-compatible provider with TPM/RPM limits and seeded\n"
+                                            "faults; prints its base URL on stdout and serves until Ctrl-C.")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of every fault and latency draw")
     p.add_argument("--tpm", type=int, default=0, help="tokens per minute, 0 = unlimited")
     p.add_argument("--rpm", type=int, default=0, help="requests per minute, 0 = unlimited")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="median latency")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="median latency in milliseconds")
     p.add_argument("--latency-tail", type=float, default=0.0, help="lognormal sigma of the latency")
-    p.add_argument("--error-rate-5xx", type=float, default=0.0)
-    p.add_argument("--hang-rate", type=float, default=0.0)
-    p.add_argument("--hang-seconds", type=float, default=MAX_HANG_S)
-    p.add_argument("--truncated-rate", type=float, default=0.0)
-    p.add_argument("--malformed-rate", type=float, default=0.0)
-    p.add_argument("--log", dest="log_path", default=None, help="JSONL request log")
-    p.add_argument("--api-key", default=None, help="require this bearer key")
-    p.add_argument("--revision", default=SimConfig.revision)
+    p.add_argument("--error-rate-5xx", type=float, default=0.0, help="share of requests answered 500 or 503")
+    p.add_argument("--hang-rate", type=float, default=0.0, help="share of requests held, then answered 504")
+    p.add_argument("--hang-seconds", type=float, default=MAX_HANG_S, help="how long a hang holds a request")
+    p.add_argument("--truncated-rate", type=float, default=0.0, help="share of JSON-mode answers cut off")
+    p.add_argument("--malformed-rate", type=float, default=0.0, help="share of JSON-mode answers not JSON")
+    p.add_argument("--log", dest="log_path", default=None, help="write a JSONL request log, one line per request")
+    p.add_argument("--api-key", default=None, help="require this bearer key (unset: any key is accepted)")
+    p.add_argument("--revision", default=SimConfig.revision, help="revision reported after the model name")
     p.add_argument("--window-s", type=float, default=60.0, help="the limits' window (tests use a short one)")
     return p
 

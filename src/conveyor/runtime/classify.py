@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 from conveyor.errors import RetryLater, TerminalError
+from conveyor.retry_after import sane_delay, sane_delay_ms
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 SETTLED_BY_CONTENT = frozenset({"context_length", "content_policy"})
+# TerminalErrors that are the stage code's fault, not the content's: failed at once but not
+# memoised, so a fix of the code (without a version bump) runs the item again.
+CODE_FAULTS = frozenset({"unserialisable_output"})
 
 
 @dataclass(frozen=True)
@@ -31,14 +34,26 @@ class Failure:
     # The content decided it (the stage refused it, or it failed validation): the
     # same input under the same stage version fails the same way, so it is memoised.
     deterministic: bool = False
+    # A guard decided it, with this value, e.g. ("max_input_bytes", 20_000_000): the memoised
+    # refusal answers only while the stage declares the same value (runtime/memo.py).
+    guard: tuple[str, Any] | None = None
 
 
 def classify(exc: BaseException, terminal: tuple[type[BaseException], ...] = (), detail: str = "") -> Failure:
-    message = f"{type(exc).__name__}: {exc}"[:4000]
+    """The failure an exception means; never raises, whatever the exception object does."""
+    try:
+        return _classify(exc, terminal, detail)
+    except Exception:  # a status or headers property that raises must not take the worker's batch down
+        return Failure(_snake(type(exc).__name__), True, _message(exc), None, detail)
+
+
+def _classify(exc: BaseException, terminal: tuple[type[BaseException], ...], detail: str) -> Failure:
+    message = _message(exc)
     if isinstance(exc, RetryLater):
-        return Failure("retry_later", True, message, exc.after, detail)
+        return Failure("retry_later", True, message, sane_delay(exc.after), detail)
     if isinstance(exc, TerminalError):
-        return Failure(exc.error_class, False, message, None, detail, deterministic=True)
+        return Failure(exc.error_class, False, message, None, detail,
+                       deterministic=exc.error_class not in CODE_FAULTS)
     if terminal and isinstance(exc, terminal):
         return Failure("terminal", False, message, None, detail, deterministic=True)
     declared = _declared(exc, message, detail)
@@ -90,36 +105,30 @@ def _status_code(exc: BaseException) -> int | None:
 
 
 def _retry_after(exc: BaseException) -> float | None:
-    explicit = getattr(exc, "retry_after", None)
-    if isinstance(explicit, (int, float)):
-        return float(explicit)
-    headers: Any = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
-    if not headers:
-        return None
+    """``.retry_after``, else ``retry-after-ms``, else ``retry-after``; a value that is not sane is skipped."""
+    explicit = sane_delay(getattr(exc, "retry_after", None))
+    if explicit is not None:
+        return explicit
     try:
-        raw = headers.get("retry-after-ms")
-        if raw is not None:
-            return float(raw) / 1000.0
-        raw = headers.get("retry-after") or headers.get("Retry-After")
-    except AttributeError:
+        headers: Any = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
+        if not headers:
+            return None
+        from_ms = sane_delay_ms(headers.get("retry-after-ms"))
+        return from_ms if from_ms is not None else sane_delay(headers.get("retry-after") or headers.get("Retry-After"))
+    except Exception:  # a headers object that cannot be read says nothing about when to come back
         return None
-    return parse_retry_after(raw)
 
 
 def parse_retry_after(raw: str | None) -> float | None:
-    """Seconds from a Retry-After header: a number of seconds or an HTTP date."""
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        import time
+    """Seconds from a Retry-After header: a number of seconds or an HTTP date (``retry_after.sane_delay``)."""
+    return sane_delay(raw)
 
-        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
+
+def _message(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"[:4000]
+    except Exception:  # its __str__ raised too
+        return f"{type(exc).__name__}: (the exception could not be printed)"
 
 
 def _is_validation_error(exc: BaseException) -> bool:

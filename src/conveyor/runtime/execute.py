@@ -15,10 +15,11 @@ import hashlib
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.blobs import Blobs
+from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
@@ -29,6 +30,33 @@ from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_valu
 from conveyor.store import ClaimedTask
 
 Finish = Callable[[Outcome], None]
+
+
+class StageExit(Exception):
+    """SystemExit, KeyboardInterrupt or GeneratorExit raised by an async stage, carried as its cause.
+
+    Left as they are, they would leave the stage's task and stop the worker's event loop (asyncio
+    re-raises them out of the loop); as an ordinary exception they are that task's failure.
+    """
+
+
+async def _contained(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except asyncio.CancelledError:
+        raise
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+        raise StageExit(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _guarded_failure(stage: Stage, failure: Failure | None) -> Failure:
+    """A memory limit hit under ``max_memory_mb`` is the content's refusal under that guard: memoised,
+    and answered only while the stage declares the same limit."""
+    assert failure is not None
+    if failure.error_class == "memory_limit" and stage.max_memory_bytes is not None:
+        return Failure("memory_limit", False, failure.message, None, failure.detail, deterministic=True,
+                       guard=("max_memory_bytes", stage.max_memory_bytes))
+    return failure
 
 
 class Executor:
@@ -46,6 +74,7 @@ class Executor:
                             for s in pipeline if s.is_async for rank in (0, 1)}
         self._pool: GuardedPool | None = None
         self.services = Services(pipeline, store_url, worker)
+        self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -64,7 +93,7 @@ class Executor:
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
         try:
             output = self.store_output(stage, stage.fn(self.context(task), value))
-        except Exception as exc:  # stage code may raise anything
+        except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
         return Outcome(task, started, time.perf_counter() - t0, True, output)
@@ -78,13 +107,17 @@ class Executor:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
-                result = await asyncio.wait_for(stage.fn(ctx, value), stage.timeout)
+                result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
             output = await asyncio.to_thread(self.store_output, stage, result)
             finish(Outcome(task, started, time.perf_counter() - t0, True, output, usage=ctx.usage))
         except asyncio.CancelledError:
             raise
+        except ProviderUnavailable as exc:
+            # Not this task's fault: the worker stops and releases it, attempt refunded (see Worker).
+            self.fatal = self.fatal or exc
         except Exception as exc:  # stage code may raise anything
-            failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+            cause = exc.__cause__ if isinstance(exc, StageExit) and exc.__cause__ is not None else exc
+            failure = classify(cause, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
                 failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
             finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure, usage=ctx.usage))
@@ -101,7 +134,7 @@ class Executor:
         result = await self._guarded_pool().call(stage.name, value, self.context(task).fields(),
                                                  timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
         if not result.ok:
-            finish(Outcome(task, started, result.duration, True, failure=result.failure))
+            finish(Outcome(task, started, result.duration, True, failure=_guarded_failure(stage, result.failure)))
             return
         try:
             output = await asyncio.to_thread(self.store_output, stage, result.value)
@@ -130,6 +163,10 @@ class Executor:
             _, data = fanout_refs(result, self.blobs)
             return Ref("fanout", hashlib.sha256(data).hexdigest(), len(data), data)
         return store_value(*encode(result), self.blobs)
+
+    def check(self) -> None:
+        """Fail now, with what to set, when the stages need a model provider that is not configured."""
+        self.services.check(self.pipeline)
 
     def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,

@@ -11,15 +11,19 @@ copied (store/replay.py).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
-from conveyor.runtime.values import Ref, parse_failure_memo, parse_fanout
-from conveyor.store import NewItem, NewTasks, SqlStore
+from conveyor.runtime.memo import StageMemo
+from conveyor.runtime.values import Ref, parse_fanout
+from conveyor.store import CHILD_MARK, NewItem, NewTasks, SqlStore
 
 # Lanes, by claim order: an interactive run's tasks are claimed before any bulk task.
 LANE_RANKS = {"interactive": 0, "bulk": 1}
+# The input kind of a task whose item had no readable source: there is nothing to run again.
+BAD_INPUT_KIND = "missing"
 
 
 class Seed(NamedTuple):
@@ -32,17 +36,19 @@ class Seed(NamedTuple):
     ref: Ref
 
 
-def _key_prefix(stage: Stage) -> bytes:
-    return f"{stage.name}\0{stage.version}\0{stage.config_hash}\0".encode()
+def _key_prefix(pipeline: str, stage: Stage) -> bytes:
+    return f"{pipeline}\0{stage.name}\0{stage.version}\0{stage.config_hash}\0".encode()
 
 
-def task_key(stage: Stage, ref: Ref, item_key: str) -> str:
-    """hash(stage name, stage version, config hash, input kind and digest): the memo key.
+def task_key(pipeline: str, stage: Stage, ref: Ref, item_key: str) -> str:
+    """hash(pipeline, stage name, stage version, config hash, input kind and digest): the memo key.
 
-    Two items with the same content share the work of a map or fan-out stage.
-    A publish stage's effect belongs to its item, so its key names the item too.
+    Two items with the same content share the work of a map or fan-out stage; two pipelines never
+    share anything, even a stage of the same name and version. A publish stage's effect belongs to
+    its item, so its key names the item too.
     """
-    return hashlib.sha256(_key_prefix(stage) + _key_suffix(stage.kind == "publish", ref, item_key)).hexdigest()
+    return hashlib.sha256(_key_prefix(pipeline, stage) + _key_suffix(stage.kind == "publish", ref, item_key)
+                          ).hexdigest()
 
 
 def _key_suffix(publish: bool, ref: Ref, item_key: str) -> bytes:
@@ -52,7 +58,9 @@ def _key_suffix(publish: bool, ref: Ref, item_key: str) -> bytes:
 
 
 def child_key(parent_key: str, index: int) -> str:
-    return f"{parent_key}#{index}"
+    """``parent¶index``: root keys never contain the mark (service/inputs.py), so no root can take a
+    child's key."""
+    return f"{parent_key}{CHILD_MARK}{index}"
 
 
 class _StagePlan(NamedTuple):
@@ -65,6 +73,7 @@ class _StagePlan(NamedTuple):
     publish: bool
     max_attempts: int
     children: tuple[str, ...]
+    memo: StageMemo
 
 
 class Expander:
@@ -74,14 +83,22 @@ class Expander:
         self.pipeline = pipeline
         self.store = store
         self._plans = {
-            s.name: _StagePlan(_key_prefix(s), s.version, s.config_hash, s.kind == "fanout", s.kind == "publish",
-                               s.retry.max_attempts, tuple(c.name for c in pipeline.children(s.name)))
+            s.name: _StagePlan(_key_prefix(pipeline.name, s), s.version, s.config_hash, s.kind == "fanout",
+                               s.kind == "publish", s.retry.max_attempts,
+                               tuple(c.name for c in pipeline.children(s.name)), StageMemo(s))
             for s in pipeline
         }
+        # (run, stage) -> tasks answered from outputs that other code made under the same stage version
+        self.stale: Counter[tuple[str, str]] = Counter()
         self._roots = [s.name for s in pipeline.roots]
         self._lane_ranks: dict[str, int] = {}
         self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
         self._fanout = any(s.kind == "fanout" for s in pipeline)
+
+    def take_stale(self) -> Counter[tuple[str, str]]:
+        """The stale memo answers planned since the last call, by (run, stage)."""
+        stale, self.stale = self.stale, Counter()
+        return stale
 
     def set_lane(self, run_id: str, lane: str) -> None:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
@@ -112,23 +129,43 @@ class Expander:
             seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
         return seeds, items
 
-    def expand_sources(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float) -> tuple[int, int]:
+    def expand_sources(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float,
+                       bad: Sequence[tuple[str, str]] = ()) -> tuple[int, int]:
         """Create root items (key, source) and their tasks. An item that settled in the latest earlier run of
         the same graph, from the same source, is copied from there (store/replay.py); the others are planned
-        through the memo. Returns (tasks answered from the memo, tasks queued to run)."""
+        through the memo. Items in ``bad`` (key, why) have no readable source: each of their root tasks ends
+        ``failed`` with error class ``bad_input`` at once. Returns (tasks answered from the memo, tasks
+        queued to run)."""
         items = [NewItem(run_id, key, None, key, ref.digest, ref.size, now) for key, ref in sources]
+        items += [NewItem(run_id, key, None, key, None, None, now) for key, _ in bad]
         base = self._replay_base(run_id)
         replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
         seeds = [seed for key, ref in sources if key not in replayed for seed in self.roots(run_id, key, ref)]
         tasks, new_items, cached = self.plan(seeds, now, items)
+        self._refuse_bad(tasks, run_id, bad, now)
+        notices = self.take_stale()
         with self.store.transaction():
             self.store.insert_items(new_items)
             if base and replayed:
                 cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
                                                   self._lane_rank(run_id), self._fanout)
+                self.store.copy_notices(base, run_id)
             if tasks:
                 self.store.insert_tasks(tasks)
+            if notices:
+                self.store.add_notices([(run, "stale_code", stage, self._plans[stage].version,
+                                         self._plans[stage].memo.code, count, now)
+                                        for (run, stage), count in notices.items()])
         return cached, len(tasks.queued)
+
+    def _refuse_bad(self, tasks: NewTasks, run_id: str, bad: Sequence[tuple[str, str]], now: float) -> None:
+        rank = self._lane_rank(run_id)
+        for key, why in bad:
+            digest = hashlib.sha256(f"bad_input\0{key}\0{why}".encode()).hexdigest()
+            for name in self._roots:
+                p = self._plans[name]
+                tasks.bad.append((run_id, self.pipeline.name, name, key, key, digest, p.version, p.config_hash,
+                                  digest, BAD_INPUT_KIND, 0, "bad_input", why, p.max_attempts, rank, now, now, now))
 
     def _replay_base(self, run_id: str) -> str | None:
         if run_id not in self._bases:
@@ -161,18 +198,22 @@ class Expander:
                 p = plans[stage]
                 rank = ranks[run_id] if run_id in ranks else self._lane_rank(run_id)
                 hit = memo.get(key)
+                failure = None
+                if hit is not None and hit[1] == "failed" and (failure := p.memo.failure(hit[3])) is None:
+                    hit = None  # a refusal whose guard changed is no answer: run it again
                 if hit is None:
                     queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
                                    ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
                     continue
                 cached += 1
-                _, kind, digest, inline, size = hit
-                if kind == "failed":
+                _, kind, digest, inline, size, code = hit
+                if code is not None and code != p.memo.code:
+                    self.stale[run_id, stage] += 1
+                if failure is not None:
                     # A memoised refusal keeps its input: `conveyor requeue` may run it again.
-                    error_class, message = parse_failure_memo(inline or b"{}")
                     refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                                    ref.digest, ref.kind, ref.inline, ref.size, error_class, message, p.max_attempts,
-                                    rank, now, now, now))
+                                    ref.digest, ref.kind, ref.inline, ref.size, failure.error_class, failure.message,
+                                    p.max_attempts, rank, now, now, now))
                     continue
                 # A task answered from the memo never runs, so its row needs no copy of the input.
                 answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,

@@ -3,11 +3,14 @@ and the quota gate every provider call passes."""
 
 from __future__ import annotations
 
+import dis
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.errors import ProviderUnavailable, UserError
 from conveyor.pipeline import Pipeline, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
 from conveyor.providers.estimate import chat_tokens, embed_tokens
@@ -15,6 +18,7 @@ from conveyor.runtime.quota import QuotaGate
 
 LOCAL = "local"
 DEFAULT_MAX_TOKENS = 512
+MODEL_CALLS = frozenset({"chat", "embed"})
 
 
 class Services:
@@ -31,13 +35,24 @@ class Services:
         self.gate = QuotaGate(store_url, self.limits, worker) if store_url else None
 
     def provider(self) -> Any:
+        """The provider, made on first use; ProviderUnavailable when it is not configured."""
         if self._provider is None:
             if self._factory is None:
                 from conveyor.providers.factory import provider_from_env
 
                 self._factory = provider_from_env
-            self._provider = self._factory()
+            try:
+                self._provider = self._factory()
+            except UserError as exc:
+                raise ProviderUnavailable(str(exc)) from None
         return self._provider
+
+    def check(self, pipeline: Pipeline) -> None:
+        """Before any work: a pipeline whose stages call ``ctx.chat``/``ctx.embed`` needs its provider,
+        and one that is not configured stops the worker now, with what to set, instead of failing every
+        item that reaches a model call."""
+        if pipeline.provider_factory is not None or uses_models(pipeline):
+            self.provider()
 
     async def call(self, method: str, payload: Any, options: dict[str, Any], lane: str, usage: Usage) -> Any:
         """One provider call, admitted by the quota gate and settled with what it used."""
@@ -74,6 +89,34 @@ class Services:
             await self.gate.close()
 
 
+def require_provider(pipeline: Pipeline) -> None:
+    """ProviderUnavailable, saying what to set, when the stages call a model and none is configured."""
+    Services(pipeline).check(pipeline)
+
+
+def uses_models(pipeline: Pipeline) -> bool:
+    """Whether a stage calls ``ctx.chat`` or ``ctx.embed`` on its first argument (directly, or from a
+    function nested in it). A call made through a helper function is found only when it happens."""
+    return any(_calls_models(stage.fn) for stage in pipeline)
+
+
+def _calls_models(fn: Callable[..., Any]) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_varnames:
+        return False
+    return _names_models(code, code.co_varnames[0])
+
+
+def _names_models(code: types.CodeType, ctx: str) -> bool:
+    previous = None
+    for ins in dis.get_instructions(code):
+        if (ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MODEL_CALLS and previous is not None
+                and previous.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE") and previous.argval == ctx):
+            return True
+        previous = ins
+    return any(_names_models(const, ctx) for const in code.co_consts if isinstance(const, types.CodeType))
+
+
 def _backend(provider: Any, method: str) -> Any:
     """The provider that serves ``method`` (a CompositeProvider delegates)."""
     return getattr(provider, f"{method}_provider", None) or provider
@@ -92,7 +135,11 @@ def _charged(outcome: Any) -> int | None:
 
 @dataclass
 class Usage:
-    """Tokens and cost of every provider call one attempt made, failed calls included."""
+    """Tokens and cost of every provider call one attempt made, failed calls included.
+
+    ``unpriced_calls`` counts the calls whose model had no price (a result, or a rejected answer,
+    with ``priced`` False): ``cost`` leaves them out, so a report can say "unpriced", not "$0".
+    """
 
     calls: int = 0
     prompt_tokens: int = 0
@@ -100,12 +147,15 @@ class Usage:
     cost: float = 0.0
     models: set[str] = field(default_factory=set)
     prompt_versions: set[str] = field(default_factory=set)
+    unpriced_calls: int = 0
 
     def add(self, result: Any, prompt_version: str | None = None) -> None:
         self.calls += 1
         self.prompt_tokens += int(getattr(result, "prompt_tokens", 0) or 0)
         self.completion_tokens += int(getattr(result, "completion_tokens", 0) or 0)
         self.cost += float(getattr(result, "cost", 0.0) or 0.0)
+        if not getattr(result, "priced", True):
+            self.unpriced_calls += 1
         model = getattr(result, "model", None)
         if model:
             self.models.add(str(model))

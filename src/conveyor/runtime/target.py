@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -30,6 +31,14 @@ def load_target(target: str) -> Pipeline:
         raise TargetError(f"{target} is a {type(obj).__name__}, not a conveyor Pipeline")
     _cache[target] = obj.validate()
     return obj
+
+
+def absolute_target(target: str) -> str:
+    """``target`` with its file made absolute, so it loads the same from any folder (a module stays)."""
+    module_ref, _, attr = target.rpartition(":")
+    if module_ref.endswith(".py") or "/" in module_ref:
+        return f"{os.path.abspath(module_ref)}:{attr}"
+    return target
 
 
 def _import(module_ref: str, target: str) -> object:
@@ -62,6 +71,10 @@ def _import_file(path: Path, target: str) -> object:
     except Exception as exc:
         del sys.modules[name]
         raise TargetError(f"importing {path} failed: {_where(exc, resolved)}") from exc
+    except SystemExit as exc:
+        del sys.modules[name]
+        raise TargetError(f"importing {path} called sys.exit({exc.code!r}); a pipeline file must not exit when "
+                          "imported: put script code under `if __name__ == \"__main__\":`") from None
     return module
 
 

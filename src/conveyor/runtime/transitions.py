@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor import __version__
+from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.memo import StageMemo, refusal_ref
 from conveyor.runtime.services import Usage
-from conveyor.runtime.values import Ref, failure_memo, parse_failure_memo
+from conveyor.runtime.values import Ref
 from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTasks, SqlStore
 
 log = logging.getLogger("conveyor.transitions")
@@ -45,6 +47,7 @@ class Outcome:
     cached: bool = False
     failure: Failure | None = None
     usage: Usage | None = None
+    stale: bool = False  # answered from an output that other code made under the same stage version
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Writes:
     plain_attempts: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.insert_attempts
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
+    notices: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.add_notices
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -96,6 +100,7 @@ class Transitions:
         self.pipeline = pipeline
         self.store = store
         self.expander = Expander(pipeline, store)
+        self.memos = {s.name: StageMemo(s) for s in pipeline}
         self.worker = worker
         self.rng = rng or random.Random()
 
@@ -141,8 +146,9 @@ class Transitions:
             if hit is None or (o.output is not None and hit.digest == o.output.digest and hit.kind == o.output.kind):
                 continue
             if hit.kind == "failed":
-                error_class, message = parse_failure_memo(hit.inline or b"{}")
-                failure = Failure(error_class, False, message, deterministic=True)
+                failure = self.memos[o.task.stage].failure(hit.inline)
+                if failure is None:
+                    continue  # a refusal under another guard value: this outcome replaces it
                 adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, failure=failure, usage=o.usage)
             else:
                 output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
@@ -181,6 +187,8 @@ class Transitions:
             raise LeaseLost
         if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
+        if w.notices:
+            self.store.add_notices(w.notices)
         self.store.insert_dead_letters(w.dead)
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
@@ -191,9 +199,18 @@ class Transitions:
 
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
         w = Writes()
+        outcomes = _first_per_key(outcomes)
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
         self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        stale = self.expander.take_stale()
+        stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
+        w.notices = self.stale_notices(stale, now)
         return w
+
+    def stale_notices(self, stale: Counter[tuple[str, str]], now: float) -> list[tuple[Any, ...]]:
+        """Notice rows for memo answers made by other code under the same stage version (stale_code)."""
+        return [(run_id, "stale_code", stage, self.pipeline[stage].version, self.memos[stage].code, count, now)
+                for (run_id, stage), count in stale.items()]
 
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
         seeds: list[Seed] = []
@@ -202,7 +219,7 @@ class Transitions:
             assert out is not None
             if not o.cached:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
-                                           task.run_id, now))
+                                           task.run_id, now, self.memos[task.stage].code))
             w.succeeded.append((out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
             more, items = self.expander.successors(
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
@@ -225,9 +242,9 @@ class Transitions:
             if not f.retryable:
                 w.ended.append(("failed", f.error_class, full, now, int(o.cached), task.id, task.lease_token))
                 if f.deterministic and not o.cached:
-                    ref = failure_memo(f.error_class, full)
+                    ref = refusal_ref(Failure(f.error_class, False, full, guard=f.guard))
                     w.outputs.append(NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
-                                               ref.size, task.run_id, now))
+                                               ref.size, task.run_id, now, self.memos[task.stage].code))
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
                 w.counts.update(failed=1, cached=int(o.cached))
             elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
@@ -257,19 +274,22 @@ class Transitions:
 
         Which task killed the worker is unknown when it held several: each gets
         its attempt back and becomes a suspect, and suspects run alone. A task
-        that held the worker's only lease is charged the attempt, so an item that
-        kills its worker every time reaches the dead-letter list after
-        ``max_attempts`` attempts of its own.
+        that was the worker's only one in flight is charged the attempt, so an
+        item that kills its worker every time reaches the dead-letter list after
+        ``max_attempts_by_class["lease_expired"]`` (else ``max_attempts``)
+        attempts of its own. How many tasks a worker held is counted once, when
+        its death is first noticed (store: lost_workers), so it is judged the
+        same way however many scans it takes to reclaim its tasks.
         """
         counts: Counter[str] = Counter()
         with self.store.transaction():
             expired = self.store.expired_leases(self.pipeline.name, now, limit)
             if not expired:
                 return counts
-            held_by = Counter(lease.lease_owner for lease in expired)
+            held = self.store.note_lost_workers(sorted({str(lease.lease_owner) for lease in expired}), now)
             requeue, w = [], Writes()
             for lease in expired:
-                alone = held_by[lease.lease_owner] == 1
+                alone = held.get(str(lease.lease_owner), 1) <= 1
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
                            f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
                 log.warning("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
@@ -278,7 +298,7 @@ class Transitions:
                 w.attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, __version__, None, None))
-                if alone and lease.attempts >= lease.max_attempts:
+                if alone and lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
                     w.ended.append(("dead_lettered", "lease_expired", message, now, 0, lease.id, lease.lease_token))
                     w.dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
                                    lease.attempts, now))
@@ -291,6 +311,13 @@ class Transitions:
             self.store.notify()
         counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
         return counts
+
+    def _lease_budget(self, stage: str, recorded: int) -> int:
+        """Attempts a task may spend on lost leases: its stage's policy for ``lease_expired``."""
+        try:
+            return self.pipeline[stage].retry.attempts_for("lease_expired")
+        except PipelineError:  # a stage this version of the pipeline no longer declares
+            return recorded
 
     def _lost(self, o: Outcome) -> AttemptRecord:
         failure = Failure("lease_lost", True, "the lease expired before this attempt committed; result discarded")
@@ -308,7 +335,25 @@ class Transitions:
         return record._replace(provider_calls=u.calls, prompt_tokens=u.prompt_tokens,
                                completion_tokens=u.completion_tokens, cost=u.cost,
                                model=",".join(sorted(u.models)) or None,
-                               prompt_version=",".join(sorted(u.prompt_versions)) or None)
+                               prompt_version=",".join(sorted(u.prompt_versions)) or None,
+                               unpriced_calls=u.unpriced_calls)
+
+
+def _first_per_key(outcomes: Sequence[Outcome]) -> Sequence[Outcome]:
+    """Outcomes of one task key in one batch end with one result, the first: a later one takes it as
+    answered (the memo keeps one output per key, and every item must build on that one)."""
+    first: dict[str, Outcome] = {}
+    result: list[Outcome] | None = None
+    for index, o in enumerate(outcomes):
+        if o.cached or (o.output is None and not _memoised(o.failure)):
+            continue
+        winner = first.setdefault(o.task.task_key, o)
+        if winner is o:
+            continue
+        result = result if result is not None else list(outcomes)
+        result[index] = Outcome(o.task, o.started, o.duration, o.invoked, winner.output, cached=True,
+                                failure=winner.failure, usage=o.usage)
+    return outcomes if result is None else result
 
 
 def _memoised(failure: Failure | None) -> bool:

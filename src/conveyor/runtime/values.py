@@ -18,7 +18,15 @@ from conveyor.blobs import Blobs
 from conveyor.errors import TerminalError
 
 INLINE_MAX = 8 * 1024
-_JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+# The passthrough options hand datetimes, dataclasses and subclasses of str/int/dict/list to
+# `_default`, which refuses what JSON would not give back as it was. UUIDs and Enum members
+# cannot be handed over (orjson always writes them, as a string and as the member's value), and
+# float NaN/Infinity are written as null: catching those needs a walk of every output, which the
+# success path cannot afford, so they stay silent coercions.
+_JSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_PASSTHROUGH_DATETIME
+                 | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS)
+_ALLOWED = "return str, numbers, bool, None, lists, dicts with str keys, a pydantic model, or bytes as the whole output"
+_MAX_DEPTH = 254  # orjson refuses deeper nesting (and a cycle reaches it)
 
 
 class Ref(NamedTuple):
@@ -31,18 +39,21 @@ class Ref(NamedTuple):
     inline: bytes | None
 
 
-def encode(value: Any) -> tuple[str, bytes]:
+def encode(value: Any, at: tuple[Any, ...] = ()) -> tuple[str, bytes]:
+    """(kind, bytes) of a stage output; ``at`` is where the value sits in the stage's output.
+
+    What JSON would not give back as it was (a datetime, a set, ``{1: "a"}``, a str subclass, any
+    other object) is the stage's error, ``unserialisable_output``, never a silent coercion.
+    """
     if value is None:
         return "none", b""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "bytes", bytes(value)
     try:
         return "json", orjson.dumps(value, default=_default, option=_JSON_OPTIONS)
-    except TypeError as exc:
-        raise TerminalError(
-            f"stage output is not JSON-serialisable ({exc}); return dicts, lists, str, numbers or bytes",
-            error_class="unserializable_output",
-        ) from None
+    except TypeError as exc:  # orjson.JSONEncodeError; only now is the value walked to say where
+        raise TerminalError(f"stage output is not JSON-like: {_refusal(value, at, exc)}; {_ALLOWED}",
+                            error_class="unserialisable_output") from None
 
 
 def decode(kind: str, data: bytes) -> Any:
@@ -72,7 +83,7 @@ def fanout_refs(elements: Any, blobs: Blobs) -> tuple[list[Ref], bytes]:
         raise TerminalError(
             f"a fanout stage must return a list, not {type(elements).__name__}", error_class="bad_fanout_output"
         )
-    refs = [store_value(*encode(e), blobs) for e in elements]
+    refs = [store_value(*encode(e, (i,)), blobs) for i, e in enumerate(elements)]
     return refs, orjson.dumps([_ref_json(r) for r in refs])
 
 
@@ -80,15 +91,9 @@ def parse_fanout(data: bytes) -> list[Ref]:
     return [Ref(r["k"], r["d"], r["n"], _inline(r)) for r in orjson.loads(data)]
 
 
-def failure_memo(error_class: str, message: str) -> Ref:
-    """A settled failure stored in the memo like an output, so a re-run does not pay for it again."""
-    data = orjson.dumps({"error_class": error_class, "message": message})
+def failure_ref(data: bytes) -> Ref:
+    """A settled failure stored in the memo like an output (see runtime/memo.py), always inline."""
     return Ref("failed", hashlib.sha256(data).hexdigest(), len(data), data)
-
-
-def parse_failure_memo(data: bytes) -> tuple[str, str]:
-    raw = orjson.loads(data)
-    return raw["error_class"], raw["message"]
 
 
 def _ref_json(ref: Ref) -> dict[str, Any]:
@@ -106,6 +111,67 @@ def _default(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+    # A defaultdict or a Counter comes back as the dict it is; a str or int subclass is refused.
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-like")
+
+
+def _refusal(value: Any, at: tuple[Any, ...], exc: TypeError) -> str:
+    """What orjson refused and where, e.g. ``datetime at ['created']``; its own words if the walk finds nothing."""
+    found = _first_refused(value, list(at))
+    if found is None:  # a pydantic model that would not dump, say: its error says why
+        return str(exc.__cause__ or exc)
+    what, path = found
+    return f"{what} at {path}" if path else what
+
+
+def _first_refused(value: Any, path: list[Any]) -> tuple[str, list[Any]] | None:
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return ("int beyond 64 bits", path) if kind is int and not -(2**63) <= value < 2**64 else None
+    if len(path) > _MAX_DEPTH:
+        return f"nesting deeper than {_MAX_DEPTH} levels (or a cycle)", []
+    if isinstance(value, dict):
+        return _first_refused_in_dict(value, path)
+    if kind is tuple or isinstance(value, list):
+        return _first_refused_in_list(value, path)
+    return _first_refused_leaf(value, path)
+
+
+def _first_refused_in_list(value: list[Any] | tuple[Any, ...], path: list[Any]) -> tuple[str, list[Any]] | None:
+    for index, item in enumerate(value):
+        found = _first_refused(item, [*path, index])
+        if found is not None:
+            return found
+    return None
+
+
+def _first_refused_in_dict(value: dict[Any, Any], path: list[Any]) -> tuple[str, list[Any]] | None:
+    for key, item in value.items():
+        if type(key) is not str:
+            return f"a dict key of type {type(key).__name__} ({key!r})", path
+        found = _first_refused(item, [*path, key])
+        if found is not None:
+            return found
+    return None
+
+
+def _first_refused_leaf(value: Any, path: list[Any]) -> tuple[str, list[Any]] | None:
+    kind = type(value)
+    if callable(getattr(value, "model_dump", None)):
+        return None
+    if kind.__module__ == "numpy":
+        try:
+            orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        except TypeError as exc:
+            return f"numpy {kind.__name__} ({exc})", path
+        return None
+    for base in (str, int, float, tuple):
+        if isinstance(value, base):
+            return f"{kind.__name__} (a subclass of {base.__name__})", path
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{kind.__name__} inside a value", path
+    return kind.__name__, path

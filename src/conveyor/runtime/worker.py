@@ -27,10 +27,14 @@ from typing import Any, TypeVar
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure
+from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
+from conveyor.runtime.heartbeat import ABANDON_AFTER_S
+from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.pacing import Pacing
+from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Claim, Outcome, Transitions
-from conveyor.runtime.values import Ref, parse_failure_memo
+from conveyor.runtime.values import Ref
 from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
 
 log = logging.getLogger("conveyor.worker")
@@ -63,18 +67,21 @@ class Worker:
         self.pipeline = pipeline
         self.store_url = store_url
         self.opts = options or WorkerOptions()
-        self.clock = clock
+        # ``clock`` is this machine's; leases and schedules use the store's (runtime/clock.py).
+        self.clock = FleetClock(clock)
         self.id = worker_id()
         self.lease = self.opts.lease_seconds or pipeline.lease_seconds
         self.stats: Counter[str] = Counter()
-        self.executor = Executor(pipeline, _absolute_target(target), blobs, self.opts.guarded_processes, clock,
-                                 store_url, self.id)
+        self.executor = Executor(pipeline, absolute_target(target), blobs, self.opts.guarded_processes,
+                                 self.clock, store_url, self.id)
+        self.memos = {s.name: StageMemo(s) for s in pipeline}
         self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
         self._leases: dict[int, int] = {}
         self._in_flight: Counter[str] = Counter()
         self._results: list[Outcome] = []
         self._followers: dict[str, list[ClaimedTask]] = {}
+        self._answered: dict[str, Outcome] = {}  # results of this worker not committed yet, by task key
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
@@ -89,8 +96,15 @@ class Worker:
     # --- entry points ----------------------------------------------------
 
     def run(self) -> Counter[str]:
-        """Process tasks until stopped (or, with ``until_idle``, until none are left)."""
+        """Process tasks until stopped (or, with ``until_idle``, until none are left).
+
+        Raises ProviderUnavailable, before claiming anything, when the stages call a model and no
+        provider is configured; or after releasing its tasks, when that is found out on a first call.
+        """
+        self.executor.check()
         asyncio.run(self._main())
+        if self.executor.fatal is not None:
+            raise self.executor.fatal
         return self.stats
 
     def request_stop(self) -> None:
@@ -105,6 +119,7 @@ class Worker:
         self._db = ThreadPoolExecutor(1, thread_name_prefix="conveyor-db")
         self._cpu = ThreadPoolExecutor(1, thread_name_prefix="conveyor-stage")
         self.store: SqlStore = await self._call(open_store, self.store_url)
+        await self._call(self._sync_clock)
         self.transitions = Transitions(self.pipeline, self.store, self.id)
         keeper = asyncio.create_task(self._keep_leases())
         log.info("worker %s started on %s (%s)", self.id, self.pipeline.name, self.store.backend,
@@ -124,6 +139,9 @@ class Worker:
             except (ValueError, RuntimeError, NotImplementedError):
                 return  # not the main thread: the caller stops us with request_stop()
 
+    def _sync_clock(self) -> None:
+        self.clock.sync(self.store.clock, self.store.db.local_clock)
+
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store call on the one thread that owns the connection."""
         assert self._loop is not None
@@ -134,7 +152,7 @@ class Worker:
     async def _loop_until_done(self) -> None:
         assert self._stop is not None
         idle_sleep, last_flush, claim_again = 0.01, time.monotonic(), True
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.executor.fatal is None:
             room = self._room() if claim_again else 0
             fresh: list[ClaimedTask] = []
             if self._flush_due(last_flush):
@@ -165,9 +183,12 @@ class Worker:
             idle_sleep, claim_again = min(idle_sleep * 2, self.opts.poll_interval), True
 
     def _idle_for_good(self) -> bool:
-        """No open task, and no submission under way that could add some."""
+        """No open task, and no live submission that could add some (a submission whose submitter
+        stopped beating is marked abandoned on the way)."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
-        return self.store.open_tasks(pipeline, run_id) == 0 and not self.store.submitting(pipeline, run_id)
+        if self.store.open_tasks(pipeline, run_id):
+            return False
+        return not self.store.submitting(pipeline, run_id, self.clock(), abandon_after=ABANDON_AFTER_S)
 
     def _room(self) -> int:
         if self._alone:
@@ -249,6 +270,7 @@ class Worker:
             claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
+        self._answered.clear()
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
             self._in_flight[outcome.task.stage] -= 1
@@ -279,6 +301,10 @@ class Worker:
                 # The same work is already running here: wait for it instead of paying twice.
                 self._followers[task.task_key].append(task)
                 continue
+            done = self._answered.get(task.task_key)
+            if done is not None:  # ... or it finished here and is not committed yet
+                self._results.append(_answer(task, done, self.clock()))
+                continue
             self._followers[task.task_key] = []
             if stage.is_async:
                 self._spawn(self.executor.run_async(task, stage, self._finish))
@@ -290,18 +316,20 @@ class Worker:
             self._spawn(self._run_inline(inline))
 
     def _precheck(self, task: ClaimedTask, stage: Stage, hit: StoredOutput | None) -> Outcome | None:
-        now = self.clock()
+        now, memo = self.clock(), self.memos[stage.name]
         if hit is not None and hit.kind == "failed":
-            error_class, message = parse_failure_memo(hit.inline or b"{}")
-            return Outcome(task, now, 0.0, False, cached=True,
-                           failure=Failure(error_class, False, message, deterministic=True))
-        if hit is not None:
-            return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True)
+            failure = memo.failure(hit.inline)
+            if failure is not None:
+                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code))
+        elif hit is not None:
+            return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True,
+                           stale=memo.stale(hit.code))
         if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
             message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
                        f"of stage {stage.name!r}; it was not read")
-            return Outcome(task, now, 0.0, False,
-                           failure=Failure("input_too_large", False, message, deterministic=True))
+            return Outcome(task, now, 0.0, False, failure=Failure(
+                "input_too_large", False, message, deterministic=True,
+                guard=("max_input_bytes", stage.max_input_bytes)))
         return None
 
     def _spawn(self, coro: Any) -> None:
@@ -318,21 +346,36 @@ class Worker:
         """Record an attempt's outcome, and the same outcome for tasks that waited on it."""
         self._results.append(outcome)
         now = self.clock()
+        if outcome.output is not None or (outcome.failure is not None and outcome.failure.deterministic):
+            self._answered[outcome.task.task_key] = outcome
         for task in self._followers.pop(outcome.task.task_key, ()):
-            self._results.append(Outcome(task, now, 0.0, False, outcome.output, cached=True,
-                                         failure=outcome.failure))
+            self._results.append(_answer(task, outcome, now))
 
     # --- leases and shutdown ---------------------------------------------
 
     async def _keep_leases(self) -> None:
-        """Renew our leases and reclaim dead workers' ones, every third of a lease."""
+        """Renew our leases and reclaim dead workers' ones, every third of a lease. A failure of one
+        round (the database restarting, say) is logged and the next round tries again: leases must
+        not run out because one renewal failed."""
         interval = max(0.2, self.lease / 3)
         while True:
             await asyncio.sleep(interval)
-            if self._leases:
-                await self._call(self.store.renew_leases, list(self._leases.items()), self.clock() + self.lease)
-            counts = await self._call(self.transitions.reclaim_expired, self.clock())
-            self.stats.update({f"reclaimed_{k}": v for k, v in counts.items()})
+            for step in (self._sync_clock, self._renew, self._reclaim):
+                try:
+                    await self._call(step)
+                except Exception:
+                    self.stats["keeper_errors"] += 1
+                    log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
+                                  extra={"event": "keeper_error", "run": self.opts.run_id})
+
+    def _renew(self) -> None:
+        leases = list(self._leases.items())
+        if leases:
+            self.store.renew_leases(leases, self.clock() + self.lease)
+
+    def _reclaim(self) -> None:
+        counts = self.transitions.reclaim_expired(self.clock())
+        self.stats.update({f"reclaimed_{k}": v for k, v in counts.items()})
 
     async def _drain(self) -> None:
         """Stop starting tasks; let started ones finish (leases still renewed) up to the grace period."""
@@ -366,8 +409,6 @@ class Worker:
         self._cpu.shutdown(wait=False, cancel_futures=True)
 
 
-def _absolute_target(target: str) -> str:
-    module_ref, _, attr = target.rpartition(":")
-    if module_ref.endswith(".py") or "/" in module_ref:
-        return f"{os.path.abspath(module_ref)}:{attr}"
-    return target
+def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:
+    """``task`` answered by ``done``, the outcome of another task with the same key."""
+    return Outcome(task, now, 0.0, False, done.output, cached=True, failure=done.failure)

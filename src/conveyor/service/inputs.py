@@ -1,88 +1,253 @@
-"""Stream the items of ``--input``: a folder, one file, or a JSONL manifest."""
+"""Stream the items of ``--input``: a folder, one file, or a JSONL manifest.
+
+Every entry becomes an item with an outcome. A source that cannot be read (a
+missing, unreadable or vanished file, a folder, a FIFO, a dangling symlink) is
+an item with a ``problem``: it ends ``failed`` with error class ``bad_input``,
+so a batch of millions is never refused because a few files are broken
+(``strict`` keeps the old all-or-nothing refusal). A manifest line that is not
+a JSON object with a usable ``key`` is the user's to fix: ``check_input`` finds
+it, and any duplicate key, before a run is created; with ``skip_bad_lines``
+such a line becomes a ``bad_input`` item keyed ``<manifest>:<line>``.
+
+Keys: a folder's items are keyed by their path relative to it, made printable
+and unambiguous (``printable_name``); manifest keys are taken as written, but
+may not hold control characters or the fan-out mark (``store.CHILD_MARK``),
+which names child items, and may not be longer than ``MAX_KEY_CHARS``.
+"""
 
 from __future__ import annotations
 
+import array
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from conveyor.errors import InputError
+from conveyor.store import CHILD_MARK
 
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
+MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
 _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
+_CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
 
 
 class SourceItem(NamedTuple):
-    """One input item: its key and either a file path or its text (a NamedTuple: one per manifest line)."""
+    """One input item: its key and either a file path, its text, or why it has no readable source."""
 
     key: str
     path: Path | None = None
     text: bytes | None = None
+    problem: str | None = None  # set: the item ends failed with error class bad_input
 
 
-def iter_items(input_path: str | os.PathLike[str]) -> Iterator[SourceItem]:
+class BadLine(NamedTuple):
+    """A manifest line that is not a JSON object with a usable key and source, and why."""
+
+    message: str
+
+
+def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False) -> None:
+    """Refuse, before anything is created, an input that does not exist or a manifest with a bad line
+    (unless ``skip_bad_lines``) or a key given twice. Streams the manifest; holds 8 bytes per key."""
+    path = Path(input_path)
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"--input {str(path)!r} does not exist; give a folder, a file or a manifest.jsonl")
+    if path.is_dir() or path.suffix not in MANIFEST_SUFFIXES:
+        return
+    _check_readable(path, f"manifest {str(path)!r}")
+    hashes = [array.array("q") for _ in range(256)]
+    for number, parsed in _lines(path):
+        if isinstance(parsed, BadLine):
+            if not skip_bad_lines:
+                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+            key = line_key(path, number)
+        else:
+            key = parsed[0]
+        value = hash(key)
+        hashes[value & 255].append(value)
+    twice = {value for bucket in hashes if len(set(bucket)) != len(bucket) for value in _repeated(bucket)}
+    if twice:
+        _report_duplicate(path, twice, skip_bad_lines)
+
+
+def iter_items(input_path: str | os.PathLike[str], *, skip_bad_lines: bool = False,
+               strict: bool = False) -> Iterator[SourceItem]:
     """Yield items lazily; never holds a folder listing or a manifest whole."""
     path = Path(input_path)
-    if not path.exists():
-        raise InputError(f"--input {str(path)!r} does not exist; give a folder, a file or a manifest.jsonl")
     if path.is_dir():
-        yield from _walk(path)
+        yield from _walk(path, strict)
     elif path.suffix in MANIFEST_SUFFIXES:
-        yield from _manifest(path)
+        yield from _manifest(path, skip_bad_lines, strict)
     else:
         _check_readable(path, f"--input {str(path)!r}")
-        yield SourceItem(path.name, path=path)
+        yield SourceItem(printable_name(os.fsencode(path.name)), path=path)
 
 
-def _walk(root: Path) -> Iterator[SourceItem]:
-    """Each file below ``root`` is an item keyed by its relative path, in a stable order."""
-    for folder, dirs, files in os.walk(root, onerror=_walk_error):
-        dirs.sort()
-        for name in sorted(files):
-            full = Path(folder, name)
-            if full.is_file():
-                yield SourceItem(full.relative_to(root).as_posix(), path=full)
+def line_key(manifest: Path, number: int) -> str:
+    """The key of a manifest line that had none usable (``--skip-bad-lines``)."""
+    return f"{printable_name(os.fsencode(manifest.name))}:{number}"
 
 
-def _walk_error(exc: OSError) -> None:
-    raise InputError(f"cannot read folder {exc.filename!r}: {exc.strerror}; fix its permissions") from None
+def printable_name(raw: bytes) -> str:
+    """A file name as a key: UTF-8 names as they are, except that bytes that are not UTF-8 become
+    ``\\xNN``, control characters ``\\xNN``, the fan-out mark ``\\u00b6``, and a backslash ``\\\\``, so
+    every name has its own key (no two names can meet) and the key prints readably."""
+    text = raw.decode("utf-8", "surrogateescape")
+    if "\\" not in text and CHILD_MARK not in text and not any(ord(c) in _CONTROL or 0xDC80 <= ord(c) <= 0xDCFF
+                                                              for c in text):
+        return text
+    out = []
+    for char in text:
+        code = ord(char)
+        if char == "\\":
+            out.append("\\\\")
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code in _CONTROL:  # \xNN below 0x80 is a control character, from 0x80 a byte that is not UTF-8
+            out.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}")
+        elif char == CHILD_MARK:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
-def _manifest(path: Path) -> Iterator[SourceItem]:
+# --- folders ----------------------------------------------------------------------------------------
+
+def _walk(root: Path, strict: bool, prefix: str = "") -> Iterator[SourceItem]:
+    """Each entry below ``root``, keyed by its relative path, in a stable order; nothing skipped."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: os.fsencode(e.name))
+    except OSError as exc:
+        if strict or not prefix:
+            raise InputError(f"cannot read folder {str(root)!r}: {exc.strerror}; fix its permissions") from None
+        yield SourceItem(prefix, problem=f"cannot list folder {str(root)!r}: {exc.strerror}")
+        return
+    for entry in entries:
+        key = prefix + printable_name(os.fsencode(entry.name))
+        full = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(full, strict, key + "/")
+            continue
+        problem = source_problem(full)
+        if problem is not None and strict:
+            raise InputError(f"{str(full)!r} {problem}; fix or remove it (or leave out --strict-inputs)")
+        yield SourceItem(key, path=full if problem is None else None, problem=problem)
+
+
+def source_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an item's source, or None when it is a readable regular file."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "is a symlink to a missing file" if path.is_symlink() else "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISDIR(info.st_mode):
+        return ("is a symlink to a folder (folder links are not followed; list its files in a manifest)"
+                if path.is_symlink() else "is a folder, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        return f"is a {_file_type(info.st_mode)}, not a regular file"
+    if not os.access(path, os.R_OK):
+        return "is not readable (permission denied)"
+    return None
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+# --- manifests --------------------------------------------------------------------------------------
+
+def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
     _check_readable(path, f"manifest {str(path)!r}")
     base = path.parent
+    for number, parsed in _lines(path):
+        if isinstance(parsed, BadLine):
+            if not skip_bad_lines:
+                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+            yield SourceItem(line_key(path, number), problem=f"{path.name}:{number}: {parsed.message}")
+            continue
+        key, entry = parsed
+        text = entry.get("text")
+        if isinstance(text, str):
+            yield SourceItem(key, text=text.encode())
+            continue
+        given = entry["path"]
+        full = Path(given) if os.path.isabs(given) else base / given
+        problem = source_problem(full)
+        if problem is not None and strict:
+            raise InputError(f"{path}:{number}: path {given!r} {problem}; fix it (or leave out --strict-inputs)")
+        yield SourceItem(key, path=full if problem is None else None,
+                         problem=None if problem is None else f"path {given!r} (line {number}) {problem}")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | BadLine]]:
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             if raw.strip():
-                yield _manifest_line(raw, base, path, number)
+                yield number, _parse(raw)
 
 
-def _manifest_line(raw: bytes, base: Path, path: Path, number: int) -> SourceItem:
+def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
     try:
         entry = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(f"{path}:{number}: not valid JSON ({exc}); {_HINT}") from None
+        return BadLine(f"not valid JSON ({exc})")
     if not isinstance(entry, dict):
-        raise InputError(f"{path}:{number}: not a JSON object; {_HINT}")
+        return BadLine("not a JSON object")
     key = entry.get("key")
     if not isinstance(key, str) or not key:
-        raise InputError(f"{path}:{number}: missing or empty \"key\"; {_HINT}")
-    text = entry.get("text")
-    if isinstance(text, str):
-        return SourceItem(key, None, text.encode())
-    where = f"{path}:{number}"
-    if isinstance(entry.get("path"), str):
-        full = (base / entry["path"]) if not os.path.isabs(entry["path"]) else Path(entry["path"])
-        _check_readable(full, f"{where}: path {entry['path']!r}")
-        return SourceItem(key, path=full)
-    raise InputError(f"{where}: needs \"path\" or \"text\"; {_HINT}")
+        return BadLine('missing or empty "key"')
+    wrong = _key_problem(key)
+    if wrong is not None:
+        return BadLine(wrong)
+    if not isinstance(entry.get("text"), str) and not isinstance(entry.get("path"), str):
+        return BadLine('needs "path" or "text" (a string)')
+    return key, entry
+
+
+def _key_problem(key: str) -> str | None:
+    if len(key) > MAX_KEY_CHARS:
+        return f"key of {len(key):,} characters; keys may have at most {MAX_KEY_CHARS:,}"
+    if CHILD_MARK in key:
+        return f"key {key!r} holds {CHILD_MARK!r}, which names fan-out child items; use another character"
+    bad = next((c for c in key if ord(c) in _CONTROL), None)
+    if bad is not None:
+        return f"key {key!r} holds the control character {bad!r}; keys must be printable"
+    return None
+
+
+def _repeated(bucket: array.array[int]) -> set[int]:
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for value in bucket:
+        (twice if value in seen else seen).add(value)
+    return twice
+
+
+def _report_duplicate(path: Path, hashes: set[int], skip_bad_lines: bool) -> None:
+    """Find the first key given twice (a second streamed pass) and refuse it, naming both lines."""
+    first: dict[str, int] = {}
+    for number, parsed in _lines(path):
+        key = parsed[0] if not isinstance(parsed, BadLine) else line_key(path, number) if skip_bad_lines else None
+        if key is None or hash(key) not in hashes:
+            continue
+        if key in first:
+            raise InputError(f"{path}:{number}: key {key!r} is also on line {first[key]}; "
+                             "keys must be unique within a manifest")
+        first[key] = number
 
 
 def _check_readable(path: Path, what: str) -> None:
-    if not path.is_file():
-        raise InputError(f"{what} is not a readable file")
-    if not os.access(path, os.R_OK):
-        raise InputError(f"{what} is not readable; fix its permissions")
+    problem = source_problem(path)
+    if problem is not None:
+        raise InputError(f"{what} {problem}")

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import task_key
+from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
+from conveyor.runtime.heartbeat import ABANDON_AFTER_S
 from conveyor.runtime.values import Ref
 from conveyor.store import RunRecord, SqlStore
 
-USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost")
+USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
 
 # Outcomes that are final for an item; anything else is not accounted for yet.
 KNOWN_OUTCOMES = ("published", "completed", "failed", "dead_lettered", "awaiting_review")
@@ -47,14 +47,51 @@ def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     attempts = store.attempt_counts(run.run_id)
     open_tasks = sum(c.get("queued", 0) + c.get("running", 0) for c in stages.values())
     return {
-        "run_id": run.run_id, "pipeline": run.pipeline, "status": run.status if open_tasks or
-        run.status == "submitting" else "finished", "expected": run.expected, "created_at": run.created_at,
+        "run_id": run.run_id, "pipeline": run.pipeline, "status": _run_state(store, run, open_tasks),
+        "expected": expected_items(store, run), "created_at": run.created_at,
         "stages": {name: dict(stages.get(name, {})) for name in order},
         "open_tasks": open_tasks, "cached": cached, "stage_calls": attempts.get("stage_calls", 0),
         "retries": attempts.get("retry", 0), "lease_lost": attempts.get("lease_lost", 0),
         "usage": {k: attempts.get(k, 0) for k in USAGE_FIELDS},
         "attempt_errors": store.attempt_errors(run.run_id),
+        "stale_code": stale_code(store, run.run_id), "note": run.note,
     }
+
+
+def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
+    """submitting | abandoned (the submission stopped; resumable) | submitted (tasks open) | finished."""
+    if run.status == "submitting":
+        quiet = store.clock() - (run.heartbeat_at or run.created_at)
+        return "abandoned" if quiet > ABANDON_AFTER_S else "submitting"
+    if run.status == "abandoned":
+        return "abandoned"
+    return run.status if open_tasks else "finished"
+
+
+def expected_items(store: SqlStore, run: RunRecord) -> int:
+    """The run's root items: fixed when its submission finished, counted while it is unfinished."""
+    return store.item_count(run.run_id) if run.status in ("submitting", "abandoned") else run.expected
+
+
+def stale_code(store: SqlStore, run_id: str) -> list[dict[str, Any]]:
+    """Stages answered from outputs that other code made under the same version (not accepted)."""
+    return [{"stage": stage, "version": version, "tasks": count} for stage, version, count in store.stale_code(run_id)]
+
+
+def stale_code_warnings(stale: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per stage for stderr: what happened and the two ways out."""
+    return [f"warning: stage {s['stage']!r} (version {s['version']}) answered {s['tasks']:,} task(s) from outputs "
+            f"that other code made under the same version: its code changed. Bump version= on that stage to run "
+            f"it again, or pass --accept-code-change {s['stage']} to keep those outputs" for s in stale]
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """0: every item published or completed; 3: items unaccounted (or the submission unfinished);
+    4: items failed or dead-lettered."""
+    if summary["unaccounted"] or summary.get("status") in ("submitting", "abandoned"):
+        return 3
+    outcomes = summary["outcomes"]
+    return 4 if outcomes.get("failed") or outcomes.get("dead_lettered") else 0
 
 
 def list_status(store: SqlStore, limit: int = 20) -> dict[str, Any]:
@@ -75,9 +112,10 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
     for entry in not_done.values():
         entry["error_classes"] = sorted({t["error_class"] for t in entry["tasks"] if t["error_class"]})
     return {
-        "run_id": run.run_id, "pipeline": run.pipeline, "expected": run.expected,
+        "run_id": run.run_id, "pipeline": run.pipeline, "expected": status["expected"], "status": status["status"],
         "outcomes": {k: v for k, v in sorted(outcomes.items())},
-        "unaccounted": run.expected - known, "not_done": list(not_done.values()),
+        "unaccounted": status["expected"] - known, "not_done": list(not_done.values()),
+        "stale_code": status["stale_code"],
         "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
         "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
         "attempt_errors": status["attempt_errors"],
@@ -86,7 +124,8 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
 
 def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
     """Every task of the run succeeded (the common end of a run)."""
-    return run.status != "submitting" and all(set(counts) <= {"succeeded"} for counts in status["stages"].values())
+    return run.status not in ("submitting", "abandoned") and all(
+        set(counts) <= {"succeeded"} for counts in status["stages"].values())
 
 
 def _outcomes(store: SqlStore, run: RunRecord, settled: bool) -> dict[str, int]:
@@ -114,12 +153,20 @@ def quota_report(store: SqlStore) -> dict[str, Any]:
 
 
 def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
-    """Tokens and cost of the whole run, retries and failures included, per item that made it."""
+    """Tokens and cost of the whole run, retries and failures included, per item that made it; no
+    cost (None) when every provider call was to a model without a price: unknown, not free."""
     accepted = outcomes.get("published", 0) + outcomes.get("completed", 0)
     if not accepted:
         return {"tokens_per_accepted_item": None, "cost_per_accepted_item": None}
     tokens = usage["prompt_tokens"] + usage["completion_tokens"]
-    return {"tokens_per_accepted_item": tokens / accepted, "cost_per_accepted_item": usage["cost"] / accepted}
+    cost = None if all_unpriced(usage) else usage["cost"] / accepted
+    return {"tokens_per_accepted_item": tokens / accepted, "cost_per_accepted_item": cost}
+
+
+def all_unpriced(usage: dict[str, Any]) -> bool:
+    """Every provider call of the run was to a model without a price."""
+    calls = usage.get("provider_calls", 0)
+    return bool(calls) and usage.get("unpriced_calls", 0) >= calls
 
 
 def dlq_list(
@@ -153,18 +200,26 @@ def requeue(
     """
     if not reason.strip():
         raise UserError("a requeue needs --reason \"why\"; it is recorded with each task")
+    run = find_run(store, run_id)
+    if run.pipeline != pipeline.name:
+        raise UserError(f"run {run_id} belongs to pipeline {run.pipeline!r}, not {pipeline.name!r}; "
+                        "give the TARGET that declares it")
     spec = pipeline[stage]
     wrong = sorted(set(statuses) - {"failed", "dead_lettered"})
     if wrong:
         raise UserError(f"--status {wrong[0]!r}: only failed and dead_lettered tasks can be requeued")
     rows = store.tasks_to_requeue(run_id, stage, statuses, error_class, stage_version)
-    updates, forget = [], []
+    updates, forget, unreadable = [], [], 0
     for task_id, item_key, old_key, kind, digest, inline, size in rows:
-        key = task_key(spec, Ref(kind, digest, size, inline), item_key)
+        if kind == BAD_INPUT_KIND:  # no source was ever read: there is nothing to run again
+            unreadable += 1
+            continue
+        key = task_key(pipeline.name, spec, Ref(kind, digest, size, inline), item_key)
         updates.append((key, spec.version, spec.config_hash, task_id))
         forget += [old_key, key]
-    requeued = store.requeue(updates, forget, reason, time.time(), run_id)
-    return {"run_id": run_id, "stage": stage, "requeued": requeued, "stage_version": spec.version, "reason": reason}
+    requeued = store.requeue(updates, forget, reason, store.clock(), run_id)
+    return {"run_id": run_id, "stage": stage, "requeued": requeued, "stage_version": spec.version, "reason": reason,
+            "bad_input_skipped": unreadable}
 
 
 def dlq_replay(
@@ -178,5 +233,5 @@ def dlq_replay(
         if run_id is None and stage is None and error_class is None and not everything:
             raise UserError("name dead-letter ids, or select them with --run/--stage/--error-class (or --all)")
         ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
-    replayed = store.replay_dead_letters(ids, reason, time.time())
+    replayed = store.replay_dead_letters(ids, reason, store.clock())
     return {"replayed": replayed, "ids": ids, "reason": reason}

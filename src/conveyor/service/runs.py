@@ -1,4 +1,4 @@
-"""Run a pipeline to completion: submit, start worker processes, watch, reconcile."""
+"""Run a pipeline to completion: submit, start worker processes, watch, reconcile; or resume a run."""
 
 from __future__ import annotations
 
@@ -7,27 +7,48 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.blobs import Blobs
+from conveyor.errors import ConveyorError, UserError
 from conveyor.pipeline import Pipeline
+from conveyor.runtime.services import require_provider
+from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.report import find_run, reconcile, run_status
-from conveyor.service.submit import submit
+from conveyor.service.submit import SubmitOptions, Submitted, submit
 from conveyor.store import SqlStore
 
 Progress = Callable[[dict[str, Any]], None]
+USER_ERROR_EXIT = 2  # a worker that exits with this stopped on something the user must fix
+
+
+def default_workers() -> int:
+    """One worker process per CPU core."""
+    return max(1, os.cpu_count() or 1)
 
 
 @dataclass
 class RunOptions:
-    workers: int = 1
+    workers: int = field(default_factory=default_workers)
     poll: float = 0.25
     max_restarts: int = 1000
     lane: str = "bulk"
     worker_args: list[str] = field(default_factory=list)
+    submit: SubmitOptions = field(default_factory=SubmitOptions)
+
+
+class Interrupted(ConveyorError):
+    """Ctrl-C or SIGTERM stopped a run that exists: it can be resumed (``run_id``)."""
+
+    code = "interrupted"
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} was interrupted")
 
 
 def run_pipeline(
@@ -37,25 +58,74 @@ def run_pipeline(
     """Submit ``input_path`` and process the run to completion; return its summary.
 
     Worker processes start as soon as the run exists, so processing overlaps the
-    rest of the submission.
+    rest of the submission. Stages that call a model stop the run before anything is
+    submitted when no provider is configured (ProviderUnavailable).
     """
-    if options.workers <= 0:
-        run_id = submit(pipeline, target, input_path, store, blobs, lane=options.lane).run_id
-        Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=run_id, until_idle=True)).run()
-    else:
-        fleet = Fleet(pipeline.name, target, store, blobs, options)
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            run_id = submit(pipeline, target, input_path, store, blobs, on_work=fleet.start,
-                            lane=options.lane).run_id
+    require_provider(pipeline)
+    fleet = Fleet(pipeline.name, target, store, blobs, options)
+
+    def submission(on_work: Callable[[str], None] | None) -> Submitted:
+        return submit(pipeline, target, input_path, store, blobs, on_work=on_work, lane=options.lane,
+                      options=options.submit, on_run=fleet.note_run)
+
+    return _process(pipeline, fleet, progress, submission)
+
+
+def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
+               progress: Progress | None = None) -> dict[str, Any]:
+    """Finish a run: its submission, when that stopped part way, and then its tasks."""
+    run = find_run(store, run_id)
+    pipeline = load_target(run.target)
+    require_provider(pipeline)
+    unfinished = run.status in ("submitting", "abandoned")
+
+    def submission(on_work: Callable[[str], None] | None) -> Submitted:
+        if not unfinished:
+            if on_work is not None:
+                on_work(run.run_id)
+            return Submitted(run.run_id, run.expected, 0)
+        again = SubmitOptions(options.submit.skip_bad_lines, options.submit.strict_inputs, resume=run.run_id,
+                              accept_code_change=options.submit.accept_code_change)
+        return submit(pipeline, run.target, run.input, store, blobs, on_work=on_work, lane=run.lane, options=again,
+                      on_run=fleet.note_run)
+
+    fleet = Fleet(pipeline.name, run.target, store, blobs, options)
+    return _process(pipeline, fleet, progress, submission)
+
+
+def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
+             submission: Callable[[Callable[[str], None] | None], Submitted]) -> dict[str, Any]:
+    store, options, target, blobs = fleet.store, fleet.options, fleet.target, fleet.blobs
+    with _interruptible(fleet):
+        if options.workers <= 0:
+            done = submission(None)
+            fleet.run_id = done.run_id
+            Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
+        else:
+            done = submission(fleet.start)
+            fleet.run_id = done.run_id
             if fleet.procs:
                 fleet.watch(progress)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            fleet.stop()  # workers finish or release their in-flight tasks
-    summary = reconcile(store, find_run(store, run_id))
+    summary = reconcile(store, find_run(store, done.run_id))
     summary["workers"] = options.workers
+    summary["resumed"] = done.resumed
     return summary
+
+
+@contextmanager
+def _interruptible(fleet: Fleet) -> Iterator[None]:
+    """SIGTERM is Ctrl-C here; either stops the workers (they finish or release their tasks) and, once
+    the run exists, becomes Interrupted(run_id) so the caller can say how to resume it."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if fleet.run_id and fleet.store.get_run(fleet.run_id) is not None:
+            raise Interrupted(fleet.run_id) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        fleet.stop()
 
 
 class Fleet:
@@ -66,6 +136,9 @@ class Fleet:
         self.run_id = ""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.restarts = 0
+
+    def note_run(self, run_id: str) -> None:
+        self.run_id = run_id
 
     def start(self, run_id: str) -> None:
         self.run_id = run_id
@@ -82,12 +155,16 @@ class Fleet:
 
         Workers leave on their own once the run is done (``--until-idle``); the
         store is asked only when one died or all are gone, or to draw progress.
+        A worker that stops on a user error (exit 2: it printed why) stops the run.
         """
         while True:
             time.sleep(self.options.poll)
             if progress is not None:
                 progress(run_status(self.store, find_run(self.store, self.run_id)))
             exited = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+            if any(self.procs[i].returncode == USER_ERROR_EXIT for i in exited):
+                raise UserError(f"a worker of run {self.run_id} stopped on the error above; fix it, then "
+                                f"`conveyor resume {self.run_id}`")
             crashed = [i for i in exited if self.procs[i].returncode != 0]
             if len(exited) < len(self.procs) and not crashed:
                 continue
@@ -117,5 +194,3 @@ class Fleet:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-

@@ -1,7 +1,13 @@
-"""Create a run: stream the input, ingest sources, create the first tasks.
+"""Create a run: check the input, stream it, ingest sources, create the first tasks.
 
-A submission is all or nothing: if any input is bad, the run's rows are
-removed again and the error says which line or file to fix.
+What the user must fix (a manifest line that is not JSON, a key given twice)
+is found before the run exists, so it leaves nothing behind. An entry whose
+source cannot be read becomes a ``bad_input`` item instead of stopping the
+batch. A submission holds its run with a heartbeat; one that stops (killed,
+interrupted, or failing on something it cannot turn into an item) leaves the
+run ``abandoned``, never half-discarded once a worker may have seen its work,
+and ``resume`` (or running the same command again) finishes it without
+duplicating an item.
 """
 
 from __future__ import annotations
@@ -9,17 +15,22 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import LANE_RANKS, Expander
+from conveyor.runtime.fingerprint import code_fingerprint
+from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat
+from conveyor.runtime.target import absolute_target
 from conveyor.runtime.values import INLINE_MAX, Ref
-from conveyor.service.inputs import SourceItem, iter_items
+from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.store import RunRecord, SqlStore
 
 BATCH = 5000
@@ -30,78 +41,207 @@ class Submitted:
     run_id: str
     expected: int
     cached: int
+    resumed: bool = False  # an unfinished submission of this run was finished
+    stale_code: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """How to read the input, and which run to finish.
+
+    ``skip_bad_lines``: a manifest line that is not JSON or has no usable key becomes a ``bad_input``
+    item instead of refusing the submission. ``strict_inputs``: an unreadable source refuses the
+    submission instead of becoming a ``bad_input`` item. ``resume``: finish this run's submission.
+    ``resume_same``: finish the latest unfinished run of the same pipeline, graph and input instead
+    of starting a new one (running the same command again). ``accept_code_change``: stages whose
+    memoised outputs, made by other code under the same version, are accepted for the current code.
+    """
+
+    skip_bad_lines: bool = False
+    strict_inputs: bool = False
+    resume: str | None = None
+    resume_same: bool = True
+    accept_code_change: Sequence[str] = ()
 
 
 def new_run_id(now: float) -> str:
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime(now)) + secrets.token_hex(3)
 
 
+def submitter_id() -> str:
+    return f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
 def stages_json(pipeline: Pipeline) -> str:
+    """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint."""
     return json.dumps([
-        {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash}
+        {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash,
+         "code": code_fingerprint(s.fn)}
         for s in pipeline
     ])
 
 
 def submit(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
-    clock: Callable[[], float] = time.time, items: Iterable[SourceItem] | None = None,
-    on_work: Callable[[str], None] | None = None, lane: str = "bulk",
+    clock: Callable[[], float] | None = None, items: Iterable[SourceItem] | None = None,
+    on_work: Callable[[str], None] | None = None, lane: str = "bulk", options: SubmitOptions | None = None,
+    on_run: Callable[[str], None] | None = None,
 ) -> Submitted:
-    """Create a run for every item of ``input_path`` (or of ``items``); return its id.
+    """Create a run for every item of ``input_path`` (or of ``items``), or finish one; return it.
 
     ``on_work(run_id)`` is called once, as soon as the first task to run is queued, so
     workers can start on the first items while the rest are still being submitted; it is
-    not called when the memo answers every task. ``lane="interactive"`` puts the run's tasks
+    not called when the memo answers every task. ``on_run(run_id)`` is called once the run
+    exists (or is taken over to be finished). ``lane="interactive"`` puts the run's tasks
     ahead of every bulk task and lets its provider calls use the quota's reserved share.
+    ``clock`` defaults to the store's (the database server's on PostgreSQL).
     """
+    options = options or SubmitOptions()
     if lane not in LANE_RANKS:
         raise UserError(f"lane {lane!r} is not a lane; use {' or '.join(LANE_RANKS)}")
+    for name in options.accept_code_change:
+        pipeline[name]  # PipelineError names a stage that does not exist
+    clock = clock or store.clock
+    if items is None:
+        check_input(input_path, options.skip_bad_lines)
+    source = _input_label(input_path)
+    graph = stages_json(pipeline)
+    me = submitter_id()
+    run, resumed = _hold_run(pipeline, target, source, graph, store, clock, me, lane, options)
+    if on_run is not None:
+        on_run(run.run_id)
+    if options.accept_code_change:
+        store.accept_code([(pipeline.name, name, pipeline[name].version, code_fingerprint(pipeline[name].fn),
+                            run.run_id, clock()) for name in options.accept_code_change])
+    stream = items if items is not None else iter_items(
+        input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs)
+    ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
+    with Heartbeat(store.url, run.run_id, me):
+        try:
+            ingest.all(stream, on_work)
+        except BaseException as exc:
+            _stop(store, run.run_id, ingest.visible or resumed, exc, clock)
+            raise
+    expected = store.item_count(run.run_id)
+    store.set_run_status(run.run_id, "submitted", clock(), expected)
+    stale = [{"stage": stage, "version": version} for stage, version, _ in store.stale_code(run.run_id)]
+    return Submitted(run.run_id, expected, ingest.cached, resumed, stale)
+
+
+def _input_label(input_path: str) -> str:
+    """What the run records as its input: an absolute path when it is one (a resume reads it again)."""
+    path = Path(input_path)
+    return str(path.absolute()) if path.exists() or path.is_symlink() else str(input_path)
+
+
+def _hold_run(
+    pipeline: Pipeline, target: str, source: str, graph: str, store: SqlStore, clock: Callable[[], float],
+    me: str, lane: str, options: SubmitOptions,
+) -> tuple[RunRecord, bool]:
+    """The run this submission fills: the one to resume, else a new one. Returns (run, resumed)."""
+    if options.resume is not None:
+        return _take(store, options.resume, pipeline, graph, clock, me), True
+    if options.resume_same:
+        unfinished = store.unfinished_run(pipeline.name, graph, source)
+        if unfinished is not None and store.take_submission(unfinished.run_id, me, clock(), ABANDON_AFTER_S):
+            return unfinished, True
     now = clock()
-    run_id = new_run_id(now)
-    store.create_run(RunRecord(run_id, pipeline.name, target, str(input_path), "submitting", 0,
-                               pipeline.has_publish, stages_json(pipeline), now, None, None, lane))
+    run = RunRecord(new_run_id(now), pipeline.name, absolute_target(target), source, "submitting", 0,
+                    pipeline.has_publish, graph, now, None, None, lane, me, now)
+    store.create_run(run)
+    return run, False
+
+
+def _take(store: SqlStore, run_id: str, pipeline: Pipeline, graph: str, clock: Callable[[], float],
+          me: str) -> RunRecord:
+    run = store.get_run(run_id)
+    if run is None:
+        raise UserError(f"no run {run_id!r} in this store; `conveyor status` lists the runs")
+    if run.pipeline != pipeline.name or run.stages != graph:
+        raise UserError(f"run {run_id} was submitted with another pipeline or graph than {pipeline.name!r} has now "
+                        "(a stage, version, config or its code changed); start a new run instead")
+    if run.status not in ("submitting", "abandoned"):
+        raise UserError(f"run {run_id} is already submitted ({run.status}); "
+                        f"process it with `conveyor worker TARGET --run {run_id} --until-idle`")
+    if not store.take_submission(run_id, me, clock(), ABANDON_AFTER_S):
+        raise UserError(f"run {run_id} is being submitted by {run.submitter} right now; wait for it, or stop "
+                        f"it first (its heartbeat is kept every few seconds)")
+    return run
+
+
+def _stop(store: SqlStore, run_id: str, visible: bool, exc: BaseException, clock: Callable[[], float]) -> None:
+    """A submission that stops leaves no half run: discarded while no worker could have seen any of
+    its work, else abandoned (resumable) with why."""
     try:
-        cached = _ingest(pipeline, run_id, items if items is not None else iter_items(input_path),
-                         store, blobs, clock, on_work, lane)
-    except BaseException:
-        store.discard_run(run_id)
-        raise
-    expected = store.item_count(run_id)
-    store.set_run_status(run_id, "submitted", clock(), expected)
-    return Submitted(run_id, expected, cached)
+        if not visible:
+            store.discard_run(run_id)
+            return
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+        store.set_run_status(run_id, "abandoned", clock(), note=f"submission stopped: {why}"[:500])
+    except Exception:  # the store may be what failed; the workers' heartbeat check covers that case
+        pass
 
 
-def _ingest(
-    pipeline: Pipeline, run_id: str, items: Iterable[SourceItem], store: SqlStore, blobs: Blobs,
-    clock: Callable[[], float], on_work: Callable[[str], None] | None, lane: str,
-) -> int:
-    expander = Expander(pipeline, store)
-    expander.set_lane(run_id, lane)
-    read_limit = _read_limit(pipeline)
-    cached, batch = 0, []
-    for item in itertools.chain(items, [None]):  # streamed: None marks the end
-        if item is not None:
-            batch.append(item)
-        if batch and (item is None or len(batch) >= BATCH):
-            hits, queued = _add_batch(expander, run_id, batch, blobs, read_limit, clock())
-            cached, batch = cached + hits, []
-            if queued and on_work is not None:
-                on_work(run_id)
-                on_work = None
-    return cached
+class _Ingest:
+    """Streams source items into the run in batches."""
 
+    def __init__(self, pipeline: Pipeline, run_id: str, store: SqlStore, blobs: Blobs, clock: Callable[[], float],
+                 lane: str, strict: bool, resumed: bool, me: str) -> None:
+        self.run_id, self.store, self.blobs, self.clock = run_id, store, blobs, clock
+        self.strict, self.resumed, self.me = strict, resumed, me
+        self.expander = Expander(pipeline, store)
+        self.expander.set_lane(run_id, lane)
+        self.read_limit = _read_limit(pipeline)
+        self.cached = 0
+        self.visible = False  # some of the run's work is committed: a worker may have started on it
 
-def _add_batch(
-    expander: Expander, run_id: str, batch: list[SourceItem], blobs: Blobs, read_limit: int | None, now: float,
-) -> tuple[int, int]:
-    # expand_sources() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
-    # writer, workers processing the first items keep committing while the next batch is planned.
-    return expander.expand_sources(run_id, [(item.key, source_ref(item, blobs, read_limit)) for item in batch], now)
+    def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
+        batch: list[SourceItem] = []
+        for item in itertools.chain(items, [None]):  # streamed: None marks the end
+            if item is not None:
+                batch.append(item)
+            if batch and (item is None or len(batch) >= BATCH):
+                queued = self.batch(batch)
+                batch = []
+                if queued and on_work is not None:
+                    on_work(self.run_id)
+                    on_work = None
+
+    def batch(self, batch: list[SourceItem]) -> int:
+        if self.resumed:
+            done = self.store.existing_roots(self.run_id, [item.key for item in batch])
+            batch = [item for item in batch if item.key not in done]
+        good: list[tuple[str, Ref]] = []
+        bad: list[tuple[str, str]] = []
+        for item in batch:
+            ref = None if item.problem is not None else self.source(item)
+            if ref is None:
+                bad.append((item.key, item.problem or "unreadable"))
+            elif isinstance(ref, str):
+                bad.append((item.key, ref))
+            else:
+                good.append((item.key, ref))
+        # expand_sources() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
+        # writer, workers processing the first items keep committing while the next batch is planned.
+        hits, queued = self.expander.expand_sources(self.run_id, good, self.clock(), bad)
+        self.visible = True
+        self.cached += hits
+        return queued
+
+    def source(self, item: SourceItem) -> Ref | str:
+        """The item's stored source, or why it could not be read (``strict``: InputError)."""
+        try:
+            return source_ref(item, self.blobs, self.read_limit)
+        except OSError as exc:
+            where = str(item.path)
+            if self.strict:
+                raise InputError(f"cannot read input {where!r}: {exc.strerror}; fix or remove it") from None
+            return f"{where!r} could not be read: {exc.strerror or exc}"
 
 
 def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
-    """Store an item's bytes (inline when small) and return the reference.
+    """Store an item's bytes (inline when small) and return the reference; OSError when the source
+    cannot be read, BlobError when the blob store cannot take it.
 
     A file larger than every root stage accepts is never read: its task is
     refused on the size check, so its key comes from its path, size and mtime.
@@ -109,16 +249,16 @@ def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
     if item.text is not None:
         return _bytes_ref(item.text, blobs)
     assert item.path is not None
-    try:
-        stat = item.path.stat()
-        if read_limit is not None and stat.st_size > read_limit:
-            marker = f"unread\0{item.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-            return Ref("bytes", hashlib.sha256(marker.encode()).hexdigest(), stat.st_size, None)
-        if stat.st_size <= INLINE_MAX:
-            return _bytes_ref(item.path.read_bytes(), blobs)
-        digest, size = blobs.put_file(item.path)
-    except OSError as exc:
-        raise InputError(f"cannot read input {str(item.path)!r}: {exc.strerror}; fix or remove it") from None
+    stat = item.path.stat()
+    if read_limit is not None and stat.st_size > read_limit:
+        marker = f"unread\0{item.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        return Ref("bytes", hashlib.sha256(marker.encode()).hexdigest(), stat.st_size, None)
+    if stat.st_size <= INLINE_MAX:
+        with item.path.open("rb") as source:  # opened once: a file that grows meanwhile is read as it is now
+            data = source.read(INLINE_MAX + 1)
+        if len(data) <= INLINE_MAX:
+            return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data)
+    digest, size = blobs.put_file(item.path)
     return Ref("bytes", digest, size, None)
 
 

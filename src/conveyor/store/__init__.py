@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conveyor.errors import BackendUnavailable, UrlError
+from conveyor.errors import BackendUnavailable, ConveyorError, StoreError, StoreMissing, UrlError
 from conveyor.store.records import (
+    CHILD_MARK,
     AttemptRecord,
     ClaimedTask,
     DeadLetter,
@@ -23,40 +24,88 @@ from conveyor.store.sql_store import SqlStore
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput", "NewTasks",
-    "RunRecord", "SqlStore", "StoredOutput", "TaskStatus", "open_store",
+    "CHILD_MARK", "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput",
+    "NewTasks", "RunRecord", "SqlStore", "StoredOutput", "TaskStatus", "open_store", "sqlite_path",
 ]
 
 
-def open_store(url: str | None = None, *, migrate: bool = True) -> SqlStore:
-    """Open ``sqlite:///path.db`` or ``postgresql://...``; apply migrations unless told not to."""
+def open_store(url: str | None = None, *, migrate: bool = True, create: bool = True) -> SqlStore:
+    """Open ``sqlite:///path.db`` or ``postgresql://...``; apply migrations unless told not to.
+
+    ``create=False`` is for commands that only read: a SQLite file that does not exist yet raises
+    ``StoreMissing`` instead of being created (with its folder).
+    """
     url = url or os.environ.get("CONVEYOR_DB") or DEFAULT_DB
-    store = SqlStore(_dialect(url), url)
+    store = SqlStore(_dialect(url, create), url)
     if migrate:
-        store.migrate()
+        try:
+            store.migrate()
+        except Exception as exc:
+            store.close()
+            if isinstance(exc, ConveyorError):
+                raise
+            raise StoreError(f"cannot prepare the store at {_redact(url)}: {_first_line(exc)}") from exc
     return store
 
 
-def _dialect(url: str):  # type: ignore[no-untyped-def]
+def sqlite_path(url: str) -> str | None:
+    """The file behind a ``sqlite:`` URL (None for other URLs and in-memory stores)."""
+    if not url.startswith("sqlite:"):
+        return None
+    path = url.removeprefix("sqlite:").removeprefix("//")
+    if path in ("", "/"):
+        raise UrlError(f"--db {url!r} names no file; use sqlite:///path/to/file.db")
+    path = path[1:] if path.startswith("/") and not path.startswith("//") else path
+    return None if path == ":memory:" else path
+
+
+def _dialect(url: str, create: bool):  # type: ignore[no-untyped-def]
     from conveyor.store.dialect import PostgresDialect, SqliteDialect
 
     if url.startswith(("postgresql://", "postgres://")):
         try:
             return PostgresDialect(url)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise BackendUnavailable(f"cannot connect to PostgreSQL at {_redact(url)}: {first}") from None
+            raise BackendUnavailable(f"cannot connect to PostgreSQL at {_redact(url)}: {_first_line(exc)}") from None
     if url.startswith("sqlite:"):
-        path = url.removeprefix("sqlite:").removeprefix("//")
-        if path in ("", "/"):
-            raise UrlError(f"--db {url!r} names no file; use sqlite:///path/to/file.db")
-        if path != ":memory:":
-            path = path[1:] if path.startswith("/") and not path.startswith("//") else path
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return SqliteDialect(path)
+        path = sqlite_path(url)
+        return SqliteDialect(":memory:") if path is None else _sqlite(SqliteDialect, path, create)
     raise UrlError(
         f"--db {url!r} is not a database URL; use sqlite:///path/to/file.db or postgresql://user@host/db"
     )
+
+
+def _sqlite(dialect: type, path: str, create: bool):  # type: ignore[no-untyped-def]
+    """A SQLite store, with one-line errors for the ways a path can be wrong."""
+    import sqlite3
+
+    file = Path(path)
+    if file.is_dir():
+        raise UrlError(f"--db {path!r} is a folder; name a file, e.g. sqlite:///{path.rstrip('/')}/conveyor.db")
+    if not file.exists():
+        if not create:
+            raise StoreMissing(f"no conveyor store at {path} yet; `conveyor run TARGET --input PATH` creates it")
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UrlError(f"cannot create the folder of --db {path!r}: {exc.strerror}; "
+                           "choose a writable place") from None
+    try:
+        return dialect(os.path.realpath(path))
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc):
+            raise UrlError(f"--db {path!r} is not a SQLite database ({exc}); point --db at a conveyor store "
+                           "or at a new file") from None
+        raise UrlError(f"cannot open the SQLite store {path!r} ({exc}); check that the file and its folder "
+                       "are writable") from None
+    except OSError as exc:
+        raise UrlError(f"cannot open the SQLite store {path!r}: {exc.strerror}; check that the file and its "
+                       "folder are writable") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _redact(url: str) -> str:

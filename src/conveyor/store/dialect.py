@@ -9,16 +9,24 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
 
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
+# Item keys compare byte by byte, whatever the database's locale (a root's fan-out descendants are one range).
+BYTE_ORDERED_KEYS = "\n".join(
+    f'ALTER TABLE {table} ALTER COLUMN {column} TYPE TEXT COLLATE "C";'
+    for table, column in (("items", "item_key"), ("items", "root_key"), ("items", "parent_key"),
+                          ("tasks", "item_key"), ("tasks", "root_key")))
+
 
 class Dialect(Protocol):
     name: str
     types: dict[str, str]
+    local_clock: bool  # the store's clock is this machine's (one machine, one clock)
     skip_locked: str
     max_params: int
 
@@ -44,6 +52,15 @@ class Dialect(Protocol):
         """Bring the planner's picture of ``tables`` up to date after a bulk load."""
         ...
 
+    def clock(self) -> float:
+        """The store's time (epoch seconds): every machine of a fleet reads the same clock here."""
+        ...
+
+    def lock(self, name: str) -> None:
+        """Hold a lock named ``name`` until the current transaction ends (writers of one store exclude
+        each other already where the backend has a single writer)."""
+        ...
+
     def notify(self) -> None: ...
 
     def wait_for_work(self, timeout: float) -> None: ...
@@ -65,7 +82,8 @@ class WriterLock:
     _guard = threading.Lock()
 
     def __init__(self, db_path: str) -> None:
-        self.path = os.path.abspath(db_path) + ".lock"
+        # The real path: a store opened through a symlink queues on the same lock as through its target.
+        self.path = os.path.realpath(db_path) + ".lock"
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
 
     @contextmanager
@@ -98,9 +116,10 @@ class SqliteDialect:
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
-        "key64": KEY64_SQL["sqlite"]}
+        "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": ""}
     skip_locked = ""
     max_params = 30000
+    local_clock = True
 
     def __init__(self, path: str) -> None:
         import sqlite3
@@ -174,12 +193,17 @@ class SqliteDialect:
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """Nothing to refresh: SQLite plans without statistics unless ANALYZE was run, and conveyor never runs it."""
 
+    def clock(self) -> float:
+        """This machine's clock: an embedded store lives on one machine, which all its workers share."""
+        return time.time()
+
+    def lock(self, name: str) -> None:
+        """Nothing to take: a write transaction already holds the store's one writer lock."""
+
     def notify(self) -> None:
         """SQLite has no wake-ups across processes; idle workers poll."""
 
     def wait_for_work(self, timeout: float) -> None:
-        import time
-
         time.sleep(timeout)
 
     def close(self) -> None:
@@ -194,9 +218,10 @@ class PostgresDialect:
     name = "postgres"
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
-        "key64": KEY64_SQL["postgres"]}
+        "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
+    local_clock = False
     channel = "conveyor_tasks"
 
     def __init__(self, url: str) -> None:
@@ -270,6 +295,15 @@ class PostgresDialect:
         """ANALYZE: right after a bulk load the statistics still describe a far smaller table."""
         for table in tables:
             self.conn.execute(f"ANALYZE {table}")
+
+    def clock(self) -> float:
+        """The server's clock: workers on machines whose clocks disagree still agree on leases."""
+        row = self.conn.execute("SELECT extract(epoch from clock_timestamp())").fetchone()
+        assert row is not None
+        return float(row[0])
+
+    def lock(self, name: str) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
 
     def notify(self) -> None:
         self.conn.execute(f"NOTIFY {self.channel}")

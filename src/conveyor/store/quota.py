@@ -17,7 +17,6 @@ simulator) count.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -42,9 +41,7 @@ class QuotaQueries:
 
     def quota_clock(self) -> float:
         """The fleet's clock: PostgreSQL's on PostgreSQL, this machine's on SQLite."""
-        if self.db.name == "postgres":
-            return float(self.db.execute("SELECT extract(epoch from clock_timestamp())")[0][0])
-        return time.time()
+        return self.db.clock()
 
     def reserve_quota(
         self, key: str, requests: Sequence[tuple[str, int]], *, tpm: int | None, rpm: int | None,
@@ -59,8 +56,7 @@ class QuotaQueries:
         providers that enforce a minute's limit per second; one request always fits an empty second.
         """
         with self.db.transaction():
-            if self.db.name == "postgres":
-                self.db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (f"conveyor.quota:{key}",))
+            self.db.lock(f"conveyor.quota:{key}")
             now = self.quota_clock() if now is None else now
             paused = self._paused_until(key)
             if paused is not None and paused > now:

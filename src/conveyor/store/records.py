@@ -17,6 +17,12 @@ class TaskStatus(StrEnum):
 
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
 
+# A fan-out child's key is its parent's key, this mark and its index ("doc.pdf¶3"). Root keys never hold
+# the mark (service/inputs.py refuses or escapes it), so no root can take a child's key; and a root's
+# descendants sort in one range, from "<root>¶" up to "<root>" + the mark's successor.
+CHILD_MARK = "\u00b6"
+CHILD_RANGE_END = chr(ord(CHILD_MARK) + 1)
+
 
 class NewTasks:
     """Task rows to insert, by shape. Each shape's statement writes NULL itself for the columns it
@@ -35,18 +41,22 @@ class NewTasks:
     - ``failed``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
       input_digest, input_kind, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
       now, now, now: a refusal answered from the memo; it keeps its input so it may be requeued
+    - ``bad``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
+      input_digest, input_kind, input_size, error_class, last_error, max_attempts, lane_rank, now, now, now:
+      the root task of an item whose source could not be read (bad_input), failed without an attempt
     """
 
-    __slots__ = ("cached", "failed", "queued", "running")
+    __slots__ = ("bad", "cached", "failed", "queued", "running")
 
     def __init__(self) -> None:
         self.queued: list[tuple[Any, ...]] = []
         self.running: list[tuple[Any, ...]] = []
         self.cached: list[tuple[Any, ...]] = []
         self.failed: list[tuple[Any, ...]] = []
+        self.bad: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
-        return len(self.queued) + len(self.running) + len(self.cached) + len(self.failed)
+        return len(self.queued) + len(self.running) + len(self.cached) + len(self.failed) + len(self.bad)
 
 
 # The hot records are NamedTuples whose fields follow their table's column order,
@@ -70,6 +80,7 @@ class StoredOutput(NamedTuple):
     digest: str
     inline: bytes | None
     size: int
+    code: str | None = None  # the fingerprint of the stage code that made it
 
 
 class NewOutput(NamedTuple):
@@ -83,6 +94,7 @@ class NewOutput(NamedTuple):
     size: int
     run_id: str
     created_at: float
+    code: str | None = None  # the fingerprint of the stage code that made it
 
 
 class ClaimedTask(NamedTuple):
@@ -122,6 +134,7 @@ class AttemptRecord(NamedTuple):
     cost: float = 0.0
     model: str | None = None
     prompt_version: str | None = None
+    unpriced_calls: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +164,9 @@ class RunRecord:
     submitted_at: float | None
     finished_at: float | None
     lane: str = "bulk"
+    submitter: str | None = None  # who holds the submission, while it is under way
+    heartbeat_at: float | None = None  # the submitter's last sign of life (the store's clock)
+    note: str | None = None  # why a submission stopped (status "abandoned")
 
 
 @dataclass(frozen=True)

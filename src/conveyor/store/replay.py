@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
 from conveyor.store.tasks import chunks
 
 ANALYZE_FROM = 5_000  # items in the base run from which the planner's statistics are refreshed first
@@ -74,13 +75,12 @@ class ReplayQueries:
                     ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING""",
                     [run_id, lane_rank, now, now, now, base, *part])
             if children:
-                # A child's key extends its parent's with "#<index>", so a root's descendants sort between
-                # "<root>#" and "<root>$"; root_key = ? leaves out another root whose own key has a "#".
+                # A root's descendants are one range of item keys (records.CHILD_MARK); root_key = ? is a guard.
                 self.db.executemany(
                     """INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size,
                         created_at)
                     SELECT ?, item_key, parent_key, root_key, source_digest, source_size, ? FROM items
                     WHERE run_id = ? AND item_key > ? AND item_key < ? AND root_key = ?
                     ON CONFLICT (run_id, item_key) DO NOTHING""",
-                    [(run_id, now, base, f"{root}#", f"{root}$", root) for root in roots])
+                    [(run_id, now, base, root + CHILD_MARK, root + CHILD_RANGE_END, root) for root in roots])
         return copied

@@ -1,4 +1,4 @@
-"""Runs, status counts, reconciliation and the dead-letter list: the read side."""
+"""Status counts, reconciliation and the dead-letter list: the read side (runs: store/runs.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,9 @@ from typing import Any
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
-from conveyor.store.records import DeadLetter, RunRecord
+from conveyor.store.records import DeadLetter
 from conveyor.store.tasks import chunks
 
-RUN_COLUMNS = (
-    "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at, "
-    "lane"
-)
 DLQ_COLUMNS = (
     "id, task_id, run_id, item_key, stage, error_class, error, attempts, created_at, replayed_at, replay_reason"
 )
@@ -44,38 +40,6 @@ GROUP BY i.item_key
 
 class ReportQueries:
     db: Dialect
-
-    # --- runs -------------------------------------------------------------
-
-    def create_run(self, run: RunRecord) -> None:
-        with self.db.transaction():
-            self.db.execute(
-                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run.run_id, run.pipeline, run.target, run.input, run.status, run.expected,
-                 int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at, run.lane),
-            )
-
-    def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None) -> None:
-        column = "submitted_at" if status == "submitted" else "finished_at"
-        with self.db.transaction():
-            self.db.execute(
-                f"UPDATE runs SET status = ?, {column} = ?, expected = COALESCE(?, expected) WHERE run_id = ?",
-                (status, now, expected, run_id),
-            )
-
-    def discard_run(self, run_id: str) -> None:
-        """Remove a run whose submission failed, so nothing half-submitted is left."""
-        with self.db.transaction():
-            for table in ("attempts", "dead_letters", "tasks", "items", "runs"):
-                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-
-    def get_run(self, run_id: str) -> RunRecord | None:
-        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
-        return _run(rows[0]) if rows else None
-
-    def list_runs(self, limit: int = 20) -> list[RunRecord]:
-        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
-        return [_run(r) for r in rows]
 
     # --- progress -----------------------------------------------------------
 
@@ -111,14 +75,6 @@ class ReportQueries:
             depths[stage] = int(rows[0][0])
         return depths
 
-    def submitting(self, pipeline: str, run_id: str | None = None) -> bool:
-        """Whether a run (of this pipeline, or this run) is still being submitted: more work may come."""
-        where, params = _scope(run_id, None)
-        rows = self.db.execute(
-            f"SELECT COUNT(*) FROM runs WHERE status = 'submitting' AND pipeline = ? {where}", (pipeline, *params)
-        )
-        return int(rows[0][0]) > 0
-
     def next_due(self, pipeline: str, run_id: str | None = None) -> float | None:
         where, params = _scope(run_id, None)
         rows = self.db.execute(
@@ -129,10 +85,12 @@ class ReportQueries:
 
     def attempt_counts(self, run_id: str) -> dict[str, Any]:
         """Attempts of this run by outcome, ``stage_calls`` (stage functions actually invoked) and the
-        model usage of every attempt, retries and failures included."""
+        model usage of every attempt, retries and failures included (``unpriced_calls``: calls to a
+        model without a price, which ``cost`` leaves out)."""
         rows = self.db.execute(
             """SELECT outcome, SUM(invoked), COUNT(*), SUM(provider_calls), SUM(prompt_tokens),
-            SUM(completion_tokens), SUM(cost) FROM attempts WHERE run_id = ? GROUP BY outcome""",
+            SUM(completion_tokens), SUM(cost), SUM(unpriced_calls) FROM attempts WHERE run_id = ?
+            GROUP BY outcome""",
             (run_id,),
         )
         out: dict[str, Any] = {str(r[0]): int(r[2]) for r in rows}
@@ -141,6 +99,7 @@ class ReportQueries:
         out["prompt_tokens"] = sum(int(r[4] or 0) for r in rows)
         out["completion_tokens"] = sum(int(r[5] or 0) for r in rows)
         out["cost"] = sum(float(r[6] or 0) for r in rows)
+        out["unpriced_calls"] = sum(int(r[7] or 0) for r in rows)
         return out
 
     def attempt_errors(self, run_id: str) -> dict[str, int]:
@@ -293,9 +252,3 @@ def _scope(run_id: str | None, pipeline: str | None) -> tuple[str, tuple[Any, ..
         clauses.append("AND pipeline = ?")
         params.append(pipeline)
     return " ".join(clauses), tuple(params)
-
-
-def _run(row: tuple[Any, ...]) -> RunRecord:
-    values = list(row)
-    values[6] = bool(values[6])
-    return RunRecord(*values)

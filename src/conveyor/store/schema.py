@@ -1,7 +1,10 @@
 """The schema, as versioned migrations written once for both backends.
 
 Types are spelled with placeholders that each dialect fills in:
-``{id}`` an auto-increment primary key, ``{real}`` a float, ``{blob}`` bytes.
+``{id}`` an auto-increment primary key, ``{real}`` a float, ``{blob}`` bytes;
+``{byte_ordered_keys}`` makes item keys compare byte by byte (PostgreSQL's
+``COLLATE "C"``; SQLite compares bytes already), so a root's fan-out
+descendants are one index range whatever the database's locale.
 Timestamps are epoch seconds (float) so the clock can be passed in.
 """
 
@@ -186,6 +189,55 @@ SELECT {key64}, task_key, stage, kind, digest, inline, size, run_id, created_at 
 ORDER BY created_at ON CONFLICT (key64) DO NOTHING;
 DROP TABLE outputs;
 ALTER TABLE outputs_v4 RENAME TO outputs;
+""",
+    ),
+    (
+        5,
+        "hardening: code fingerprints, run notices, submission heartbeats, byte-ordered keys on PostgreSQL",
+        """
+-- The fingerprint of the stage code that made a memoised output: a hit made by other code under the
+-- same stage version is reported (stale_code) instead of being reused silently.
+ALTER TABLE outputs ADD COLUMN code TEXT;
+-- A submission holds its run with a heartbeat; a run whose submitter stopped beating is abandoned.
+ALTER TABLE runs ADD COLUMN submitter TEXT;
+ALTER TABLE runs ADD COLUMN heartbeat_at {real};
+ALTER TABLE runs ADD COLUMN note TEXT;
+-- Things a run should tell its user once per stage (kind 'stale_code': answered from other code's outputs).
+CREATE TABLE run_notices (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    version TEXT NOT NULL,
+    code TEXT,
+    count INTEGER NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (run_id, kind, stage)
+);
+-- `--accept-code-change STAGE`: outputs made under other code of this version are accepted for this code.
+CREATE TABLE code_acceptances (
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    version TEXT NOT NULL,
+    code TEXT NOT NULL,
+    run_id TEXT,
+    accepted_at {real} NOT NULL,
+    PRIMARY KEY (pipeline, stage, version, code)
+);
+-- A worker whose leases expired, and how many tasks it held then: its tasks are judged by that count
+-- ("it died alone with this one"), however many scans it takes to reclaim them.
+CREATE TABLE lost_workers (
+    owner TEXT PRIMARY KEY,
+    in_flight INTEGER NOT NULL,
+    noticed_at {real} NOT NULL
+);
+{byte_ordered_keys}
+""",
+    ),
+    (
+        6,
+        "provider calls without a price per attempt, so an unknown cost is never shown as $0",
+        """
+ALTER TABLE attempts ADD COLUMN unpriced_calls INTEGER NOT NULL DEFAULT 0;
 """,
     ),
 ]

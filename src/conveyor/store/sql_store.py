@@ -11,11 +11,12 @@ from conveyor.store.dialect import Dialect
 from conveyor.store.quota import QuotaQueries
 from conveyor.store.replay import ReplayQueries
 from conveyor.store.reports import ReportQueries
+from conveyor.store.runs import RunQueries
 from conveyor.store.schema import MIGRATIONS
 from conveyor.store.tasks import TaskQueries
 
 
-class SqlStore(TaskQueries, ReportQueries, QuotaQueries, ReplayQueries):
+class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
@@ -34,13 +35,13 @@ class SqlStore(TaskQueries, ReportQueries, QuotaQueries, ReplayQueries):
     def migrate(self) -> int:
         """Apply every migration not applied yet; return the schema version."""
         with self.db.transaction():
+            # First, before anything is created: processes opening a fresh database at once must not
+            # race even on CREATE TABLE IF NOT EXISTS (PostgreSQL answers one of them UniqueViolation).
+            self.db.lock("conveyor.migrate")
             self.db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
                 f"description TEXT NOT NULL, applied_at {self.db.types['real']} NOT NULL)"
             )
-            if self.db.name == "postgres":
-                # Two processes migrating at once must not both apply the same step.
-                self.db.execute("SELECT pg_advisory_xact_lock(7305814)")
             done = {int(r[0]) for r in self.db.execute("SELECT version FROM schema_migrations")}
             for version, description, ddl in MIGRATIONS:
                 if version in done:
@@ -59,6 +60,10 @@ class SqlStore(TaskQueries, ReportQueries, QuotaQueries, ReplayQueries):
         except Exception as exc:
             raise StoreError(f"the store at {self.url} is not initialised ({exc})") from None
         return int(rows[0][0] or 0)
+
+    def clock(self) -> float:
+        """The fleet's clock: PostgreSQL's on PostgreSQL, this machine's on SQLite."""
+        return self.db.clock()
 
     def notify(self) -> None:
         self.db.notify()

@@ -44,6 +44,10 @@ INSERT_FAILED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, error_class, las
     available_at, created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
     ?, ?, ?, 'failed', 1) {_NEW_TASK_TAIL}"""
 
+INSERT_BAD = f"""{_NEW_TASK_HEAD}, input_size, error_class, last_error, max_attempts, lane_rank, available_at,
+    created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'failed', 0)
+    {_NEW_TASK_TAIL}"""
+
 INSERT_ITEM = """
 INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, item_key) DO NOTHING
@@ -53,15 +57,21 @@ INSERT INTO items (run_id, item_key, root_key, source_digest, source_size, creat
 VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, item_key) DO NOTHING
 """
 
+# Insert-or-ignore: the first output of a task key wins. A memoised refusal is the one row that may be
+# replaced (by the same key's output or a newer refusal): it is consulted only while its guard still holds
+# (a refusal under max_input_bytes=N is not an answer once the limit is raised), and requeue forgets it.
 INSERT_OUTPUT = """
-INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO NOTHING
+INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at, code)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO UPDATE SET kind = excluded.kind,
+    digest = excluded.digest, inline = excluded.inline, size = excluded.size, run_id = excluded.run_id,
+    created_at = excluded.created_at, code = excluded.code
+WHERE outputs.kind = 'failed' AND outputs.task_key = excluded.task_key
 """
 
 ATTEMPT_COLUMNS = (
     "task_id", "run_id", "attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
     "stage_version", "code_version", "started_at", "duration", "provider_calls", "prompt_tokens",
-    "completion_tokens", "cost", "model", "prompt_version")
+    "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls")
 # The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
 PLAIN_ATTEMPT_COLUMNS = ("task_id", "run_id", "attempt", "outcome", "invoked", "worker", "lease_token",
                          "stage_version", "code_version", "started_at", "duration")
@@ -128,6 +138,7 @@ class TaskQueries:
             self.db.executemany(INSERT_QUEUED, tasks.queued)
             self.db.executemany(INSERT_CACHED, tasks.cached)
             self.db.executemany(INSERT_FAILED, tasks.failed)
+            self.db.executemany(INSERT_BAD, tasks.bad)
             claimed = self._insert_running(tasks.running) if tasks.running else []
             if tasks.queued:
                 self.db.notify()
@@ -141,14 +152,14 @@ class TaskQueries:
         """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""
         return {key: StoredOutput(key, *row) for key, row in self.memo_rows(task_keys).items()}
 
-    def memo_rows(self, task_keys: Iterable[str]) -> dict[str, tuple[str, str, str, bytes | None, int]]:
-        """lookup_outputs as plain tuples (stage, kind, digest, inline, size), for the planner's hot loop."""
+    def memo_rows(self, task_keys: Iterable[str]) -> dict[str, tuple[str, str, str, bytes | None, int, str | None]]:
+        """lookup_outputs as plain tuples (stage, kind, digest, inline, size, code), for the planner's hot loop."""
         wanted = set(task_keys)
-        found: dict[str, tuple[str, str, str, bytes | None, int]] = {}
+        found: dict[str, tuple[str, str, str, bytes | None, int, str | None]] = {}
         for part in chunks([key64(k) for k in wanted], 900):
             marks = ",".join("?" * len(part))
             for key, *row in self.db.execute(
-                f"SELECT task_key, stage, kind, digest, inline, size FROM outputs WHERE key64 IN ({marks})",
+                f"SELECT task_key, stage, kind, digest, inline, size, code FROM outputs WHERE key64 IN ({marks})",
                 part,
             ):
                 if key in wanted:
@@ -263,6 +274,28 @@ class TaskQueries:
     def requeue_crashed(self, rows: Sequence[tuple[float, str, int, int, int]]) -> int:
         """rows: (available at, message, attempts to refund, task id, lease token); the task becomes a suspect."""
         return self.db.executemany_count(REQUEUE_CRASHED, rows)
+
+    def note_lost_workers(self, owners: Sequence[str], now: float) -> dict[str, int]:
+        """For each owner whose leases expired: how many tasks it held when that was first noticed
+        (recorded once, so a worker's death is judged the same way in every later scan)."""
+        if not owners:
+            return {}
+        marks = ",".join("?" * len(owners))
+        with self.db.transaction():
+            held = self.db.execute(f"SELECT lease_owner, COUNT(*) FROM tasks WHERE status = 'running' AND "
+                                   f"lease_owner IN ({marks}) GROUP BY lease_owner", list(owners))
+            self.db.executemany("INSERT INTO lost_workers (owner, in_flight, noticed_at) VALUES (?, ?, ?) "
+                                "ON CONFLICT (owner) DO NOTHING", [(owner, count, now) for owner, count in held])
+            self.db.execute("DELETE FROM lost_workers WHERE noticed_at < ?", (now - 7 * 86400,))  # a week is plenty
+            return {str(owner): int(count) for owner, count in self.db.execute(
+                f"SELECT owner, in_flight FROM lost_workers WHERE owner IN ({marks})", list(owners))}
+
+    def add_notices(self, rows: Sequence[tuple[str, str, str, str, str | None, int, float]]) -> None:
+        """rows: (run id, kind, stage, stage version, code, count, now); counts add up per (run, kind, stage)."""
+        self.db.executemany(
+            "INSERT INTO run_notices (run_id, kind, stage, version, code, count, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind, stage) "
+            "DO UPDATE SET count = run_notices.count + excluded.count", rows)
 
     def expired_leases(self, pipeline: str, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(

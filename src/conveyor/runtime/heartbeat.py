@@ -1,0 +1,55 @@
+"""A submission's heartbeat: the sign that its submitter is alive, written from a thread of its own.
+
+Workers that run until idle wait while a run is being submitted (more work may
+come). If the submitter is killed, its heartbeat stops; ``ABANDON_AFTER_S``
+later the run is marked ``abandoned``, the workers return, and the submission
+can be resumed. The heartbeat runs in a thread with its own store connection,
+so reading one very large file does not make a live submission look dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from conveyor.store import open_store, sqlite_path
+
+log = logging.getLogger("conveyor.submit")
+
+HEARTBEAT_S = 2.0
+# Several missed heartbeats: the submitter is gone. CONVEYOR_ABANDON_AFTER_S shortens it, for tests only.
+ABANDON_AFTER_S = max(3 * HEARTBEAT_S, float(os.environ.get("CONVEYOR_ABANDON_AFTER_S", "15")))
+
+
+class Heartbeat:
+    """``with Heartbeat(url, run_id, submitter):`` keeps the submission's hold on its run."""
+
+    def __init__(self, url: str, run_id: str, submitter: str, interval: float = HEARTBEAT_S) -> None:
+        self.url, self.run_id, self.submitter, self.interval = url, run_id, submitter, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="conveyor-heartbeat", daemon=True)
+        self.lost = False  # the run was taken from us (marked abandoned by someone who thought us dead)
+
+    def __enter__(self) -> Heartbeat:
+        if sqlite_path(self.url) is not None or not self.url.startswith("sqlite:"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _beat(self) -> None:
+        store = None
+        while not self._stop.wait(self.interval):
+            try:
+                store = store or open_store(self.url, migrate=False)
+                if not store.heartbeat(self.run_id, self.submitter, store.clock()):
+                    self.lost = True
+            except Exception:  # a missed beat is not fatal; several are, by design
+                log.warning("submission heartbeat of run %s failed", self.run_id, exc_info=True,
+                            extra={"event": "heartbeat_failed", "run": self.run_id})
+        if store is not None:
+            store.close()

@@ -1,0 +1,141 @@
+"""Runs: creation, the submission's heartbeat and hand-over, status, and what a run tells its user.
+
+A submission holds its run: the submitter writes a heartbeat every few seconds
+(the store's clock), and a run still ``submitting`` whose heartbeat is older
+than the caller's limit is ``abandoned`` — workers stop waiting for it, and a
+new submitter may take it over (``take_submission``) to finish it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.records import RunRecord
+from conveyor.store.tasks import chunks
+
+RUN_COLUMNS = (
+    "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at, "
+    "lane, submitter, heartbeat_at, note"
+)
+# A submission that may still be under way: being submitted, or abandoned and waiting to be resumed.
+UNFINISHED = ("submitting", "abandoned")
+
+
+class RunQueries:
+    db: Dialect
+
+    def create_run(self, run: RunRecord) -> None:
+        with self.db.transaction():
+            self.db.execute(
+                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.run_id, run.pipeline, run.target, run.input, run.status, run.expected,
+                 int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at, run.lane,
+                 run.submitter, run.heartbeat_at, run.note),
+            )
+
+    def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None,
+                       note: str | None = None) -> None:
+        column = "submitted_at" if status == "submitted" else "finished_at"
+        with self.db.transaction():
+            self.db.execute(
+                f"UPDATE runs SET status = ?, {column} = ?, expected = COALESCE(?, expected), note = ? "
+                "WHERE run_id = ?", (status, now, expected, note, run_id))
+
+    def discard_run(self, run_id: str) -> None:
+        """Remove a run whose submission failed before any of its work could be seen by a worker."""
+        with self.db.transaction():
+            for table in ("attempts", "dead_letters", "tasks", "items", "run_notices", "runs"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def list_runs(self, limit: int = 20) -> list[RunRecord]:
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [_run(r) for r in rows]
+
+    # --- the submission's heartbeat -------------------------------------------
+
+    def heartbeat(self, run_id: str, submitter: str, now: float) -> bool:
+        """Renew the submitter's hold on its run; False when it has lost it (abandoned, taken over)."""
+        with self.db.transaction():
+            return self.db.execute_rowcount(
+                "UPDATE runs SET heartbeat_at = ? WHERE run_id = ? AND submitter = ? AND status = 'submitting'",
+                (now, run_id, submitter)) == 1
+
+    def submitting(self, pipeline: str, run_id: str | None, now: float, abandon_after: float) -> bool:
+        """Whether a submission (of this pipeline, or this run) is still alive: more work may come. Runs
+        whose submitter stopped beating ``abandon_after`` seconds ago are marked abandoned first."""
+        run_filter, params = ("AND run_id = ?", (run_id,)) if run_id else ("", ())
+        live = f"status = 'submitting' AND pipeline = ? {run_filter}"
+        if self.db.execute(f"SELECT 1 FROM runs WHERE {live} LIMIT 1", (pipeline, *params)):
+            with self.db.transaction():
+                self.db.execute(
+                    f"UPDATE runs SET status = 'abandoned', note = ? WHERE {live} AND heartbeat_at < ?",
+                    (f"the submitter stopped: no heartbeat for {abandon_after:g} s", pipeline, *params,
+                     now - abandon_after))
+            return bool(self.db.execute(f"SELECT 1 FROM runs WHERE {live} LIMIT 1", (pipeline, *params)))
+        return False
+
+    def take_submission(self, run_id: str, submitter: str, now: float, abandon_after: float) -> bool:
+        """Hand an unfinished submission to ``submitter``: only when it was abandoned, or its submitter
+        stopped beating ``abandon_after`` seconds ago. True when it is now ours."""
+        with self.db.transaction():
+            return self.db.execute_rowcount(
+                "UPDATE runs SET status = 'submitting', submitter = ?, heartbeat_at = ?, note = NULL "
+                "WHERE run_id = ? AND (status = 'abandoned' OR (status = 'submitting' AND heartbeat_at < ?))",
+                (submitter, now, run_id, now - abandon_after)) == 1
+
+    def unfinished_run(self, pipeline: str, stages: str, input_path: str) -> RunRecord | None:
+        """The latest run of this pipeline and graph over this input whose submission did not finish."""
+        marks = ",".join("?" * len(UNFINISHED))
+        rows = self.db.execute(
+            f"SELECT {RUN_COLUMNS} FROM runs WHERE pipeline = ? AND stages = ? AND input = ? AND status IN ({marks})"
+            " ORDER BY created_at DESC LIMIT 1", (pipeline, stages, input_path, *UNFINISHED))
+        return _run(rows[0]) if rows else None
+
+    def existing_roots(self, run_id: str, keys: Sequence[str]) -> set[str]:
+        """Of ``keys``, the root items the run already has (a resumed submission skips them)."""
+        found: set[str] = set()
+        for part in chunks(list(keys), 900):
+            marks = ",".join("?" * len(part))
+            found.update(str(r[0]) for r in self.db.execute(
+                f"SELECT item_key FROM items WHERE run_id = ? AND item_key IN ({marks})", [run_id, *part]))
+        return found
+
+    # --- code changes ---------------------------------------------------------
+
+    def accept_code(self, rows: Sequence[tuple[str, str, str, str, str, float]]) -> None:
+        """rows: (pipeline, stage, version, code, run id, now): outputs made by other code under this stage
+        version are accepted for this code (``--accept-code-change``)."""
+        with self.db.transaction():
+            self.db.executemany(
+                "INSERT INTO code_acceptances (pipeline, stage, version, code, run_id, accepted_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline, stage, version, code) DO NOTHING", rows)
+
+    def stale_code(self, run_id: str) -> list[tuple[str, str, int]]:
+        """(stage, version, tasks) answered in this run from outputs that other code made under the same
+        stage version, and not accepted for the code the run declared."""
+        rows = self.db.execute(
+            """SELECT n.stage, n.version, n.count FROM run_notices n JOIN runs r ON r.run_id = n.run_id
+            WHERE n.run_id = ? AND n.kind = 'stale_code' AND NOT EXISTS (
+                SELECT 1 FROM code_acceptances a WHERE a.pipeline = r.pipeline AND a.stage = n.stage
+                AND a.version = n.version AND a.code = n.code)
+            ORDER BY n.created_at, n.stage""", (run_id,))
+        return [(str(stage), str(version), int(count)) for stage, version, count in rows]
+
+    def copy_notices(self, base: str, run_id: str) -> None:
+        """A run that copies settled items from ``base`` inherits what ``base`` had to say about them."""
+        self.db.execute(
+            "INSERT INTO run_notices (run_id, kind, stage, version, code, count, created_at) "
+            "SELECT ?, kind, stage, version, code, count, created_at FROM run_notices WHERE run_id = ? "
+            "ON CONFLICT (run_id, kind, stage) DO NOTHING", (run_id, base))
+
+
+def _run(row: tuple[Any, ...]) -> RunRecord:
+    values = list(row)
+    values[6] = bool(values[6])
+    return RunRecord(*values)

@@ -1,0 +1,157 @@
+"""Bad input is an item with an outcome, not a stopped run (both backends where a store is involved)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.errors import InputError
+from conveyor.service.inputs import check_input, iter_items
+from tests.helpers import cli, cli_json, reconciled, submit_and_work, write_pipeline
+
+PIPE = """
+    from conveyor import Pipeline, Retry
+
+    pipe = Pipeline("inputs", retry=Retry(max_attempts=2, base=0.01))
+
+    @pipe.stage
+    def parse(ctx, source: bytes) -> str:
+        return source.decode()
+
+    @pipe.stage(after=parse)
+    def upper(ctx, text: str) -> str:
+        return text.upper()
+"""
+
+
+def _broken_folder(root: Path) -> Path:
+    """A folder with two good files and every kind of entry that cannot be a source."""
+    docs = root / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "good.txt").write_text("good")
+    (docs / "sub" / "nested.txt").write_text("nested")
+    (docs / "dangling").symlink_to(root / "nowhere.txt")
+    (docs / "folder-link").symlink_to(docs / "sub")
+    os.mkfifo(docs / "pipe")
+    locked = docs / "locked.txt"
+    locked.write_text("secret")
+    locked.chmod(0)
+    return docs
+
+
+def _unreadable_is_testable() -> bool:
+    return os.geteuid() != 0  # root reads a file whatever its mode
+
+
+
+def _not_done(report: dict[str, Any]) -> dict[str, str]:
+    return {e["item_key"]: e["tasks"][0]["error"] for e in report["not_done"]}
+
+
+def test_a_folder_with_broken_entries_runs_every_good_item_and_names_each_bad_one(
+    tmp_path: Path, store_url: str,
+) -> None:
+    docs = _broken_folder(tmp_path)
+    target = write_pipeline(tmp_path, PIPE)
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    report = reconciled(store_url, done.run_id)
+
+    bad = {"dangling": "is a symlink to a missing file", "folder-link": "is a symlink to a folder",
+           "pipe": "is a FIFO (named pipe), not a regular file"}
+    if _unreadable_is_testable():
+        bad["locked.txt"] = "is not readable"
+    good = 2 + (0 if _unreadable_is_testable() else 1)
+    assert report["expected"] == good + len(bad)
+    assert report["outcomes"] == {"completed": good, "failed": len(bad)}
+    assert report["unaccounted"] == 0 and report["stage_calls"] == 2 * good
+    errors = _not_done(report)
+    assert set(errors) == set(bad)
+    for key, why in bad.items():
+        assert why in errors[key]
+    assert all(e["error_classes"] == ["bad_input"] for e in report["not_done"])
+
+
+def test_a_manifest_line_whose_source_is_broken_is_a_bad_input_item(tmp_path: Path, store_url: str) -> None:
+    _broken_folder(tmp_path)
+    lines = [{"key": "ok", "text": "fine"}, {"key": "missing", "path": "docs/nope.txt"},
+             {"key": "dir", "path": "docs/sub"}, {"key": "fifo", "path": "docs/pipe"},
+             {"key": "dangling", "path": "docs/dangling"}, {"key": "file", "path": "docs/good.txt"}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    target = write_pipeline(tmp_path, PIPE)
+    done = submit_and_work(target, manifest, store_url, tmp_path / "blobs")
+    report = reconciled(store_url, done.run_id)
+    assert report["expected"] == 6 and report["outcomes"] == {"completed": 2, "failed": 4}
+    errors = _not_done(report)
+    assert errors["missing"] == "path 'docs/nope.txt' (line 2) does not exist"
+    assert "(line 3) is a folder, not a file" in errors["dir"]
+    assert "FIFO" in errors["fifo"] and "symlink to a missing file" in errors["dangling"]
+
+
+def test_strict_inputs_refuses_the_submission_and_leaves_nothing(tmp_path: Path) -> None:
+    write_pipeline(tmp_path, PIPE)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"key": "a", "text": "x"}\n{"key": "b", "path": "missing.txt"}\n')
+    db = f"sqlite:///{tmp_path}/c.db"
+    proc = cli("submit", "pipe.py:pipe", "--input", str(manifest), "--db", db, "--strict-inputs", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: {manifest}:2: path 'missing.txt' does not exist; fix it "
+                                   "(or leave out --strict-inputs)")
+    assert cli_json("status", "--db", db, cwd=tmp_path)["runs"] == []
+
+
+def test_bad_lines_are_user_errors_unless_skipped(tmp_path: Path, store_url: str) -> None:
+    manifest = tmp_path / "items.jsonl"
+    manifest.write_text('{"key": "a", "text": "one"}\nnot json\n{"text": "no key"}\n{"key": "b", "text": "two"}\n')
+    with pytest.raises(InputError, match=r"items\.jsonl:2: not valid JSON"):
+        check_input(manifest)
+    check_input(manifest, skip_bad_lines=True)
+    assert [(i.key, i.problem is not None) for i in iter_items(manifest, skip_bad_lines=True)] == [
+        ("a", False), ("items.jsonl:2", True), ("items.jsonl:3", True), ("b", False)]
+
+    target = write_pipeline(tmp_path, PIPE)
+    db = ["--db", store_url, "--blobs", str(tmp_path / "blobs")]
+    refused = cli("run", target, "--input", str(manifest), *db, cwd=tmp_path)
+    assert refused.returncode == 2 and "items.jsonl:2: not valid JSON" in refused.stderr
+    assert "--skip-bad-lines" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    summary = cli_json("run", target, "--input", str(manifest), "--skip-bad-lines", "--workers", "1", *db,
+                       cwd=tmp_path)
+    assert summary["expected"] == 4 and summary["outcomes"] == {"completed": 2, "failed": 2}
+    assert _not_done(summary) == {"items.jsonl:2": summary["not_done"][0]["tasks"][0]["error"],
+                                  "items.jsonl:3": "items.jsonl:3: missing or empty \"key\""}
+    assert summary["not_done"][0]["tasks"][0]["error"].startswith("items.jsonl:2: not valid JSON")
+
+
+def test_a_run_with_bad_input_exits_4_and_an_empty_folder_warns(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    db = ["--db", store_url, "--blobs", str(tmp_path / "blobs")]
+    empty = cli("run", target, "--input", str(docs), "--json", *db, cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr
+    assert json.loads(empty.stdout)["expected"] == 0
+    assert f"warning: --input {docs} holds no items; the run expects 0" in empty.stderr
+
+    (docs / "a.txt").write_text("a")
+    (docs / "gone").symlink_to(tmp_path / "gone.txt")
+    failed = cli("run", target, "--input", str(docs), "--json", *db, cwd=tmp_path)
+    assert failed.returncode == 4, failed.stderr
+    assert json.loads(failed.stdout)["outcomes"] == {"completed": 1, "failed": 1}
+
+
+def test_a_bad_input_item_is_tried_again_by_a_rerun_once_its_file_is_fixed(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a")
+    (docs / "b.txt").symlink_to(tmp_path / "b-source.txt")
+    first = reconciled(store_url, submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id)
+    assert first["outcomes"] == {"completed": 1, "failed": 1}
+    (tmp_path / "b-source.txt").write_text("b")
+    second = reconciled(store_url, submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id)
+    assert second["outcomes"] == {"completed": 2}
+    assert second["stage_calls"] == 2 and second["cached"] == 2
