@@ -90,3 +90,22 @@ def test_the_fingerprint_ignores_layout_comments_docstrings_and_decorators() -> 
     assert len(fingerprints) == 1
     built = eval("lambda ctx, x: x + 1")  # no source: the compiled code is fingerprinted
     assert len(code_fingerprint(built)) == 16
+
+
+def test_a_worker_says_once_per_stage_when_its_commits_met_other_code(tmp_path: Path, store_url: str) -> None:
+    make_docs(tmp_path / "docs", 5)
+    _run(tmp_path, store_url, ORIGINAL)
+    # parse runs again (version 2) and makes the same outputs; count's code changed under its version 1.
+    source = (PIPE.replace("{version}", "2").replace("{parse_body}", ORIGINAL)
+              .replace('return len(doc["text"])', 'return len(doc["text"]) + 0'))
+    target = write_pipeline(tmp_path, source, "changed.py")
+    common = ["--db", store_url, "--blobs", str(tmp_path / "blobs")]
+    submitted = json.loads(cli("submit", target, "--input", str(tmp_path / "docs"), "--json", *common,
+                               cwd=tmp_path).stdout)
+    worker = cli("worker", target, "--until-idle", "--json", *common, cwd=tmp_path)
+    assert worker.returncode == 0, worker.stderr
+    assert json.loads(worker.stdout)["stale_code"] == 5
+    warnings = [line for line in worker.stderr.splitlines() if "answered from outputs that other code made" in line]
+    assert len(warnings) == 1 and "stage 'count' (version 1)" in warnings[0]
+    status = json.loads(cli("status", submitted["run_id"], "--json", "--db", store_url, cwd=tmp_path).stdout)
+    assert [s["stage"] for s in status["stale_code"]] == ["count"]

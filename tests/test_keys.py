@@ -183,3 +183,30 @@ def test_config_hash_is_canonical_and_stable_across_processes() -> None:
 def test_a_config_value_that_is_not_json_like_is_a_declaration_error(value: Any) -> None:
     with pytest.raises(PipelineError, match=r"stage 'a': config\['v'\]"):
         Pipeline("cfg").stage(lambda ctx, x: x, name="a", config={"v": value})
+
+
+def test_an_unchanged_manifest_is_checked_once_and_a_changed_one_again(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from conveyor.service import submit as submission
+
+    checked: list[str] = []
+    check = submission.check_input
+
+    def counted(path: str, skip: bool = False) -> None:
+        checked.append(str(path))
+        check(path, skip)
+
+    monkeypatch.setattr(submission, "check_input", counted)
+    monkeypatch.setenv("SINK", str(tmp_path / "sink.log"))
+    monkeypatch.setenv("PIPE_NAME", "checked")
+    target = write_pipeline(tmp_path, TWIN)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"key": "a", "text": "1"}, {"key": "b", "text": "2"}])
+    submit_and_work(target, manifest, store_url, tmp_path / "blobs")
+    submit_and_work(target, manifest, store_url, tmp_path / "blobs")
+    assert checked == [str(manifest)], "the same manifest, unchanged, is read once for checking"
+    with manifest.open("a") as more:
+        more.write(json.dumps({"key": "a", "text": "again"}) + "\n")
+    with pytest.raises(InputError, match=r"m\.jsonl:3: key 'a' is also on line 1"):
+        submit_and_work(target, manifest, store_url, tmp_path / "blobs")
+    assert len(checked) == 2

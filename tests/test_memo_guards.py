@@ -131,3 +131,29 @@ def test_lease_expired_honours_its_own_attempt_budget(tmp_path: Path, store_url:
             ("dead_lettered", "lease_expired")]
     finally:
         store.close()
+
+
+HUNGRY = """
+    from conveyor import Pipeline
+
+    pipe = Pipeline("hungry")
+
+    @pipe.stage(max_memory_mb={limit})
+    def grow(ctx, source: bytes) -> int:
+        return len(bytearray(64 * 2**20))  # 64 MB
+"""
+
+
+def test_a_memory_limit_refusal_answers_only_under_the_same_limit(tmp_path: Path, store_url: str) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"key": "big", "text": "x"}) + "\n")
+
+    def run(limit: int) -> dict[str, Any]:
+        target = write_pipeline(tmp_path, HUNGRY.replace("{limit}", str(limit)), f"hungry{limit}.py")
+        return reconciled(store_url, submit_and_work(target, manifest, store_url, tmp_path / "blobs").run_id)
+
+    first = run(16)
+    assert first["outcomes"] == {"failed": 1} and first["not_done"][0]["error_classes"] == ["memory_limit"]
+    assert run(16)["stage_calls"] == 0, "the refusal is memoised under max_memory_mb=16"
+    raised = run(512)
+    assert raised["outcomes"] == {"completed": 1} and raised["stage_calls"] == 1

@@ -148,6 +148,9 @@ def _finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None 
 
     if input_label is not None and not summary["expected"]:
         typer.echo(f"warning: --input {input_label} holds no items; the run expects 0", err=True)
+    if summary.get("resumed"):
+        typer.echo(f"note: finished the submission of run {summary['run_id']}, which had stopped part way "
+                   "(items already submitted were kept, none twice)", err=True)
     for line in stale_code_warnings(summary.get("stale_code") or []):
         typer.echo(line, err=True)
     _emit(summary, as_json, render.summary)
@@ -165,9 +168,9 @@ def _resume_hint(run_id: str, db: str, blobs: str) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _interrupted(run_id: str, db: str, blobs: str) -> None:
-    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {_resume_hint(run_id, db, blobs)}",
-               err=True)
+def _interrupted(run_id: str, db: str, blobs: str, command: str | None = None) -> None:
+    hint = command or _resume_hint(run_id, db, blobs)
+    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {hint}", err=True)
     raise typer.Exit(INTERRUPTED)
 
 
@@ -267,7 +270,10 @@ def submit(
                               on_run=_remember_run)
         except KeyboardInterrupt:
             if _RUN and store.get_run(_RUN[-1]) is not None:
-                _interrupted(_RUN[-1], db, blobs)
+                again = [a for a in sys.argv[1:] if a != "--json"]
+                if "--resume" not in again:
+                    again += ["--resume", _RUN[-1]]
+                _interrupted(_RUN[-1], db, blobs, " ".join(shlex.quote(a) for a in ["conveyor", *again]))
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -309,7 +315,8 @@ def worker(
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
     blob_store = _writable_blobs(blobs)
-    options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size)
+    # A fleet started by `run` is --quiet: the run itself says what its workers found, once.
+    options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size, warn_stale_code=not quiet)
     with _stage_output_to_stderr():
         stats = Worker(pipeline, target, db, blob_store, options).run()
     data = {"worker": "done", **dict(stats)}

@@ -21,68 +21,90 @@ err = Console(stderr=True)
 DONE = ("succeeded", "failed", "dead_lettered")
 
 
+Status = Callable[[], dict[str, Any]]
+
+
 @contextmanager
-def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
-    """A callback that shows progress from status dicts on stderr: one bar per stage on a terminal
-    (unless ``bars`` is False), else a line every ``every`` seconds (CONVEYOR_PROGRESS_S, default 5;
-    0 turns it off), so a run in CI, under nohup or in a pipe still says how far it got."""
+def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable[[Status], None] | None]:
+    """A callback that shows progress on stderr, given a function that reads the run's status: one bar
+    per stage on a terminal (unless ``bars`` is False), else a line every ``every`` seconds
+    (CONVEYOR_PROGRESS_S, default 5; 0 turns it off), so a run in CI, under nohup or in a pipe still says
+    how far it got. Reading the status counts the run's tasks, so it is read at most as often as shown,
+    and never so often that it takes more than a twentieth of the time."""
     if not bars or not sys.stderr.isatty():
         every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
         yield ProgressLines(every) if every > 0 else None
         return
     board = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
+                     TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
     ids: dict[str, Any] = {}
+    pace = _Pace(0.25)
 
-    def update(status: dict[str, Any]) -> None:
+    def update(read: Status) -> None:
+        status = pace.read(read)
+        if status is None:
+            return
         for stage, counts in status["stages"].items():
-            total = sum(counts.values())
-            done = sum(counts.get(k, 0) for k in DONE)
-            note = ", ".join(f"{counts[k]} {k}" for k in ("failed", "dead_lettered") if counts.get(k))
+            total, done = counts["total"], counts["done"]
             if stage not in ids:
-                ids[stage] = board.add_task(stage, total=total or None, note=note)
-            board.update(ids[stage], total=total or None, completed=done, note=note)
+                ids[stage] = board.add_task(stage, total=total or None, note="")
+            board.update(ids[stage], total=total or None, completed=done)
 
     with board:
         yield update
+
+
+class _Pace:
+    """Reads a status when ``every`` seconds have passed, and at most a twentieth of the time."""
+
+    def __init__(self, every: float) -> None:
+        self.every = self.gap = every
+        self.last_at = time.monotonic()
+
+    def read(self, status: Status) -> dict[str, Any] | None:
+        now = time.monotonic()
+        if now - self.last_at < self.gap:
+            return None
+        data = status()
+        took = time.monotonic() - now
+        self.last_at, self.gap = now, max(self.every, 20 * took)
+        return data
 
 
 class ProgressLines:
     """Plain progress lines: per stage done/total, the rate over the last interval, and an ETA."""
 
     def __init__(self, every: float) -> None:
-        self.every = every
+        self.pace = _Pace(every)
         self.started = self.last_at = time.monotonic()
         self.last_done = 0
 
-    def __call__(self, status: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if now - self.last_at < self.every:
+    def __call__(self, read: Status) -> None:
+        status = self.pace.read(read)
+        if status is None:
             return
+        now = time.monotonic()
         line = progress_line(status, self.last_done, now - self.last_at, now - self.started)
         self.last_done, self.last_at = _tasks_done(status), now
         print(line, file=sys.stderr, flush=True)
 
 
 def progress_line(status: dict[str, Any], done_before: int, interval: float, elapsed: float) -> str:
-    """``progress r…: parse 1,200/5,000, embed 800/4,000; 850 tasks/s; ETA 0:00:07 (elapsed 0:01:02)``"""
-    stages = []
-    for stage, counts in status["stages"].items():
-        failed = counts.get("failed", 0) + counts.get("dead_lettered", 0)
-        stages.append(f"{stage} {sum(counts.get(k, 0) for k in DONE):,}/{sum(counts.values()):,}"
-                      + (f" ({failed:,} failed)" if failed else ""))
+    """``progress r…: parse 1,200/5,000, embed 800/4,000; 850 tasks/s; ETA 0:00:07 (elapsed 0:01:02)``
+    from a ``run_progress`` dict. The ETA counts the tasks still open and those each stage has not been
+    given yet (one per expected item at least), at the rate of the last interval."""
+    stages = [f"{stage} {c['done']:,}/{c['total']:,}" for stage, c in status["stages"].items()]
     done = _tasks_done(status)
     rate = max(0.0, done - done_before) / interval if interval > 0 else 0.0
-    # Tasks still open, plus those each stage has not been given yet (one per expected item at least).
-    left = status.get("open_tasks", 0) + sum(max(0, status.get("expected", 0) - sum(counts.values()))
-                                            for counts in status["stages"].values())
+    left = status.get("open_tasks", 0) + sum(max(0, status.get("expected", 0) - c["total"])
+                                            for c in status["stages"].values())
     eta = _clock(left / rate) if rate > 0 and left else "-" if left else "0:00:00"
     return (f"progress {status['run_id']}: {', '.join(stages) or 'no tasks yet'}; {rate:,.0f} tasks/s; "
             f"ETA {eta} (elapsed {_clock(elapsed)})")
 
 
 def _tasks_done(status: dict[str, Any]) -> int:
-    return sum(counts.get(k, 0) for counts in status["stages"].values() for k in DONE)
+    return sum(c["done"] for c in status["stages"].values())
 
 
 def _clock(seconds: float) -> str:

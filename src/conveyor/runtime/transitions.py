@@ -64,6 +64,7 @@ class Writes:
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
     notices: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.add_notices
+    stale_stages: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -101,6 +102,7 @@ class Transitions:
         self.store = store
         self.expander = Expander(pipeline, store)
         self.memos = {s.name: StageMemo(s) for s in pipeline}
+        self.stale_stages: set[str] = set()  # stages whose memo answers came from other code (committed)
         self.worker = worker
         self.rng = rng or random.Random()
 
@@ -120,6 +122,7 @@ class Transitions:
         try:
             with self.store.transaction():
                 fresh = self._write(writes)
+                self.stale_stages |= writes.stale_stages
                 return writes.counts, fresh, self._claim(claim, now, fresh)
         except (LeaseLost, MemoTaken):
             pass
@@ -134,6 +137,7 @@ class Transitions:
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
             fresh = self._write(writes, memo_checked=False)
+            self.stale_stages |= writes.stale_stages
             return writes.counts, fresh, self._claim(claim, now, fresh)
 
     def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
@@ -205,6 +209,9 @@ class Transitions:
         stale = self.expander.take_stale()
         stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
         w.notices = self.stale_notices(stale, now)
+        if stale:
+            w.counts["stale_code"] = sum(stale.values())
+            w.stale_stages = {stage for _, stage in stale}
         return w
 
     def stale_notices(self, stale: Counter[tuple[str, str]], now: float) -> list[tuple[Any, ...]]:

@@ -53,6 +53,7 @@ class WorkerOptions:
     lease_seconds: float | None = None
     shutdown_grace: float = 10.0
     guarded_processes: int = max(1, os.cpu_count() or 1)
+    warn_stale_code: bool = True  # say once per stage when memo answers came from other code (see memo.py)
 
 
 def worker_id() -> str:
@@ -82,6 +83,7 @@ class Worker:
         self._results: list[Outcome] = []
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._answered: dict[str, Outcome] = {}  # results of this worker not committed yet, by task key
+        self._warned: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
@@ -280,8 +282,18 @@ class Worker:
         self._track(fresh)
         self._track(claimed)
         self.stats.update(counts)
+        if counts.get("stale_code") and self.opts.warn_stale_code:
+            self._warn_stale()
         self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
         return fresh, claimed
+
+    def _warn_stale(self) -> None:
+        for stage in sorted(self.transitions.stale_stages - self._warned):
+            self._warned.add(stage)
+            log.warning("stage %r (version %s) was answered from outputs that other code made under the same "
+                        "version: its code changed. Bump version= on that stage to run it again, or accept them "
+                        "with --accept-code-change %s", stage, self.pipeline[stage].version, stage,
+                        extra={"event": "stale_code", "run": self.opts.run_id, "stage": stage})
 
     # --- dispatching -------------------------------------------------------
 

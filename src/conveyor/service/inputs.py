@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
 MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
 _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
 _CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
+_BAD_KEY_CHAR = re.compile(f"[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
+_NEEDS_ESCAPE = re.compile(f"[\\\\\x00-\x1f\x7f-\x9f{CHILD_MARK}\udc80-\udcff]")
 
 
 class SourceItem(NamedTuple):
@@ -60,18 +63,34 @@ def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False
         return
     _check_readable(path, f"manifest {str(path)!r}")
     hashes = [array.array("q") for _ in range(256)]
-    for number, parsed in _lines(path):
-        if isinstance(parsed, BadLine):
-            if not skip_bad_lines:
-                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
-            key = line_key(path, number)
-        else:
-            key = parsed[0]
-        value = hash(key)
-        hashes[value & 255].append(value)
+    parse = _parse
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if raw.isspace():
+                continue
+            parsed = parse(raw)
+            if isinstance(parsed, BadLine):
+                if not skip_bad_lines:
+                    raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+                value = hash(line_key(path, number))
+            else:
+                value = hash(parsed[0])
+            hashes[value & 255].append(value)
     twice = {value for bucket in hashes if len(set(bucket)) != len(bucket) for value in _repeated(bucket)}
     if twice:
         _report_duplicate(path, twice, skip_bad_lines)
+
+
+def manifest_signature(input_path: str | os.PathLike[str], skip_bad_lines: bool) -> tuple[str, str] | None:
+    """(path, signature) of a manifest as it is now (host, device, inode, size, modification time, and
+    the option the check depends on), or None for other inputs: a manifest with the signature of one that
+    passed ``check_input`` passes again, so it need not be read twice."""
+    path = Path(input_path)
+    if path.suffix not in MANIFEST_SUFFIXES or not path.is_file():
+        return None
+    info = path.stat()
+    signature = f"{os.uname().nodename}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{skip_bad_lines}"
+    return str(path.resolve()), signature
 
 
 def iter_items(input_path: str | os.PathLike[str], *, skip_bad_lines: bool = False,
@@ -97,8 +116,7 @@ def printable_name(raw: bytes) -> str:
     ``\\xNN``, control characters ``\\xNN``, the fan-out mark ``\\u00b6``, and a backslash ``\\\\``, so
     every name has its own key (no two names can meet) and the key prints readably."""
     text = raw.decode("utf-8", "surrogateescape")
-    if "\\" not in text and CHILD_MARK not in text and not any(ord(c) in _CONTROL or 0xDC80 <= ord(c) <= 0xDCFF
-                                                              for c in text):
+    if _NEEDS_ESCAPE.search(text) is None:
         return text
     out = []
     for char in text:
@@ -169,48 +187,56 @@ def _file_type(mode: int) -> str:
 
 def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
     _check_readable(path, f"manifest {str(path)!r}")
-    base = path.parent
-    for number, parsed in _lines(path):
-        if isinstance(parsed, BadLine):
-            if not skip_bad_lines:
-                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
-            yield SourceItem(line_key(path, number), problem=f"{path.name}:{number}: {parsed.message}")
-            continue
-        key, entry = parsed
-        text = entry.get("text")
-        if isinstance(text, str):
-            yield SourceItem(key, text=text.encode())
-            continue
-        given = entry["path"]
-        full = Path(given) if os.path.isabs(given) else base / given
-        problem = source_problem(full)
-        if problem is not None and strict:
-            raise InputError(f"{path}:{number}: path {given!r} {problem}; fix it (or leave out --strict-inputs)")
-        yield SourceItem(key, path=full if problem is None else None,
-                         problem=None if problem is None else f"path {given!r} (line {number}) {problem}")
+    base, parse, item = path.parent, _parse, SourceItem
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if raw.isspace():
+                continue
+            parsed = parse(raw)
+            if isinstance(parsed, BadLine):
+                if not skip_bad_lines:
+                    raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+                yield item(line_key(path, number), problem=f"{path.name}:{number}: {parsed.message}")
+                continue
+            key, entry = parsed
+            text = entry.get("text")
+            if type(text) is str:
+                yield item(key, None, text.encode())
+            else:
+                yield _path_item(key, entry["path"], base, number, path, strict)
+
+
+def _path_item(key: str, given: str, base: Path, number: int, manifest: Path, strict: bool) -> SourceItem:
+    full = Path(given) if os.path.isabs(given) else base / given
+    problem = source_problem(full)
+    if problem is None:
+        return SourceItem(key, path=full)
+    if strict:
+        raise InputError(f"{manifest}:{number}: path {given!r} {problem}; fix it (or leave out --strict-inputs)")
+    return SourceItem(key, problem=f"path {given!r} (line {number}) {problem}")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | BadLine]]:
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
-            if raw.strip():
+            if not raw.isspace():
                 yield number, _parse(raw)
 
 
 def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
+    """(key, entry) of a usable manifest line, else why not. Runs twice per line (check and submit): keep it lean."""
     try:
         entry = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return BadLine(f"not valid JSON ({exc})")
-    if not isinstance(entry, dict):
+    if type(entry) is not dict:
         return BadLine("not a JSON object")
     key = entry.get("key")
-    if not isinstance(key, str) or not key:
+    if type(key) is not str or not key:
         return BadLine('missing or empty "key"')
-    wrong = _key_problem(key)
-    if wrong is not None:
-        return BadLine(wrong)
-    if not isinstance(entry.get("text"), str) and not isinstance(entry.get("path"), str):
+    if len(key) > MAX_KEY_CHARS or _BAD_KEY_CHAR.search(key) is not None:
+        return BadLine(_key_problem(key) or "bad key")
+    if type(entry.get("text")) is not str and type(entry.get("path")) is not str:
         return BadLine('needs "path" or "text" (a string)')
     return key, entry
 
@@ -218,12 +244,12 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
 def _key_problem(key: str) -> str | None:
     if len(key) > MAX_KEY_CHARS:
         return f"key of {len(key):,} characters; keys may have at most {MAX_KEY_CHARS:,}"
-    if CHILD_MARK in key:
+    bad = _BAD_KEY_CHAR.search(key)
+    if bad is None:
+        return None
+    if bad.group() == CHILD_MARK:
         return f"key {key!r} holds {CHILD_MARK!r}, which names fan-out child items; use another character"
-    bad = next((c for c in key if ord(c) in _CONTROL), None)
-    if bad is not None:
-        return f"key {key!r} holds the control character {bad!r}; keys must be printable"
-    return None
+    return f"key {key!r} holds the control character {bad.group()!r}; keys must be printable"
 
 
 def _repeated(bucket: array.array[int]) -> set[int]:

@@ -58,6 +58,17 @@ def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     }
 
 
+def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    """What a progress display needs, read without touching finished task rows: per stage, its tasks
+    and how many are done (``{"run_id", "expected", "open_tasks", "stages": {stage: {"done", "total"}}}``)."""
+    counts = store.stage_progress(run.pipeline, run.run_id)
+    order = [s["name"] for s in json.loads(run.stages)]
+    stages = {name: {"done": counts[name][0] - counts[name][1], "total": counts[name][0]}
+              for name in order if name in counts}
+    return {"run_id": run.run_id, "expected": expected_items(store, run), "stages": stages,
+            "open_tasks": sum(open_ for _, open_ in counts.values())}
+
+
 def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
     """submitting | abandoned (the submission stopped; resumable) | submitted (tasks open) | finished."""
     if run.status == "submitting":

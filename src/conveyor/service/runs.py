@@ -18,11 +18,13 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
-from conveyor.service.report import find_run, reconcile, run_status
+from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
 from conveyor.store import SqlStore
 
-Progress = Callable[[dict[str, Any]], None]
+# Called every poll with a function that reads the run's status: the status is read (a count over the
+# run's tasks) only when the caller is about to show it.
+Progress = Callable[[Callable[[], dict[str, Any]]], None]
 USER_ERROR_EXIT = 2  # a worker that exits with this stopped on something the user must fix
 
 
@@ -160,7 +162,7 @@ class Fleet:
         while True:
             time.sleep(self.options.poll)
             if progress is not None:
-                progress(run_status(self.store, find_run(self.store, self.run_id)))
+                progress(self.status)
             exited = [i for i, p in enumerate(self.procs) if p.poll() is not None]
             if any(self.procs[i].returncode == USER_ERROR_EXIT for i in exited):
                 raise UserError(f"a worker of run {self.run_id} stopped on the error above; fix it, then "
@@ -176,8 +178,11 @@ class Fleet:
                     self.procs[index] = self._spawn()
             if all(p.poll() is not None for p in self.procs):
                 if progress is not None:
-                    progress(run_status(self.store, find_run(self.store, self.run_id)))
+                    progress(self.status)
                 return
+
+    def status(self) -> dict[str, Any]:
+        return run_progress(self.store, find_run(self.store, self.run_id))
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -30,7 +30,7 @@ from conveyor.runtime.fingerprint import code_fingerprint
 from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.values import INLINE_MAX, Ref
-from conveyor.service.inputs import SourceItem, check_input, iter_items
+from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
 from conveyor.store import RunRecord, SqlStore
 
 BATCH = 5000
@@ -103,7 +103,7 @@ def submit(
         pipeline[name]  # PipelineError names a stage that does not exist
     clock = clock or store.clock
     if items is None:
-        check_input(input_path, options.skip_bad_lines)
+        _check(input_path, options.skip_bad_lines, store, clock)
     source = _input_label(input_path)
     graph = stages_json(pipeline)
     me = submitter_id()
@@ -126,6 +126,16 @@ def submit(
     store.set_run_status(run.run_id, "submitted", clock(), expected)
     stale = [{"stage": stage, "version": version} for stage, version, _ in store.stale_code(run.run_id)]
     return Submitted(run.run_id, expected, ingest.cached, resumed, stale)
+
+
+def _check(input_path: str, skip_bad_lines: bool, store: SqlStore, clock: Callable[[], float]) -> None:
+    """check_input, unless this very manifest (unchanged) passed it before."""
+    signature = manifest_signature(input_path, skip_bad_lines)
+    if signature is not None and store.input_checked(*signature):
+        return
+    check_input(input_path, skip_bad_lines)
+    if signature is not None:
+        store.record_input_check(*signature, clock())
 
 
 def _input_label(input_path: str) -> str:

@@ -51,6 +51,21 @@ class ReportQueries:
         )
         return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
+    def stage_progress(self, pipeline: str, run_id: str) -> dict[str, tuple[int, int]]:
+        """stage -> (tasks, open tasks) of a run, cheaply enough to ask every few seconds: the totals
+        from the (run, root, item, stage) index alone, the open ones through the hot queue's partial
+        indexes, so finished task rows are never read."""
+        totals = dict(self.db.execute(
+            "SELECT stage, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY stage", (run_id,)))
+        open_ = dict.fromkeys(totals, 0)
+        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0",
+                      "status = 'running'"):
+            for stage, count in self.db.execute(
+                    f"SELECT stage, COUNT(*) FROM tasks WHERE {state} AND pipeline = ? AND run_id = ? GROUP BY stage",
+                    (pipeline, run_id)):
+                open_[stage] = open_.get(stage, 0) + int(count)
+        return {str(stage): (int(total), open_.get(stage, 0)) for stage, total in totals.items()}
+
     def open_tasks(self, pipeline: str, run_id: str | None = None) -> int:
         """Tasks still queued or running (retry waits included), counted through the
         partial indexes of the hot queue, so finished tasks are never read."""

@@ -71,14 +71,15 @@ class RunQueries:
         whose submitter stopped beating ``abandon_after`` seconds ago are marked abandoned first."""
         run_filter, params = ("AND run_id = ?", (run_id,)) if run_id else ("", ())
         live = f"status = 'submitting' AND pipeline = ? {run_filter}"
-        if self.db.execute(f"SELECT 1 FROM runs WHERE {live} LIMIT 1", (pipeline, *params)):
+        beats = [float(r[0] or 0) for r in self.db.execute(f"SELECT heartbeat_at FROM runs WHERE {live}",
+                                                            (pipeline, *params))]
+        if any(beat < now - abandon_after for beat in beats):  # only then write (idle workers poll this)
             with self.db.transaction():
                 self.db.execute(
                     f"UPDATE runs SET status = 'abandoned', note = ? WHERE {live} AND heartbeat_at < ?",
                     (f"the submitter stopped: no heartbeat for {abandon_after:g} s", pipeline, *params,
                      now - abandon_after))
-            return bool(self.db.execute(f"SELECT 1 FROM runs WHERE {live} LIMIT 1", (pipeline, *params)))
-        return False
+        return any(beat >= now - abandon_after for beat in beats)
 
     def take_submission(self, run_id: str, submitter: str, now: float, abandon_after: float) -> bool:
         """Hand an unfinished submission to ``submitter``: only when it was abandoned, or its submitter
@@ -105,6 +106,18 @@ class RunQueries:
             found.update(str(r[0]) for r in self.db.execute(
                 f"SELECT item_key FROM items WHERE run_id = ? AND item_key IN ({marks})", [run_id, *part]))
         return found
+
+    # --- inputs ---------------------------------------------------------------
+
+    def input_checked(self, path: str, signature: str) -> bool:
+        """Whether this manifest, as ``signature`` identifies it, passed the check already."""
+        return bool(self.db.execute("SELECT 1 FROM checked_inputs WHERE path = ? AND signature = ?",
+                                    (path, signature)))
+
+    def record_input_check(self, path: str, signature: str, now: float) -> None:
+        with self.db.transaction():
+            self.db.execute("INSERT INTO checked_inputs (path, signature, checked_at) VALUES (?, ?, ?) "
+                            "ON CONFLICT (path, signature) DO NOTHING", (path, signature, now))
 
     # --- code changes ---------------------------------------------------------
 

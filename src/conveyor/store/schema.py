@@ -230,6 +230,15 @@ CREATE TABLE lost_workers (
     in_flight INTEGER NOT NULL,
     noticed_at {real} NOT NULL
 );
+-- Manifests that passed the check before a run is created (every line usable, no key twice), by what
+-- identifies the file as it was (host, device, inode, size, modification time) and the options: an
+-- unchanged manifest is not checked again.
+CREATE TABLE checked_inputs (
+    path TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    checked_at {real} NOT NULL,
+    PRIMARY KEY (path, signature)
+);
 {byte_ordered_keys}
 """,
     ),
