@@ -82,9 +82,14 @@ def test_backoff_is_full_jitter_under_the_cap() -> None:
     assert max(policy.delay(6, rng) for _ in range(500)) > 4.0, "later attempts wait longer, up to the cap"
 
 
-IN_AN_HOUR = formatdate(time.time() + 3600, usegmt=True)
-IN_TWO_DAYS = formatdate(time.time() + 2 * 86_400, usegmt=True)
+# HTTP dates from now are written when the test runs (not when it is collected, which may be minutes earlier).
+IN_AN_HOUR, IN_TWO_DAYS = "<in an hour>", "<in two days>"
 PAST = "Wed, 21 Oct 2015 07:28:00 GMT"
+
+
+def _when(raw: str) -> str:
+    ahead = {IN_AN_HOUR: 3600, IN_TWO_DAYS: 2 * 86_400}.get(raw)
+    return raw if ahead is None else formatdate(time.time() + ahead, usegmt=True)
 
 
 @pytest.mark.parametrize(("raw", "seconds"), [
@@ -93,7 +98,7 @@ PAST = "Wed, 21 Oct 2015 07:28:00 GMT"
     (IN_TWO_DAYS, MAX_RETRY_AFTER_S),
 ])
 def test_a_malformed_retry_after_is_ignored_and_a_long_one_is_cut_to_a_day(raw: str, seconds: Any) -> None:
-    failure = classify(HttpError(429, {"retry-after": raw}))
+    failure = classify(HttpError(429, {"retry-after": _when(raw)}))
     assert (failure.error_class, failure.retryable, failure.retry_after) == ("rate_limited", True, seconds)
 
 
@@ -102,7 +107,7 @@ def test_a_malformed_retry_after_is_ignored_and_a_long_one_is_cut_to_a_day(raw: 
     (PAST, None), (IN_AN_HOUR, None), ("172800000", MAX_RETRY_AFTER_S),
 ])
 def test_retry_after_ms_is_milliseconds_and_never_a_date(raw: str, seconds: float | None) -> None:
-    assert classify(HttpError(503, {"retry-after-ms": raw})).retry_after == seconds
+    assert classify(HttpError(503, {"retry-after-ms": _when(raw)})).retry_after == seconds
 
 
 def test_an_ignored_retry_after_ms_falls_back_to_retry_after() -> None:

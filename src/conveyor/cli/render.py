@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -126,7 +127,9 @@ def summary(data: dict[str, Any]) -> None:
     _errors(data.get("attempt_errors"))
     for entry in data["not_done"][:20]:
         classes = ", ".join(entry["error_classes"]) or "in progress"
-        out.print(f"  [yellow]{entry['item_key']}[/]: {classes}")
+        error = next((t["error"] for t in entry["tasks"] if t.get("error")), None)
+        why = f" — {error[:100]}" if error else ""
+        out.print(f"  [yellow]{escape(entry['item_key'])}[/]: {classes}{escape(why)}", highlight=False)
     if len(data["not_done"]) > 20:
         out.print(f"  … and {len(data['not_done']) - 20} more (use --json for all)")
 

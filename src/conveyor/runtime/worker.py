@@ -372,16 +372,17 @@ class Worker:
         interval = max(0.2, self.lease / 3)
         while True:
             await asyncio.sleep(interval)
-            for step in (self._sync_clock, self._renew, self._reclaim):
+            # The leases are read here, on the event loop that changes them, not on the store's thread.
+            held = list(self._leases.items())
+            for step, args in ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, ())):
                 try:
-                    await self._call(step)
+                    await self._call(step, *args)
                 except Exception:
                     self.stats["keeper_errors"] += 1
                     log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
                                   extra={"event": "keeper_error", "run": self.opts.run_id})
 
-    def _renew(self) -> None:
-        leases = list(self._leases.items())
+    def _renew(self, leases: list[tuple[int, int]]) -> None:
         if leases:
             self.store.renew_leases(leases, self.clock() + self.lease)
 
