@@ -31,7 +31,7 @@ def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable
     per stage on a terminal (unless ``bars`` is False), else a line every ``every`` seconds
     (CONVEYOR_PROGRESS_S, default 5; 0 turns it off), so a run in CI, under nohup or in a pipe still says
     how far it got. Reading the status counts the run's tasks, so it is read at most as often as shown,
-    and never so often that it takes more than a twentieth of the time."""
+    and never so often that reading it takes more than a fiftieth of the time."""
     if not bars or not sys.stderr.isatty():
         every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
         yield ProgressLines(every) if every > 0 else None
@@ -56,7 +56,7 @@ def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable
 
 
 class _Pace:
-    """Reads a status when ``every`` seconds have passed, and at most a twentieth of the time."""
+    """Reads a status when ``every`` seconds have passed, and at most a fiftieth of the time."""
 
     def __init__(self, every: float) -> None:
         self.every = self.gap = every
@@ -68,7 +68,7 @@ class _Pace:
             return None
         data = status()
         took = time.monotonic() - now
-        self.last_at, self.gap = now, max(self.every, 20 * took)
+        self.last_at, self.gap = now, max(self.every, 50 * took)
         return data
 
 
