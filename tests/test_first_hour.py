@@ -143,6 +143,9 @@ def test_status_in_an_empty_folder_creates_nothing(tmp_path: Path) -> None:
         proc = cli(*command, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
     assert cli_json("status", cwd=tmp_path) == {"runs": []}
+    for command in (["reconcile", "r1"], ["resume", "r1"], ["dlq", "show", "1"]):
+        proc = cli(*command, cwd=tmp_path)
+        assert proc.returncode == 2 and "no conveyor store at" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -210,3 +210,18 @@ def test_an_unchanged_manifest_is_checked_once_and_a_changed_one_again(
     with pytest.raises(InputError, match=r"m\.jsonl:3: key 'a' is also on line 1"):
         submit_and_work(target, manifest, store_url, tmp_path / "blobs")
     assert len(checked) == 2
+
+
+def test_a_folder_path_too_long_for_a_key_gets_a_short_unique_one(tmp_path: Path, store_url: str) -> None:
+    docs = tmp_path / "docs"
+    deep = docs
+    for part in range(8):
+        deep = deep / (f"{part}" * 200)  # eight folders of 200 characters: a 1,600-character relative path
+    deep.mkdir(parents=True)
+    (deep / "a.txt").write_text("one two")
+    (deep / "b.txt").write_text("three")
+    keys = [item.key for item in iter_items(docs)]
+    assert len(keys) == 2 and len(set(keys)) == 2 and all(len(key) <= 1000 for key in keys)
+    target = write_pipeline(tmp_path, FANOUT)
+    report = reconciled(store_url, submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id)
+    assert report["outcomes"] == {"completed": 2}

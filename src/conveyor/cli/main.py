@@ -229,9 +229,14 @@ def resume(
     from conveyor.service.runs import Interrupted, RunOptions, resume_run
 
     _check_limits_env()
-    blob_store = _writable_blobs(blobs)
     options = RunOptions(workers=workers, submit=_submit_options(skip_bad_lines, strict_inputs, accept_code_change))
-    with _store(db, create=False) as store, _stages_progress(as_json) as progress, _stage_output_to_stderr():
+    try:
+        store = open_store(db or DEFAULT_DB, create=False)
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_id!r}: {exc}") from None
+    store.close()
+    with _store(db) as store, _stages_progress(as_json) as progress, _stage_output_to_stderr():
+        blob_store = _writable_blobs(blobs)  # after the store: resuming in a folder with no store creates nothing
         try:
             summary = resume_run(run_id, store, blob_store, options, progress)
         except Interrupted as exc:

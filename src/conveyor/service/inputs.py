@@ -18,6 +18,7 @@ which names child items, and may not be longer than ``MAX_KEY_CHARS``.
 from __future__ import annotations
 
 import array
+import hashlib
 import os
 import re
 import stat
@@ -146,7 +147,7 @@ def _walk(root: Path, strict: bool, prefix: str = "") -> Iterator[SourceItem]:
         yield SourceItem(prefix, problem=f"cannot list folder {str(root)!r}: {exc.strerror}")
         return
     for entry in entries:
-        key = prefix + printable_name(os.fsencode(entry.name))
+        key = _fit(prefix + printable_name(os.fsencode(entry.name)))
         full = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
             yield from _walk(full, strict, key + "/")
@@ -155,6 +156,13 @@ def _walk(root: Path, strict: bool, prefix: str = "") -> Iterator[SourceItem]:
         if problem is not None and strict:
             raise InputError(f"{str(full)!r} {problem}; fix or remove it (or leave out --strict-inputs)")
         yield SourceItem(key, path=full if problem is None else None, problem=problem)
+
+
+def _fit(key: str) -> str:
+    """A folder key of at most MAX_KEY_CHARS: a deeper path keeps its start and ends in a hash of the whole."""
+    if len(key) <= MAX_KEY_CHARS:
+        return key
+    return f"{key[:MAX_KEY_CHARS - 20]}…{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
 
 
 def source_problem(path: Path) -> str | None:
