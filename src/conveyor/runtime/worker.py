@@ -253,7 +253,7 @@ class Worker:
         due = await self._call(self.store.next_due, self.pipeline.name, self.opts.run_id)
         if due is not None:
             seconds = max(0.0, min(seconds, due - self.clock()))
-        if self.store.backend == "postgres" and seconds > 0.05:
+        if self.store.db.wakes_on_notify and seconds > 0.05:
             await asyncio.to_thread(self.store.wait_for_work, seconds)
         else:
             try:

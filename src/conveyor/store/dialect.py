@@ -27,6 +27,7 @@ class Dialect(Protocol):
     name: str
     types: dict[str, str]
     local_clock: bool  # the store's clock is this machine's (one machine, one clock)
+    wakes_on_notify: bool  # wait_for_work returns as soon as another process queues work
     skip_locked: str
     max_params: int
 
@@ -120,6 +121,7 @@ class SqliteDialect:
     skip_locked = ""
     max_params = 30000
     local_clock = True
+    wakes_on_notify = False
 
     def __init__(self, path: str) -> None:
         import sqlite3
@@ -222,6 +224,7 @@ class PostgresDialect:
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     local_clock = False
+    wakes_on_notify = True
     channel = "conveyor_tasks"
 
     def __init__(self, url: str) -> None:
