@@ -64,19 +64,9 @@ def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False
         return
     _check_readable(path, f"manifest {str(path)!r}")
     hashes = [array.array("q") for _ in range(256)]
-    parse = _parse
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            if raw.isspace():
-                continue
-            parsed = parse(raw)
-            if isinstance(parsed, BadLine):
-                if not skip_bad_lines:
-                    raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
-                value = hash(line_key(path, number))
-            else:
-                value = hash(parsed[0])
-            hashes[value & 255].append(value)
+    for _, key, _, _ in _entries(path, skip_bad_lines):
+        value = hash(key)
+        hashes[value & 255].append(value)
     twice = {value for bucket in hashes if len(set(bucket)) != len(bucket) for value in _repeated(bucket)}
     if twice:
         _report_duplicate(path, twice, skip_bad_lines)
@@ -195,23 +185,32 @@ def _file_type(mode: int) -> str:
 
 def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
     _check_readable(path, f"manifest {str(path)!r}")
-    base, parse, item = path.parent, _parse, SourceItem
+    base = path.parent
+    for number, key, entry, problem in _entries(path, skip_bad_lines):
+        if entry is None:
+            yield SourceItem(key, problem=problem)
+            continue
+        text = entry.get("text")
+        if type(text) is str:
+            yield SourceItem(key, None, text.encode())
+        else:
+            yield _path_item(key, entry["path"], base, number, path, strict)
+
+
+def _entries(path: Path, skip_bad_lines: bool) -> Iterator[tuple[int, str, dict[str, Any] | None, str | None]]:
+    """(line number, key, entry, None) for each usable line. A bad line is an InputError, or with
+    ``skip_bad_lines`` (line number, its line key, None, why)."""
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             if raw.isspace():
                 continue
-            parsed = parse(raw)
-            if isinstance(parsed, BadLine):
-                if not skip_bad_lines:
-                    raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
-                yield item(line_key(path, number), problem=f"{path.name}:{number}: {parsed.message}")
-                continue
-            key, entry = parsed
-            text = entry.get("text")
-            if type(text) is str:
-                yield item(key, None, text.encode())
+            parsed = _parse(raw)
+            if not isinstance(parsed, BadLine):
+                yield number, parsed[0], parsed[1], None
+            elif skip_bad_lines:
+                yield number, line_key(path, number), None, f"{path.name}:{number}: {parsed.message}"
             else:
-                yield _path_item(key, entry["path"], base, number, path, strict)
+                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
 
 
 def _path_item(key: str, given: str, base: Path, number: int, manifest: Path, strict: bool) -> SourceItem:
@@ -222,13 +221,6 @@ def _path_item(key: str, given: str, base: Path, number: int, manifest: Path, st
     if strict:
         raise InputError(f"{manifest}:{number}: path {given!r} {problem}; fix it (or leave out --strict-inputs)")
     return SourceItem(key, problem=f"path {given!r} (line {number}) {problem}")
-
-
-def _lines(path: Path) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | BadLine]]:
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            if not raw.isspace():
-                yield number, _parse(raw)
 
 
 def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
@@ -271,9 +263,8 @@ def _repeated(bucket: array.array[int]) -> set[int]:
 def _report_duplicate(path: Path, hashes: set[int], skip_bad_lines: bool) -> None:
     """Find the first key given twice (a second streamed pass) and refuse it, naming both lines."""
     first: dict[str, int] = {}
-    for number, parsed in _lines(path):
-        key = parsed[0] if not isinstance(parsed, BadLine) else line_key(path, number) if skip_bad_lines else None
-        if key is None or hash(key) not in hashes:
+    for number, key, _, _ in _entries(path, skip_bad_lines):
+        if hash(key) not in hashes:
             continue
         if key in first:
             raise InputError(f"{path}:{number}: key {key!r} is also on line {first[key]}; "
