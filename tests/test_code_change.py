@@ -57,6 +57,8 @@ def test_stale_code_is_reported_once_per_stage_until_bumped_or_accepted(tmp_path
 
     accepted, warnings = _run(tmp_path, store_url, CHANGED, "--accept-code-change", "parse")
     assert accepted["stale_code"] == [] and warnings == []
+    again, warnings = _run(tmp_path, store_url, CHANGED.replace(".strip()", ".rstrip()"), "--accept-code-change")
+    assert again["stale_code"] == [] and warnings == [], "without a stage name it accepts every stage"
     later, warnings = _run(tmp_path, store_url, CHANGED)
     assert later["stale_code"] == [] and warnings == [], "an acceptance holds for that code from then on"
 

@@ -50,15 +50,17 @@ SkipBadLines = Annotated[bool, typer.Option(
 StrictInputs = Annotated[bool, typer.Option(
     "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
     "item fail with bad_input")]
+ACCEPT_CODE = "--accept-code-change"
 AcceptCode = Annotated[list[str] | None, typer.Option(
-    "--accept-code-change", metavar="STAGE", help="keep outputs that other code of STAGE made under its current "
-    "version (silences stale_code for it); repeat for more stages")]
+    ACCEPT_CODE, metavar="[STAGE]", help="keep outputs that other code of STAGE made under its current "
+    "version (silences stale_code for it); repeat for more stages; without STAGE, every stage")]
 
 
 def main() -> None:
     """Entry point: user errors print one line and exit 2, never a traceback."""
     logging.basicConfig(level=os.environ.get("CONVEYOR_LOG", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _every_stage_when_unnamed(sys.argv)
     try:
         code = app(standalone_mode=False)
     except TyperException as exc:  # a usage error: Typer's own parser found it
@@ -75,6 +77,15 @@ def main() -> None:
     except ConveyorError as exc:
         _fail(f"error [{exc.code}]: {exc}", 1)
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _every_stage_when_unnamed(argv: list[str]) -> None:
+    """``--accept-code-change`` with no STAGE after it means every stage (Typer has no optional values);
+    what follows it is not a STAGE when it is an option or a TARGET (``file.py:pipe``)."""
+    for index in range(len(argv) - 1, 0, -1):
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if argv[index] == ACCEPT_CODE and (following is None or following.startswith("-") or ":" in following):
+            argv.insert(index + 1, "*")
 
 
 def _fail(line: str, code: int) -> None:

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 
-from conveyor.store import open_store, sqlite_path
+from conveyor.store import SqlStore, open_store, sqlite_path
 
 log = logging.getLogger("conveyor.submit")
 
@@ -53,3 +53,40 @@ class Heartbeat:
                             extra={"event": "heartbeat_failed", "run": self.run_id})
         if store is not None:
             store.close()
+
+
+def submitter_id() -> str:
+    """``host:pid:nonce``: who submits, and where, so a dead submitter on this host is seen at once."""
+    return f"{os.uname().nodename}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def submitter_gone(submitter: str | None) -> bool:
+    """True when ``submitter`` was a process of this machine that no longer exists; False when it is
+    alive or runs elsewhere (then only its heartbeat tells)."""
+    host, _, rest = (submitter or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host != os.uname().nodename or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, under another user
+        return False
+    return False
+
+
+def stopped(submitter: str | None, heartbeat_at: float, now: float) -> bool:
+    """A submission has stopped: its heartbeat is ABANDON_AFTER_S old, or its process is gone."""
+    return heartbeat_at < now - ABANDON_AFTER_S or submitter_gone(submitter)
+
+
+def submission_alive(store: SqlStore, pipeline: str, run_id: str | None, now: float) -> bool:
+    """Whether a submission (of ``pipeline``, or of ``run_id``) may still add work; those that stopped
+    are marked abandoned on the way."""
+    live = store.live_submissions(pipeline, run_id)
+    dead = [run for run, submitter, beat in live if stopped(submitter, beat, now)]
+    if dead:
+        store.abandon_runs(dead, "the submitter stopped (its process is gone, or no heartbeat for "
+                                 f"{ABANDON_AFTER_S:g} s)")
+    return len(dead) < len(live)

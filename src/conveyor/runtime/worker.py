@@ -29,7 +29,7 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
-from conveyor.runtime.heartbeat import ABANDON_AFTER_S
+from conveyor.runtime.heartbeat import submission_alive
 from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.pacing import Pacing
 from conveyor.runtime.target import absolute_target
@@ -190,7 +190,7 @@ class Worker:
         run_id, pipeline = self.opts.run_id, self.pipeline.name
         if self.store.open_tasks(pipeline, run_id):
             return False
-        return not self.store.submitting(pipeline, run_id, self.clock(), abandon_after=ABANDON_AFTER_S)
+        return not submission_alive(self.store, pipeline, run_id, self.clock())
 
     def _room(self) -> int:
         if self._alone:

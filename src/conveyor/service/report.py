@@ -10,7 +10,7 @@ from typing import Any
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
-from conveyor.runtime.heartbeat import ABANDON_AFTER_S
+from conveyor.runtime.heartbeat import stopped
 from conveyor.runtime.values import Ref
 from conveyor.store import RunRecord, SqlStore
 
@@ -72,8 +72,8 @@ def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:
 def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
     """submitting | abandoned (the submission stopped; resumable) | submitted (tasks open) | finished."""
     if run.status == "submitting":
-        quiet = store.clock() - (run.heartbeat_at or run.created_at)
-        return "abandoned" if quiet > ABANDON_AFTER_S else "submitting"
+        return "abandoned" if stopped(run.submitter, run.heartbeat_at or run.created_at, store.clock()) \
+            else "submitting"
     if run.status == "abandoned":
         return "abandoned"
     return run.status if open_tasks else "finished"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +26,7 @@ from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import LANE_RANKS, Expander
 from conveyor.runtime.fingerprint import code_fingerprint
-from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat
+from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat, submitter_gone, submitter_id
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
@@ -54,7 +53,8 @@ class SubmitOptions:
     submission instead of becoming a ``bad_input`` item. ``resume``: finish this run's submission.
     ``resume_same``: finish the latest unfinished run of the same pipeline, graph and input instead
     of starting a new one (running the same command again). ``accept_code_change``: stages whose
-    memoised outputs, made by other code under the same version, are accepted for the current code.
+    memoised outputs, made by other code under the same version, are accepted for the current code
+    (``"*"``: every stage).
     """
 
     skip_bad_lines: bool = False
@@ -66,10 +66,6 @@ class SubmitOptions:
 
 def new_run_id(now: float) -> str:
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime(now)) + secrets.token_hex(3)
-
-
-def submitter_id() -> str:
-    return f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def stages_json(pipeline: Pipeline) -> str:
@@ -99,8 +95,7 @@ def submit(
     options = options or SubmitOptions()
     if lane not in LANE_RANKS:
         raise UserError(f"lane {lane!r} is not a lane; use {' or '.join(LANE_RANKS)}")
-    for name in options.accept_code_change:
-        pipeline[name]  # PipelineError names a stage that does not exist
+    accepted = _accepted_stages(pipeline, options.accept_code_change)
     clock = clock or store.clock
     if items is None:
         _check(input_path, options.skip_bad_lines, store, clock)
@@ -110,9 +105,9 @@ def submit(
     run, resumed = _hold_run(pipeline, target, source, graph, store, clock, me, lane, options)
     if on_run is not None:
         on_run(run.run_id)
-    if options.accept_code_change:
+    if accepted:
         store.accept_code([(pipeline.name, name, pipeline[name].version, code_fingerprint(pipeline[name].fn),
-                            run.run_id, clock()) for name in options.accept_code_change])
+                            run.run_id, clock()) for name in accepted])
     stream = items if items is not None else iter_items(
         input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs)
     ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
@@ -138,6 +133,13 @@ def _check(input_path: str, skip_bad_lines: bool, store: SqlStore, clock: Callab
         store.record_input_check(*signature, clock())
 
 
+def _accepted_stages(pipeline: Pipeline, names: Sequence[str]) -> list[str]:
+    """The stages named (``*``: every stage); PipelineError for a name the pipeline does not declare."""
+    if "*" in names:
+        return [stage.name for stage in pipeline]
+    return [pipeline[name].name for name in names]
+
+
 def _input_label(input_path: str) -> str:
     """What the run records as its input: an absolute path when it is one (a resume reads it again)."""
     path = Path(input_path)
@@ -153,7 +155,7 @@ def _hold_run(
         return _take(store, options.resume, pipeline, graph, clock, me), True
     if options.resume_same:
         unfinished = store.unfinished_run(pipeline.name, graph, source)
-        if unfinished is not None and store.take_submission(unfinished.run_id, me, clock(), ABANDON_AFTER_S):
+        if unfinished is not None and store.take_submission(unfinished.run_id, me, clock(), _quiet(unfinished)):
             return unfinished, True
     now = clock()
     run = RunRecord(new_run_id(now), pipeline.name, absolute_target(target), source, "submitting", 0,
@@ -173,10 +175,16 @@ def _take(store: SqlStore, run_id: str, pipeline: Pipeline, graph: str, clock: C
     if run.status not in ("submitting", "abandoned"):
         raise UserError(f"run {run_id} is already submitted ({run.status}); "
                         f"process it with `conveyor worker TARGET --run {run_id} --until-idle`")
-    if not store.take_submission(run_id, me, clock(), ABANDON_AFTER_S):
+    if not store.take_submission(run_id, me, clock(), _quiet(run)):
         raise UserError(f"run {run_id} is being submitted by {run.submitter} right now; wait for it, or stop "
                         f"it first (its heartbeat is kept every few seconds)")
     return run
+
+
+def _quiet(run: RunRecord) -> float:
+    """How long the run's submitter must have been silent before it may be taken over: not at all when
+    its process is known to be gone."""
+    return 0.0 if submitter_gone(run.submitter) else ABANDON_AFTER_S
 
 
 def _stop(store: SqlStore, run_id: str, visible: bool, exc: BaseException, clock: Callable[[], float]) -> None:

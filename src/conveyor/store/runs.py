@@ -1,9 +1,9 @@
 """Runs: creation, the submission's heartbeat and hand-over, status, and what a run tells its user.
 
 A submission holds its run: the submitter writes a heartbeat every few seconds
-(the store's clock), and a run still ``submitting`` whose heartbeat is older
-than the caller's limit is ``abandoned`` — workers stop waiting for it, and a
-new submitter may take it over (``take_submission``) to finish it.
+(the store's clock). Which submissions have stopped is decided above the store
+(runtime/heartbeat.py); a stopped one is marked ``abandoned`` — workers stop
+waiting for it, and a new submitter may take it over (``take_submission``).
 """
 
 from __future__ import annotations
@@ -66,24 +66,23 @@ class RunQueries:
                 "UPDATE runs SET heartbeat_at = ? WHERE run_id = ? AND submitter = ? AND status = 'submitting'",
                 (now, run_id, submitter)) == 1
 
-    def submitting(self, pipeline: str, run_id: str | None, now: float, abandon_after: float) -> bool:
-        """Whether a submission (of this pipeline, or this run) is still alive: more work may come. Runs
-        whose submitter stopped beating ``abandon_after`` seconds ago are marked abandoned first."""
+    def live_submissions(self, pipeline: str, run_id: str | None) -> list[tuple[str, str | None, float]]:
+        """(run id, submitter, heartbeat at) of the runs of ``pipeline`` (or just ``run_id``) being submitted."""
         run_filter, params = ("AND run_id = ?", (run_id,)) if run_id else ("", ())
-        live = f"status = 'submitting' AND pipeline = ? {run_filter}"
-        beats = [float(r[0] or 0) for r in self.db.execute(f"SELECT heartbeat_at FROM runs WHERE {live}",
-                                                            (pipeline, *params))]
-        if any(beat < now - abandon_after for beat in beats):  # only then write (idle workers poll this)
-            with self.db.transaction():
-                self.db.execute(
-                    f"UPDATE runs SET status = 'abandoned', note = ? WHERE {live} AND heartbeat_at < ?",
-                    (f"the submitter stopped: no heartbeat for {abandon_after:g} s", pipeline, *params,
-                     now - abandon_after))
-        return any(beat >= now - abandon_after for beat in beats)
+        rows = self.db.execute(f"SELECT run_id, submitter, heartbeat_at FROM runs WHERE status = 'submitting' "
+                               f"AND pipeline = ? {run_filter}", (pipeline, *params))
+        return [(str(r[0]), r[1], float(r[2] or 0.0)) for r in rows]
+
+    def abandon_runs(self, run_ids: Sequence[str], note: str) -> None:
+        """Mark submissions that stopped ``abandoned`` (still only those being submitted)."""
+        with self.db.transaction():
+            self.db.executemany("UPDATE runs SET status = 'abandoned', note = ? WHERE run_id = ? "
+                                "AND status = 'submitting'", [(note, run_id) for run_id in run_ids])
 
     def take_submission(self, run_id: str, submitter: str, now: float, abandon_after: float) -> bool:
         """Hand an unfinished submission to ``submitter``: only when it was abandoned, or its submitter
-        stopped beating ``abandon_after`` seconds ago. True when it is now ours."""
+        stopped beating ``abandon_after`` seconds ago (0: the caller knows it is gone). True when it is
+        now ours."""
         with self.db.transaction():
             return self.db.execute_rowcount(
                 "UPDATE runs SET status = 'submitting', submitter = ?, heartbeat_at = ?, note = NULL "
