@@ -155,3 +155,20 @@ def test_a_bad_input_item_is_tried_again_by_a_rerun_once_its_file_is_fixed(tmp_p
     second = reconciled(store_url, submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id)
     assert second["outcomes"] == {"completed": 2}
     assert second["stage_calls"] == 2 and second["cached"] == 2
+
+
+def test_the_current_folder_as_input_leaves_conveyors_own_store_out(tmp_path: Path) -> None:
+    write_pipeline(tmp_path, PIPE)
+    (tmp_path / "notes.txt").write_text("a note")
+    first = cli_json("run", "pipe.py:pipe", "--input", ".", "--workers", "1", cwd=tmp_path)
+    assert first["expected"] == 2, "pipe.py and notes.txt"
+    second = cli("run", "pipe.py:pipe", "--input", ".", "--workers", "1", "--json", cwd=tmp_path)
+    assert json.loads(second.stdout)["expected"] == 2, "the store the first run made is not an item"
+    assert "conveyor's own" in second.stderr
+
+
+def test_a_manifest_written_with_a_utf8_signature_reads_as_written(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(b"\xef\xbb\xbf" + b'{"key": "a", "text": "one"}\n{"key": "b", "text": "two"}\n')
+    check_input(manifest)
+    assert [item.key for item in iter_items(manifest)] == ["a", "b"]

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import array
 import hashlib
+import logging
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +32,10 @@ import orjson
 from conveyor.errors import InputError
 from conveyor.store import CHILD_MARK
 
+log = logging.getLogger("conveyor.submit")
+
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
+BOM = b"\xef\xbb\xbf"
 MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
 _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
 _CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
@@ -85,11 +89,12 @@ def manifest_signature(input_path: str | os.PathLike[str], skip_bad_lines: bool)
 
 
 def iter_items(input_path: str | os.PathLike[str], *, skip_bad_lines: bool = False,
-               strict: bool = False) -> Iterator[SourceItem]:
-    """Yield items lazily; never holds a folder listing or a manifest whole."""
+               strict: bool = False, own: Iterable[str] = ()) -> Iterator[SourceItem]:
+    """Yield items lazily; never holds a folder listing or a manifest whole. ``own``: conveyor's own
+    files and folders (the store, its blobs), which a folder walk passes over, saying so."""
     path = Path(input_path)
     if path.is_dir():
-        yield from _walk(path, strict)
+        yield from _walk(path, strict, skip=_inside(path, own))
     elif path.suffix in MANIFEST_SUFFIXES:
         yield from _manifest(path, skip_bad_lines, strict)
     else:
@@ -127,8 +132,17 @@ def printable_name(raw: bytes) -> str:
 
 # --- folders ----------------------------------------------------------------------------------------
 
-def _walk(root: Path, strict: bool, prefix: str = "") -> Iterator[SourceItem]:
-    """Each entry below ``root``, keyed by its relative path, in a stable order; nothing skipped."""
+def _inside(root: Path, own: Iterable[str]) -> frozenset[str]:
+    """The paths in ``own`` that lie below ``root``, relative to it."""
+    base = os.path.realpath(root)
+    return frozenset(os.path.relpath(path, base) for path in map(os.path.realpath, own)
+                     if path.startswith(base + os.sep))
+
+
+def _walk(root: Path, strict: bool, prefix: str = "", skip: frozenset[str] = frozenset(),
+          relative: str = "") -> Iterator[SourceItem]:
+    """Each entry below ``root``, keyed by its relative path, in a stable order; nothing skipped but
+    conveyor's own files (``skip``, relative paths)."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: os.fsencode(e.name))
     except OSError as exc:
@@ -137,10 +151,14 @@ def _walk(root: Path, strict: bool, prefix: str = "") -> Iterator[SourceItem]:
         yield SourceItem(prefix, problem=f"cannot list folder {str(root)!r}: {exc.strerror}")
         return
     for entry in entries:
+        if skip and relative + entry.name in skip:
+            log.warning("--input holds conveyor's own %s; it is not an item", entry.path,
+                        extra={"event": "own_file_skipped"})
+            continue
         key = _fit(prefix + printable_name(os.fsencode(entry.name)))
         full = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
-            yield from _walk(full, strict, key + "/")
+            yield from _walk(full, strict, key + "/", skip, relative + entry.name + os.sep)
             continue
         problem = source_problem(full)
         if problem is not None and strict:
@@ -204,6 +222,8 @@ def _entries(path: Path, skip_bad_lines: bool) -> Iterator[tuple[int, str, dict[
         for number, raw in enumerate(lines, start=1):
             if raw.isspace():
                 continue
+            if number == 1 and raw.startswith(BOM):  # an editor's UTF-8 signature is not part of the line
+                raw = raw[len(BOM):]
             parsed = _parse(raw)
             if not isinstance(parsed, BadLine):
                 yield number, parsed[0], parsed[1], None

@@ -30,7 +30,7 @@ from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat, submitter_gon
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
-from conveyor.store import RunRecord, SqlStore
+from conveyor.store import RunRecord, SqlStore, sqlite_path
 
 BATCH = 5000
 
@@ -109,7 +109,7 @@ def submit(
         store.accept_code([(pipeline.name, name, pipeline[name].version, code_fingerprint(pipeline[name].fn),
                             run.run_id, clock()) for name in accepted])
     stream = items if items is not None else iter_items(
-        input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs)
+        input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs, own=_own(store, blobs))
     ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
     with Heartbeat(store.url, run.run_id, me):
         try:
@@ -138,6 +138,14 @@ def _accepted_stages(pipeline: Pipeline, names: Sequence[str]) -> list[str]:
     if "*" in names:
         return [stage.name for stage in pipeline]
     return [pipeline[name].name for name in names]
+
+
+def _own(store: SqlStore, blobs: Blobs) -> list[str]:
+    """conveyor's own files, which an input folder may hold (``--input .``): the store and its blobs."""
+    db = sqlite_path(store.url)
+    files = [db + suffix for suffix in ("", "-wal", "-shm", "-journal", ".lock")] if db else []
+    root = getattr(blobs, "root", None)
+    return files + ([str(root)] if root is not None else [])
 
 
 def _input_label(input_path: str) -> str:
