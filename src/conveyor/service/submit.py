@@ -239,11 +239,14 @@ class _Ingest:
             batch = [item for item in batch if item.key not in done]
         good: list[tuple[str, Ref]] = []
         bad: list[tuple[str, str]] = []
+        sha256, source = hashlib.sha256, self.source
         for item in batch:
-            ref = None if item.problem is not None else self.source(item)
-            if ref is None:
-                bad.append((item.key, item.problem or "unreadable"))
-            elif isinstance(ref, str):
+            text = item.text
+            if text is not None and len(text) <= INLINE_MAX:  # the common case, inline: no blob, no file
+                good.append((item.key, Ref("bytes", sha256(text).hexdigest(), len(text), text)))
+                continue
+            ref = item.problem if item.problem is not None else source(item)
+            if isinstance(ref, str):
                 bad.append((item.key, ref))
             else:
                 good.append((item.key, ref))
