@@ -1,11 +1,11 @@
 """Turn "this item now needs stage S with input X" into task rows.
 
 Each new task is first looked up in the memo by its task key. A hit is
-inserted as already succeeded (cached) and its own successors are expanded
+planned as already succeeded (cached) and its own successors are expanded
 in turn, so re-running a finished run walks the whole graph with one
 indexed lookup per task: no stage call, no blob read. Root items that
 settled in an earlier run of the same graph skip even that: their rows are
-copied (store/replay.py).
+copied (store/replay.py). Planning only reads; runtime/transitions.py writes.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Expander:
         self._roots = [s.name for s in pipeline.roots]
         self._lane_ranks: dict[str, int] = {}
         self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
-        self._fanout = any(s.kind == "fanout" for s in pipeline)
+        self.has_fanout = any(s.kind == "fanout" for s in pipeline)
 
     def take_stale(self) -> Counter[tuple[str, str]]:
         """The stale memo answers planned since the last call, by (run, stage)."""
@@ -104,7 +104,7 @@ class Expander:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
         self._lane_ranks[run_id] = LANE_RANKS[lane]
 
-    def _lane_rank(self, run_id: str) -> int:
+    def lane_rank(self, run_id: str) -> int:
         rank = self._lane_ranks.get(run_id)
         if rank is None:
             run = self.store.get_run(run_id)
@@ -129,37 +129,9 @@ class Expander:
             seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
         return seeds, items
 
-    def expand_sources(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float,
-                       bad: Sequence[tuple[str, str]] = ()) -> tuple[int, int]:
-        """Create root items (key, source) and their tasks. An item that settled in the latest earlier run of
-        the same graph, from the same source, is copied from there (store/replay.py); the others are planned
-        through the memo. Items in ``bad`` (key, why) have no readable source: each of their root tasks ends
-        ``failed`` with error class ``bad_input`` at once. Returns (tasks answered from the memo, tasks
-        queued to run)."""
-        items = [NewItem(run_id, key, None, key, ref.digest, ref.size, now) for key, ref in sources]
-        items += [NewItem(run_id, key, None, key, None, None, now) for key, _ in bad]
-        base = self._replay_base(run_id)
-        replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
-        seeds = [seed for key, ref in sources if key not in replayed for seed in self.roots(run_id, key, ref)]
-        tasks, new_items, cached = self.plan(seeds, now, items)
-        self._refuse_bad(tasks, run_id, bad, now)
-        notices = self.take_stale()
-        with self.store.transaction():
-            self.store.insert_items(new_items)
-            if base and replayed:
-                cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
-                                                  self._lane_rank(run_id), self._fanout)
-                self.store.copy_notices(base, run_id)
-            if tasks:
-                self.store.insert_tasks(tasks)
-            if notices:
-                self.store.add_notices([(run, "stale_code", stage, self._plans[stage].version,
-                                         self._plans[stage].memo.code, count, now)
-                                        for (run, stage), count in notices.items()])
-        return cached, len(tasks.queued)
-
-    def _refuse_bad(self, tasks: NewTasks, run_id: str, bad: Sequence[tuple[str, str]], now: float) -> None:
-        rank = self._lane_rank(run_id)
+    def refuse_bad(self, tasks: NewTasks, run_id: str, bad: Sequence[tuple[str, str]], now: float) -> None:
+        """Root task rows, failed with ``bad_input``, for items (key, why) whose source could not be read."""
+        rank = self.lane_rank(run_id)
         for key, why in bad:
             digest = hashlib.sha256(f"bad_input\0{key}\0{why}".encode()).hexdigest()
             for name in self._roots:
@@ -167,7 +139,8 @@ class Expander:
                 tasks.bad.append((run_id, self.pipeline.name, name, key, key, digest, p.version, p.config_hash,
                                   digest, BAD_INPUT_KIND, 0, "bad_input", why, p.max_attempts, rank, now, now, now))
 
-    def _replay_base(self, run_id: str) -> str | None:
+    def replay_base(self, run_id: str) -> str | None:
+        """The earlier run whose settled items a run may copy (store/replay.py), looked up once per run."""
         if run_id not in self._bases:
             run = self.store.get_run(run_id)
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
@@ -196,7 +169,7 @@ class Expander:
             for seed, key in zip(frontier, keys, strict=True):
                 run_id, item_key, root_key, stage, ref = seed
                 p = plans[stage]
-                rank = ranks[run_id] if run_id in ranks else self._lane_rank(run_id)
+                rank = ranks[run_id] if run_id in ranks else self.lane_rank(run_id)
                 hit = memo.get(key)
                 failure = None
                 if hit is not None and hit[1] == "failed" and (failure := p.memo.failure(hit[3])) is None:

@@ -3,7 +3,9 @@
 queued → running (claim, attempt counted) → succeeded | queued again after a
 backoff (retry) | failed (terminal) | dead_lettered (attempts exhausted).
 A running task whose lease expired goes back to queued, or to the dead-letter
-list when that was its last attempt.
+list when that was its last attempt. Nothing else changes a task's state: the
+worker claims, renews, releases and asks for memo answers here; a submission
+admits its items here; requeue and dead-letter replay happen here.
 
 A commit is prepared first (rows built, memo lookups for the successors done:
 reads only) and then written in one short transaction of plain statements, so
@@ -20,17 +22,34 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from conveyor import __version__
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
-from conveyor.runtime.expand import Expander, Seed
+from conveyor.runtime.expand import BAD_INPUT_KIND, Expander, Seed, task_key
 from conveyor.runtime.memo import StageMemo, refusal_ref
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref
-from conveyor.store import AttemptRecord, ClaimedTask, NewItem, NewOutput, NewTasks, SqlStore
+from conveyor.store import (
+    AttemptRecord,
+    ClaimedTask,
+    Crashed,
+    Ended,
+    Lease,
+    NewDeadLetter,
+    NewItem,
+    NewOutput,
+    NewTasks,
+    Notice,
+    PlainAttempt,
+    Requeued,
+    Retried,
+    SqlStore,
+    StoredOutput,
+    Succeeded,
+    TaskStatus,
+)
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -54,16 +73,16 @@ class Outcome:
 class Writes:
     """Every row one commit writes, prepared before its transaction opens."""
 
-    succeeded: list[tuple[str, str, int, float, int, int]] = field(default_factory=list)
-    retry: list[tuple[float, str, str, int, int]] = field(default_factory=list)
-    ended: list[tuple[str, str, str, float, int, int, int]] = field(default_factory=list)
+    succeeded: list[Succeeded] = field(default_factory=list)
+    retry: list[Retried] = field(default_factory=list)
+    ended: list[Ended] = field(default_factory=list)
     outputs: list[NewOutput] = field(default_factory=list)
-    dead: list[tuple[int, str, str, str, str, str, int, float]] = field(default_factory=list)
+    dead: list[NewDeadLetter] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
-    plain_attempts: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.insert_attempts
+    plain_attempts: list[PlainAttempt] = field(default_factory=list)
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
-    notices: list[tuple[Any, ...]] = field(default_factory=list)  # see TaskQueries.add_notices
+    notices: list[Notice] = field(default_factory=list)
     stale_stages: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
 
@@ -106,6 +125,93 @@ class Transitions:
         self.worker = worker
         self.rng = rng or random.Random()
 
+    # --- claims, leases and memo answers: the worker's side --------------------------------------------
+
+    def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
+              caps: Mapping[str, int] | None = None) -> list[ClaimedTask]:
+        """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first;
+        the attempt is counted now."""
+        return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps)
+
+    def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None) -> list[ClaimedTask]:
+        """Lease one task that was in flight when a worker died; the worker runs it alone."""
+        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id)
+
+    def renew(self, leases: Sequence[Lease], expires_at: float) -> int:
+        """Extend the leases still held; returns how many were."""
+        return self.store.renew_leases(leases, expires_at)
+
+    def release(self, leases: Sequence[Lease]) -> None:
+        """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
+        self.store.release(leases)
+
+    def answers(self, claimed: Sequence[ClaimedTask], fresh: Sequence[ClaimedTask],
+                now: float) -> tuple[list[Outcome], list[ClaimedTask]]:
+        """The outcomes of tasks that need no stage call, and the tasks left to run. A task from the
+        queue is looked up in the memo first (another worker may have done the same work meanwhile, or
+        this is a redelivery); a fresh one was looked up as it was created. Either may be refused on a
+        guard that is checked before its input is read."""
+        memo = self.store.lookup_outputs([t.task_key for t in claimed]) if claimed else {}
+        answered: list[Outcome] = []
+        to_run: list[ClaimedTask] = []
+        for task in (*fresh, *claimed):
+            outcome = self._answer(task, memo.get(task.task_key), now)
+            if outcome is None:
+                to_run.append(task)
+            else:
+                answered.append(outcome)
+        return answered, to_run
+
+    def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
+        memo, stage = self.memos[task.stage], self.pipeline[task.stage]
+        if hit is not None and hit.kind == "failed":
+            failure = memo.failure(hit.inline)
+            if failure is not None:
+                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code))
+        elif hit is not None:
+            return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True,
+                           stale=memo.stale(hit.code))
+        if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
+            message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
+                       f"of stage {stage.name!r}; it was not read")
+            return Outcome(task, now, 0.0, False, failure=Failure(
+                "input_too_large", False, message, deterministic=True,
+                guard=("max_input_bytes", stage.max_input_bytes)))
+        return None
+
+    # --- admission: a submission's items --------------------------------------------------------------
+
+    def admit(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float,
+              bad: Sequence[tuple[str, str]] = ()) -> tuple[int, int]:
+        """Create root items (key, source) and their tasks. An item that settled in the latest earlier run
+        of the same graph, from the same source, is copied from there (store/replay.py); the others are
+        planned through the memo. Items in ``bad`` (key, why) have no readable source: each of their root
+        tasks ends ``failed`` with error class ``bad_input`` at once. Returns (tasks answered from the
+        memo, tasks queued to run). The planning (memo lookups, rows) is done before the write
+        transaction opens: with SQLite's one writer, workers keep committing meanwhile."""
+        x = self.expander
+        items = [NewItem(run_id, key, None, key, ref.digest, ref.size, now) for key, ref in sources]
+        items += [NewItem(run_id, key, None, key, None, None, now) for key, _ in bad]
+        base = x.replay_base(run_id)
+        replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
+        seeds = [seed for key, ref in sources if key not in replayed for seed in x.roots(run_id, key, ref)]
+        tasks, new_items, cached = x.plan(seeds, now, items)
+        x.refuse_bad(tasks, run_id, bad, now)
+        notices = self.stale_notices(x.take_stale(), now)
+        with self.store.transaction():
+            self.store.insert_items(new_items)
+            if base and replayed:
+                cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
+                                                  x.lane_rank(run_id), x.has_fanout)
+                self.store.copy_notices(base, run_id)
+            if tasks:
+                self.store.insert_tasks(tasks)
+            if notices:
+                self.store.add_notices(notices)
+        return cached, len(tasks.queued)
+
+    # --- commits ----------------------------------------------------------------------------------------
+
     def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
         """Commit a batch of outcomes in one transaction; return counts by what happened."""
         return self.commit_and_claim(outcomes, now, None)[0]
@@ -130,7 +236,7 @@ class Transitions:
         # another worker memoised first: every item then builds on the one output a task key has, which is
         # also what a re-run copies or looks up (the losing attempt is still recorded as invoked).
         with self.store.transaction():
-            held = self.store.held_leases([(o.task.id, o.task.lease_token) for o in outcomes])
+            held = self.store.held_leases([Lease(o.task.id, o.task.lease_token) for o in outcomes])
             kept = self._adopt_memo([o for o in outcomes if o.task.id in held])
             writes = self.prepare(kept, now)
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
@@ -214,9 +320,9 @@ class Transitions:
             w.stale_stages = {stage for _, stage in stale}
         return w
 
-    def stale_notices(self, stale: Counter[tuple[str, str]], now: float) -> list[tuple[Any, ...]]:
+    def stale_notices(self, stale: Counter[tuple[str, str]], now: float) -> list[Notice]:
         """Notice rows for memo answers made by other code under the same stage version (stale_code)."""
-        return [(run_id, "stale_code", stage, self.pipeline[stage].version, self.memos[stage].code, count, now)
+        return [Notice(run_id, "stale_code", stage, self.pipeline[stage].version, self.memos[stage].code, count, now)
                 for (run_id, stage), count in stale.items()]
 
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
@@ -227,15 +333,16 @@ class Transitions:
             if not o.cached:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
                                            task.run_id, now, self.memos[task.stage].code))
-            w.succeeded.append((out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
+            w.succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
             more, items = self.expander.successors(
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
             seeds += more
             w.items += items
             if o.usage is None or not o.usage.calls:
-                w.plain_attempts.append((task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded",
-                                         int(o.invoked), self.worker, task.lease_token,
-                                         self.pipeline[task.stage].version, __version__, o.started, o.duration))
+                w.plain_attempts.append(PlainAttempt(
+                    task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
+                    self.worker, task.lease_token, self.pipeline[task.stage].version, __version__, o.started,
+                    o.duration))
             else:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
@@ -247,7 +354,8 @@ class Transitions:
             assert f is not None
             full = _full(f)
             if not f.retryable:
-                w.ended.append(("failed", f.error_class, full, now, int(o.cached), task.id, task.lease_token))
+                w.ended.append(Ended(TaskStatus.FAILED, f.error_class, full, now, int(o.cached), task.id,
+                                     task.lease_token))
                 if f.deterministic and not o.cached:
                     ref = refusal_ref(Failure(f.error_class, False, full, guard=f.guard))
                     w.outputs.append(NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
@@ -255,9 +363,10 @@ class Transitions:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
                 w.counts.update(failed=1, cached=int(o.cached))
             elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
-                w.ended.append(("dead_lettered", f.error_class, full, now, 0, task.id, task.lease_token))
-                w.dead.append((task.id, task.run_id, task.item_key, task.stage, f.error_class, full, task.attempts,
-                               now))
+                w.ended.append(Ended(TaskStatus.DEAD_LETTERED, f.error_class, full, now, 0, task.id,
+                                     task.lease_token))
+                w.dead.append(NewDeadLetter(task.id, task.run_id, task.item_key, task.stage, f.error_class, full,
+                                            task.attempts, now))
                 w.attempts.append(self._attempt(o, "dead_lettered", f))
                 w.counts["dead_lettered"] += 1
                 log.warning("dead-lettered %s at %s after %d attempts (%s)", task.item_key, task.stage,
@@ -265,7 +374,8 @@ class Transitions:
                                 "event": "dead_lettered", "run": task.run_id, "stage": task.stage,
                                 "item": task.item_key, "attempt": task.attempts})
             else:
-                w.retry.append((now + self._delay(task, f), f.error_class, f.message, task.id, task.lease_token))
+                w.retry.append(Retried(now + self._delay(task, f), f.error_class, f.message, task.id,
+                                       task.lease_token))
                 w.attempts.append(self._attempt(o, "retry", f))
                 w.counts["retried"] += 1
 
@@ -294,7 +404,8 @@ class Transitions:
             if not expired:
                 return counts
             held = self.store.note_lost_workers(sorted({str(lease.lease_owner) for lease in expired}), now)
-            requeue, w = [], Writes()
+            requeue: list[Crashed] = []
+            w = Writes()
             for lease in expired:
                 alone = held.get(str(lease.lease_owner), 1) <= 1
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
@@ -306,11 +417,12 @@ class Transitions:
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, __version__, None, None))
                 if alone and lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
-                    w.ended.append(("dead_lettered", "lease_expired", message, now, 0, lease.id, lease.lease_token))
-                    w.dead.append((lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired", message,
-                                   lease.attempts, now))
+                    w.ended.append(Ended(TaskStatus.DEAD_LETTERED, "lease_expired", message, now, 0, lease.id,
+                                         lease.lease_token))
+                    w.dead.append(NewDeadLetter(lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired",
+                                                message, lease.attempts, now))
                 else:
-                    requeue.append((now, message, 0 if alone else 1, lease.id, lease.lease_token))
+                    requeue.append(Crashed(now, message, 0 if alone else 1, lease.id, lease.lease_token))
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
@@ -370,3 +482,30 @@ def _memoised(failure: Failure | None) -> bool:
 
 def _full(failure: Failure) -> str:
     return f"{failure.message}\n{failure.detail}".strip()
+
+
+# --- what an operator does: requeue a selection, replay dead letters ------------------------------------
+
+def requeue(store: SqlStore, pipeline: Pipeline, run_id: str, stage: str, reason: str, statuses: Sequence[str],
+            error_class: str | None, stage_version: str | None, now: float) -> tuple[int, int]:
+    """Queue ended tasks of ``stage`` again under its current version and config, with a fresh attempt
+    budget; their memoised refusals are forgotten and ``reason`` is recorded in each one's history.
+    Returns (requeued, skipped): a ``bad_input`` task has no source to run again."""
+    spec = pipeline[stage]
+    rows: list[Requeued] = []
+    forget: list[str] = []
+    skipped = 0
+    for task_id, item_key, old_key, kind, digest, inline, size in store.tasks_to_requeue(
+            run_id, stage, statuses, error_class, stage_version):
+        if kind == BAD_INPUT_KIND:
+            skipped += 1
+            continue
+        key = task_key(pipeline.name, spec, Ref(kind, digest, size, inline), item_key)
+        rows.append(Requeued(key, spec.version, spec.config_hash, now, task_id))
+        forget += [old_key, key]
+    return store.requeue(rows, forget, reason, now, run_id), skipped
+
+
+def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: float) -> int:
+    """Queue dead-lettered tasks again with a fresh attempt budget; the reason is recorded with each entry."""
+    return store.replay_dead_letters(ids, reason, now)

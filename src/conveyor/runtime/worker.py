@@ -26,16 +26,13 @@ from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
-from conveyor.runtime.classify import Failure
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.heartbeat import submission_alive
-from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.pacing import Pacing
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Claim, Outcome, Transitions
-from conveyor.runtime.values import Ref
-from conveyor.store import ClaimedTask, SqlStore, StoredOutput, open_store
+from conveyor.store import ClaimedTask, Lease, SqlStore, open_store
 
 log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
@@ -75,7 +72,6 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self.executor = Executor(pipeline, absolute_target(target), blobs, self.opts.guarded_processes,
                                  self.clock, store_url, self.id)
-        self.memos = {s.name: StageMemo(s) for s in pipeline}
         self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
         self._leases: dict[int, int] = {}
@@ -205,15 +201,14 @@ class Worker:
 
     async def _claim(self, room: int) -> list[ClaimedTask]:
         await self._read_backlog()
-        claimed = await self._call(self.store.claim, self.pipeline.name, self._stages, room, self.id,
-                                   self.clock(), self.lease, self.opts.run_id, self._caps(self._in_flight))
+        claimed = await self._call(self.transitions.claim, self._stages, room, self.clock(), self.lease,
+                                   self.opts.run_id, self._caps(self._in_flight))
         self._track(claimed)
         return claimed
 
     async def _claim_suspect(self) -> bool:
         """With nothing in flight, take one task that was in flight when a worker died, and run it alone."""
-        claimed = await self._call(self.store.claim_suspect, self.pipeline.name, self.id, self.clock(),
-                                   self.lease, self.opts.run_id)
+        claimed = await self._call(self.transitions.claim_suspect, self.clock(), self.lease, self.opts.run_id)
         if claimed:
             self._alone = True
             self._track(claimed)
@@ -298,17 +293,12 @@ class Worker:
     # --- dispatching -------------------------------------------------------
 
     async def _dispatch(self, claimed: list[ClaimedTask], fresh: list[ClaimedTask] | None = None) -> None:
-        """Start claimed tasks. A task from the queue is looked up in the memo first (another worker may
-        have done the same work meanwhile, or this is a redelivery); a fresh one was looked up as it was
-        created, in the commit that claimed it."""
-        memo = await self._call(self.store.lookup_outputs, [t.task_key for t in claimed]) if claimed else {}
+        """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
+        answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
+        self._results += answered
         inline: list[tuple[ClaimedTask, Stage]] = []
-        for task in (fresh or []) + claimed:
+        for task in to_run:
             stage = self.pipeline[task.stage]
-            refused = self._precheck(task, stage, memo.get(task.task_key))
-            if refused is not None:
-                self._results.append(refused)
-                continue
             if task.task_key in self._followers:
                 # The same work is already running here: wait for it instead of paying twice.
                 self._followers[task.task_key].append(task)
@@ -326,23 +316,6 @@ class Worker:
                 inline.append((task, stage))
         if inline:
             self._spawn(self._run_inline(inline))
-
-    def _precheck(self, task: ClaimedTask, stage: Stage, hit: StoredOutput | None) -> Outcome | None:
-        now, memo = self.clock(), self.memos[stage.name]
-        if hit is not None and hit.kind == "failed":
-            failure = memo.failure(hit.inline)
-            if failure is not None:
-                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code))
-        elif hit is not None:
-            return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True,
-                           stale=memo.stale(hit.code))
-        if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
-            message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
-                       f"of stage {stage.name!r}; it was not read")
-            return Outcome(task, now, 0.0, False, failure=Failure(
-                "input_too_large", False, message, deterministic=True,
-                guard=("max_input_bytes", stage.max_input_bytes)))
-        return None
 
     def _spawn(self, coro: Any) -> None:
         job = asyncio.create_task(coro)
@@ -373,7 +346,7 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             # The leases are read here, on the event loop that changes them, not on the store's thread.
-            held = list(self._leases.items())
+            held = [Lease(task_id, token) for task_id, token in self._leases.items()]
             for step, args in ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, ())):
                 try:
                     await self._call(step, *args)
@@ -382,9 +355,9 @@ class Worker:
                     log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
                                   extra={"event": "keeper_error", "run": self.opts.run_id})
 
-    def _renew(self, leases: list[tuple[int, int]]) -> None:
+    def _renew(self, leases: list[Lease]) -> None:
         if leases:
-            self.store.renew_leases(leases, self.clock() + self.lease)
+            self.transitions.renew(leases, self.clock() + self.lease)
 
     def _reclaim(self) -> None:
         counts = self.transitions.reclaim_expired(self.clock())
@@ -412,7 +385,7 @@ class Worker:
         if self._results:
             await self._flush()
         if self._leases:
-            await self._call(self.store.release, list(self._leases.items()))
+            await self._call(self.transitions.release, [Lease(*lease) for lease in self._leases.items()])
             self.stats["released"] += len(self._leases)
             self._leases.clear()
         await self._call(self.store.close)

@@ -9,9 +9,8 @@ from typing import Any
 
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
+from conveyor.runtime import transitions
 from conveyor.runtime.heartbeat import stopped
-from conveyor.runtime.values import Ref
 from conveyor.store import RunRecord, SqlStore
 
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
@@ -219,16 +218,8 @@ def requeue(
     wrong = sorted(set(statuses) - {"failed", "dead_lettered"})
     if wrong:
         raise UserError(f"--status {wrong[0]!r}: only failed and dead_lettered tasks can be requeued")
-    rows = store.tasks_to_requeue(run_id, stage, statuses, error_class, stage_version)
-    updates, forget, unreadable = [], [], 0
-    for task_id, item_key, old_key, kind, digest, inline, size in rows:
-        if kind == BAD_INPUT_KIND:  # no source was ever read: there is nothing to run again
-            unreadable += 1
-            continue
-        key = task_key(pipeline.name, spec, Ref(kind, digest, size, inline), item_key)
-        updates.append((key, spec.version, spec.config_hash, task_id))
-        forget += [old_key, key]
-    requeued = store.requeue(updates, forget, reason, store.clock(), run_id)
+    requeued, unreadable = transitions.requeue(store, pipeline, run_id, stage, reason, statuses, error_class,
+                                               stage_version, store.clock())
     return {"run_id": run_id, "stage": stage, "requeued": requeued, "stage_version": spec.version, "reason": reason,
             "bad_input_skipped": unreadable}
 
@@ -244,5 +235,5 @@ def dlq_replay(
         if run_id is None and stage is None and error_class is None and not everything:
             raise UserError("name dead-letter ids, or select them with --run/--stage/--error-class (or --all)")
         ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
-    replayed = store.replay_dead_letters(ids, reason, store.clock())
+    replayed = transitions.replay_dead_letters(store, ids, reason, store.clock())
     return {"replayed": replayed, "ids": ids, "reason": reason}

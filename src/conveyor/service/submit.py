@@ -24,10 +24,11 @@ from pathlib import Path
 from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import LANE_RANKS, Expander
+from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.fingerprint import code_fingerprint
 from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat, submitter_gone, submitter_id
 from conveyor.runtime.target import absolute_target
+from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
 from conveyor.store import RunRecord, SqlStore, sqlite_path
@@ -215,8 +216,8 @@ class _Ingest:
                  lane: str, strict: bool, resumed: bool, me: str) -> None:
         self.run_id, self.store, self.blobs, self.clock = run_id, store, blobs, clock
         self.strict, self.resumed, self.me = strict, resumed, me
-        self.expander = Expander(pipeline, store)
-        self.expander.set_lane(run_id, lane)
+        self.transitions = Transitions(pipeline, store, me)
+        self.transitions.expander.set_lane(run_id, lane)
         self.read_limit = _read_limit(pipeline)
         self.cached = 0
         self.visible = False  # some of the run's work is committed: a worker may have started on it
@@ -250,9 +251,7 @@ class _Ingest:
                 bad.append((item.key, ref))
             else:
                 good.append((item.key, ref))
-        # expand_sources() plans (memo lookups, rows) before it opens its write transaction: with SQLite's one
-        # writer, workers processing the first items keep committing while the next batch is planned.
-        hits, queued = self.expander.expand_sources(self.run_id, good, self.clock(), bad)
+        hits, queued = self.transitions.admit(self.run_id, good, self.clock(), bad)
         self.visible = True
         self.cached += hits
         return queued

@@ -10,13 +10,22 @@ from conveyor.store.records import (
     CHILD_MARK,
     AttemptRecord,
     ClaimedTask,
+    Crashed,
     DeadLetter,
+    Ended,
     ExpiredLease,
+    Lease,
+    NewDeadLetter,
     NewItem,
     NewOutput,
     NewTasks,
+    Notice,
+    PlainAttempt,
+    Requeued,
+    Retried,
     RunRecord,
     StoredOutput,
+    Succeeded,
     TaskStatus,
 )
 from conveyor.store.sql_store import SqlStore
@@ -24,8 +33,9 @@ from conveyor.store.sql_store import SqlStore
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "CHILD_MARK", "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "DeadLetter", "ExpiredLease", "NewItem", "NewOutput",
-    "NewTasks", "RunRecord", "SqlStore", "StoredOutput", "TaskStatus", "open_store", "sqlite_path",
+    "CHILD_MARK", "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended", "ExpiredLease",
+    "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewTasks", "Notice", "PlainAttempt", "Requeued", "Retried",
+    "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "open_store", "sqlite_path",
 ]
 
 

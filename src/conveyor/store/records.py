@@ -73,6 +73,105 @@ class NewItem(NamedTuple):
     created_at: float
 
 
+# Rows of the fenced transitions (store/tasks.py): each field in the order its statement binds it, the
+# task's id and lease token last, for the fence ``WHERE id = ? AND lease_token = ? AND status = 'running'``.
+
+
+class Lease(NamedTuple):
+    """A task a worker holds, and the token that proves it."""
+
+    task_id: int
+    lease_token: int
+
+
+class Succeeded(NamedTuple):
+    output_digest: str
+    output_kind: str
+    cached: int
+    finished_at: float
+    task_id: int
+    lease_token: int
+
+
+class Retried(NamedTuple):
+    available_at: float
+    error_class: str
+    message: str
+    task_id: int
+    lease_token: int
+
+
+class Ended(NamedTuple):
+    """A task that ends here: ``status`` is ``failed`` or ``dead_lettered``."""
+
+    status: str
+    error_class: str
+    message: str
+    finished_at: float
+    cached: int
+    task_id: int
+    lease_token: int
+
+
+class Crashed(NamedTuple):
+    """A task whose worker died: queued again as a suspect, ``refund`` attempts given back."""
+
+    available_at: float
+    message: str
+    refund: int
+    task_id: int
+    lease_token: int
+
+
+class NewDeadLetter(NamedTuple):
+    task_id: int
+    run_id: str
+    item_key: str
+    stage: str
+    error_class: str
+    error: str
+    attempts: int
+    created_at: float
+
+
+class PlainAttempt(NamedTuple):
+    """An attempt that succeeded without a provider call: the common row, with no NULL to bind."""
+
+    task_id: int
+    run_id: str
+    attempt: int
+    outcome: str
+    invoked: int
+    worker: str
+    lease_token: int
+    stage_version: str
+    code_version: str
+    started_at: float
+    duration: float
+
+
+class Notice(NamedTuple):
+    """Something a run should tell its user once per stage (kind ``stale_code``); counts add up."""
+
+    run_id: str
+    kind: str
+    stage: str
+    version: str
+    code: str | None
+    answers: int  # the tasks it is about (the `count` column)
+    created_at: float
+
+
+class Requeued(NamedTuple):
+    """An ended task queued again under its stage's current version and config."""
+
+    task_key: str
+    stage_version: str
+    config_hash: str
+    available_at: float
+    task_id: int
+
+
 class StoredOutput(NamedTuple):
     task_key: str
     stage: str

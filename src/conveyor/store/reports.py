@@ -7,7 +7,7 @@ from typing import Any
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
-from conveyor.store.records import DeadLetter
+from conveyor.store.records import DeadLetter, Requeued
 from conveyor.store.tasks import chunks
 
 DLQ_COLUMNS = (
@@ -237,23 +237,21 @@ class ReportQueries:
             "SELECT id, item_key, task_key, input_kind, input_digest, input_inline, input_size FROM tasks"
             f" WHERE {' AND '.join(clauses)} ORDER BY id", params)
 
-    def requeue(self, rows: Sequence[tuple[str, str, str, int]], forget: Sequence[str], reason: str, now: float,
-                run_id: str) -> int:
-        """rows: (new task key, stage version, config hash, task id). Queue them with a fresh attempt
-        budget, forget the settled failures in ``forget`` (task keys), record ``reason`` as an attempt."""
+    def requeue(self, rows: Sequence[Requeued], forget: Sequence[str], reason: str, now: float, run_id: str) -> int:
+        """Queue ended tasks again with a fresh attempt budget, forget the settled failures in ``forget``
+        (task keys), record ``reason`` as an attempt of each."""
         with self.db.transaction():
             for part in chunks(list(forget), 900):
                 marks = ",".join("?" * len(part))
                 self.db.execute(f"DELETE FROM outputs WHERE kind = 'failed' AND key64 IN ({marks})"
                                 f" AND task_key IN ({marks})", [*map(key64, part), *part])
-            changed = self.db.executemany_count(REQUEUE, [(key, version, config, now, task_id)
-                                                          for key, version, config, task_id in rows])
+            changed = self.db.executemany_count(REQUEUE, rows)
             self.db.executemany(
                 "UPDATE dead_letters SET replayed_at = ?, replay_reason = ? WHERE task_id = ? AND replayed_at IS NULL",
-                [(now, reason, task_id) for *_, task_id in rows])
+                [(now, reason, row.task_id) for row in rows])
             self.db.executemany(
                 "INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, message, started_at)"
-                " VALUES (?, ?, 0, 'requeued', 0, ?, ?)", [(task_id, run_id, reason, now) for *_, task_id in rows])
+                " VALUES (?, ?, 0, 'requeued', 0, ?, ?)", [(row.task_id, run_id, reason, now) for row in rows])
             self.db.notify()
         return changed
 

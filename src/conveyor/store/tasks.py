@@ -14,11 +14,19 @@ from conveyor.store.memokey import key64
 from conveyor.store.records import (
     AttemptRecord,
     ClaimedTask,
+    Crashed,
+    Ended,
     ExpiredLease,
+    Lease,
+    NewDeadLetter,
     NewItem,
     NewOutput,
     NewTasks,
+    Notice,
+    PlainAttempt,
+    Retried,
     StoredOutput,
+    Succeeded,
 )
 
 T = TypeVar("T")
@@ -220,7 +228,7 @@ class TaskQueries:
             )
         return list(map(ClaimedTask._make, rows))
 
-    def held_leases(self, tokens: Sequence[tuple[int, int]]) -> set[int]:
+    def held_leases(self, tokens: Sequence[Lease]) -> set[int]:
         """The ids among (id, token) whose lease this worker still holds."""
         held: set[int] = set()
         wanted = dict(tokens)
@@ -235,29 +243,27 @@ class TaskQueries:
                     held.add(task_id)
         return held
 
-    def mark_succeeded(self, rows: Sequence[tuple[str, str, int, float, int, int]]) -> int:
-        """rows: (output digest, output kind, cached, now, task id, lease token); returns rows changed."""
+    def mark_succeeded(self, rows: Sequence[Succeeded]) -> int:
+        """Returns the rows changed (fewer than given: a lease was lost)."""
         return self.db.executemany_count(MARK_SUCCEEDED, rows)
 
-    def mark_retry(self, rows: Sequence[tuple[float, str, str, int, int]]) -> int:
-        """rows: (available at, error class, message, task id, lease token); returns rows changed."""
+    def mark_retry(self, rows: Sequence[Retried]) -> int:
+        """Returns the rows changed."""
         return self.db.executemany_count(MARK_RETRY, rows)
 
-    def mark_ended(self, rows: Sequence[tuple[str, str, str, float, int, int, int]]) -> int:
-        """rows: ('failed' | 'dead_lettered', error class, message, now, cached, task id, lease token)."""
+    def mark_ended(self, rows: Sequence[Ended]) -> int:
+        """Returns the rows changed."""
         return self.db.executemany_count(MARK_ENDED, rows)
 
-    def insert_attempts(self, attempts: Sequence[AttemptRecord], plain: Sequence[tuple[Any, ...]] = ()) -> None:
-        """``plain``: successes without provider calls, as (task_id, run_id, attempt, outcome, invoked, worker,
-        lease_token, stage_version, code_version, started_at, duration)."""
+    def insert_attempts(self, attempts: Sequence[AttemptRecord], plain: Sequence[PlainAttempt] = ()) -> None:
+        """``plain``: successes without provider calls (no NULL column to bind)."""
         self.db.append("attempts", ATTEMPT_COLUMNS, attempts)
         self.db.append("attempts", PLAIN_ATTEMPT_COLUMNS, plain)
 
-    def insert_dead_letters(self, rows: Sequence[tuple[int, str, str, str, str, str, int, float]]) -> None:
-        """rows: (task id, run id, item key, stage, error class, error, attempts, now)."""
+    def insert_dead_letters(self, rows: Sequence[NewDeadLetter]) -> None:
         self.db.executemany(INSERT_DEAD_LETTER, rows)
 
-    def renew_leases(self, tokens: Sequence[tuple[int, int]], expires_at: float) -> int:
+    def renew_leases(self, tokens: Sequence[Lease], expires_at: float) -> int:
         """Extend the leases still held, in one batch; returns how many were."""
         with self.db.transaction():
             return self.db.executemany_count(
@@ -265,14 +271,14 @@ class TaskQueries:
                 [(expires_at, task_id, token) for task_id, token in tokens],
             )
 
-    def release(self, tokens: Sequence[tuple[int, int]]) -> None:
+    def release(self, tokens: Sequence[Lease]) -> None:
         """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
         with self.db.transaction():
             self.db.executemany(RELEASE, list(tokens))
             self.db.notify()
 
-    def requeue_crashed(self, rows: Sequence[tuple[float, str, int, int, int]]) -> int:
-        """rows: (available at, message, attempts to refund, task id, lease token); the task becomes a suspect."""
+    def requeue_crashed(self, rows: Sequence[Crashed]) -> int:
+        """The tasks become suspects (run alone); returns the rows changed."""
         return self.db.executemany_count(REQUEUE_CRASHED, rows)
 
     def note_lost_workers(self, owners: Sequence[str], now: float) -> dict[str, int]:
@@ -290,8 +296,8 @@ class TaskQueries:
             return {str(owner): int(count) for owner, count in self.db.execute(
                 f"SELECT owner, in_flight FROM lost_workers WHERE owner IN ({marks})", list(owners))}
 
-    def add_notices(self, rows: Sequence[tuple[str, str, str, str, str | None, int, float]]) -> None:
-        """rows: (run id, kind, stage, stage version, code, count, now); counts add up per (run, kind, stage)."""
+    def add_notices(self, rows: Sequence[Notice]) -> None:
+        """Counts add up per (run, kind, stage)."""
         self.db.executemany(
             "INSERT INTO run_notices (run_id, kind, stage, version, code, count, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind, stage) "
