@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -267,6 +266,8 @@ def submit(
 ) -> None:
     """Create a run without processing it; print its id."""
     from conveyor.runtime.target import load_target
+    from conveyor.service.report import stale_code_warnings
+    from conveyor.service.runs import sigterm_as_interrupt
     from conveyor.service.submit import submit as submit_run
 
     pipeline = load_target(target)
@@ -280,39 +281,25 @@ def submit(
             source = source or find_run(store, resume_run).input
         if source is None:
             raise UserError("give --input PATH (or --resume RUN to finish a submission that stopped)")
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        started: list[str] = []
         try:
-            done = submit_run(pipeline, target, source, store, blob_store, lane=lane, options=options,
-                              on_run=_remember_run)
+            with sigterm_as_interrupt():
+                done = submit_run(pipeline, target, source, store, blob_store, lane=lane, options=options,
+                                  on_run=started.append)
         except KeyboardInterrupt:
-            if _RUN and store.get_run(_RUN[-1]) is not None:
+            if started and store.get_run(started[-1]) is not None:
                 again = [a for a in sys.argv[1:] if a != "--json"]
                 if "--resume" not in again:
-                    again += ["--resume", _RUN[-1]]
-                _interrupted(_RUN[-1], db, blobs, " ".join(shlex.quote(a) for a in ["conveyor", *again]))
+                    again += ["--resume", started[-1]]
+                _interrupted(started[-1], db, blobs, " ".join(shlex.quote(a) for a in ["conveyor", *again]))
             raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
     if not done.expected:
         typer.echo(f"warning: --input {source} holds no items; the run expects 0", err=True)
-    from conveyor.service.report import stale_code_warnings
-
-    for line in stale_code_warnings([s | {"tasks": 0} for s in done.stale_code]):
-        typer.echo(line.replace(" answered 0 task(s)", " answered tasks"), err=True)
+    for line in stale_code_warnings(done.stale_code):
+        typer.echo(line, err=True)
     data = {"run_id": done.run_id, "expected": done.expected, "cached": done.cached, "resumed": done.resumed,
             "stale_code": done.stale_code}
     _emit(data, as_json, lambda d: typer.echo(d["run_id"]))
-
-
-_RUN: list[str] = []
-
-
-def _remember_run(run_id: str) -> None:
-    _RUN.append(run_id)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @app.command()

@@ -95,6 +95,11 @@ class Expander:
         self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
         self.has_fanout = any(s.kind == "fanout" for s in pipeline)
 
+    @property
+    def memos(self) -> dict[str, StageMemo]:
+        """Each stage's view of memo hits (code fingerprint, guards), by stage name."""
+        return {name: plan.memo for name, plan in self._plans.items()}
+
     def take_stale(self) -> Counter[tuple[str, str]]:
         """The stale memo answers planned since the last call, by (run, stage)."""
         stale, self.stale = self.stale, Counter()

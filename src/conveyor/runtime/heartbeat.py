@@ -32,7 +32,8 @@ class Heartbeat:
         self.lost = False  # the run was taken from us (marked abandoned by someone who thought us dead)
 
     def __enter__(self) -> Heartbeat:
-        if sqlite_path(self.url) is not None or not self.url.startswith("sqlite:"):
+        in_memory = self.url.startswith("sqlite:") and sqlite_path(self.url) is None  # no other process sees it
+        if not in_memory:
             self._thread.start()
         return self
 

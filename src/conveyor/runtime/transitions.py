@@ -28,7 +28,7 @@ from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import BAD_INPUT_KIND, Expander, Seed, task_key
-from conveyor.runtime.memo import StageMemo, refusal_ref
+from conveyor.runtime.memo import refusal_ref
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -83,7 +83,6 @@ class Writes:
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
-    stale_stages: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -120,7 +119,7 @@ class Transitions:
         self.pipeline = pipeline
         self.store = store
         self.expander = Expander(pipeline, store)
-        self.memos = {s.name: StageMemo(s) for s in pipeline}
+        self.memos = self.expander.memos
         self.stale_stages: set[str] = set()  # stages whose memo answers came from other code (committed)
         self.worker = worker
         self.rng = rng or random.Random()
@@ -228,7 +227,7 @@ class Transitions:
         try:
             with self.store.transaction():
                 fresh = self._write(writes)
-                self.stale_stages |= writes.stale_stages
+                self.stale_stages.update(n.stage for n in writes.notices)
                 return writes.counts, fresh, self._claim(claim, now, fresh)
         except (LeaseLost, MemoTaken):
             pass
@@ -243,7 +242,7 @@ class Transitions:
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
             fresh = self._write(writes, memo_checked=False)
-            self.stale_stages |= writes.stale_stages
+            self.stale_stages.update(n.stage for n in writes.notices)
             return writes.counts, fresh, self._claim(claim, now, fresh)
 
     def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
@@ -317,7 +316,6 @@ class Transitions:
         w.notices = self.stale_notices(stale, now)
         if stale:
             w.counts["stale_code"] = sum(stale.values())
-            w.stale_stages = {stage for _, stage in stale}
         return w
 
     def stale_notices(self, stale: Counter[tuple[str, str]], now: float) -> list[Notice]:

@@ -11,7 +11,7 @@ from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime import transitions
 from conveyor.runtime.heartbeat import stopped
-from conveyor.store import RunRecord, SqlStore
+from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
 
@@ -80,7 +80,7 @@ def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
 
 def expected_items(store: SqlStore, run: RunRecord) -> int:
     """The run's root items: fixed when its submission finished, counted while it is unfinished."""
-    return store.item_count(run.run_id) if run.status in ("submitting", "abandoned") else run.expected
+    return store.item_count(run.run_id) if run.status in UNFINISHED_RUNS else run.expected
 
 
 def stale_code(store: SqlStore, run_id: str) -> list[dict[str, Any]]:
@@ -98,7 +98,7 @@ def stale_code_warnings(stale: Sequence[dict[str, Any]]) -> list[str]:
 def exit_code(summary: dict[str, Any]) -> int:
     """0: every item published or completed; 3: items unaccounted (or the submission unfinished);
     4: items failed or dead-lettered."""
-    if summary["unaccounted"] or summary.get("status") in ("submitting", "abandoned"):
+    if summary["unaccounted"] or summary.get("status") in UNFINISHED_RUNS:
         return 3
     outcomes = summary["outcomes"]
     return 4 if outcomes.get("failed") or outcomes.get("dead_lettered") else 0
@@ -134,7 +134,7 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str,
 
 def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
     """Every task of the run succeeded (the common end of a run)."""
-    return run.status not in ("submitting", "abandoned") and all(
+    return run.status not in UNFINISHED_RUNS and all(
         set(counts) <= {"succeeded"} for counts in status["stages"].values())
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor.blobs import Blobs
@@ -20,7 +20,7 @@ from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
-from conveyor.store import SqlStore
+from conveyor.store import UNFINISHED_RUNS, SqlStore
 
 # Called every poll with a function that reads the run's status: the status is read (a count over the
 # run's tasks) only when the caller is about to show it.
@@ -79,15 +79,14 @@ def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
     run = find_run(store, run_id)
     pipeline = load_target(run.target)
     require_provider(pipeline)
-    unfinished = run.status in ("submitting", "abandoned")
+    unfinished = run.status in UNFINISHED_RUNS
 
     def submission(on_work: Callable[[str], None] | None) -> Submitted:
         if not unfinished:
             if on_work is not None:
                 on_work(run.run_id)
             return Submitted(run.run_id, run.expected, 0)
-        again = SubmitOptions(options.submit.skip_bad_lines, options.submit.strict_inputs, resume=run.run_id,
-                              accept_code_change=options.submit.accept_code_change)
+        again = replace(options.submit, resume=run.run_id)
         return submit(pipeline, run.target, run.input, store, blobs, on_work=on_work, lane=run.lane, options=again,
                       on_run=fleet.note_run)
 
@@ -115,18 +114,27 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
 
 
 @contextmanager
-def _interruptible(fleet: Fleet) -> Iterator[None]:
-    """SIGTERM is Ctrl-C here; either stops the workers (they finish or release their tasks) and, once
-    the run exists, becomes Interrupted(run_id) so the caller can say how to resume it."""
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within it, SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so both stop the same way."""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _interruptible(fleet: Fleet) -> Iterator[None]:
+    """SIGTERM or Ctrl-C stops the workers (they finish or release their tasks) and, once the run
+    exists, becomes Interrupted(run_id) so the caller can say how to resume it."""
+    try:
+        with sigterm_as_interrupt():
+            yield
     except KeyboardInterrupt:
         if fleet.run_id and fleet.store.get_run(fleet.run_id) is not None:
             raise Interrupted(fleet.run_id) from None
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
         fleet.stop()
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
@@ -31,7 +32,8 @@ from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
-from conveyor.store import RunRecord, SqlStore, sqlite_path
+from conveyor.service.report import stale_code
+from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, sqlite_path
 
 BATCH = 5000
 
@@ -42,7 +44,7 @@ class Submitted:
     expected: int
     cached: int
     resumed: bool = False  # an unfinished submission of this run was finished
-    stale_code: list[dict[str, str]] = field(default_factory=list)
+    stale_code: list[dict[str, Any]] = field(default_factory=list)  # as report.stale_code gives them
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,7 @@ def submit(
             raise
     expected = store.item_count(run.run_id)
     store.set_run_status(run.run_id, "submitted", clock(), expected)
-    stale = [{"stage": stage, "version": version} for stage, version, _ in store.stale_code(run.run_id)]
-    return Submitted(run.run_id, expected, ingest.cached, resumed, stale)
+    return Submitted(run.run_id, expected, ingest.cached, resumed, stale_code(store, run.run_id))
 
 
 def _check(input_path: str, skip_bad_lines: bool, store: SqlStore, clock: Callable[[], float]) -> None:
@@ -181,7 +182,7 @@ def _take(store: SqlStore, run_id: str, pipeline: Pipeline, graph: str, clock: C
     if run.pipeline != pipeline.name or run.stages != graph:
         raise UserError(f"run {run_id} was submitted with another pipeline or graph than {pipeline.name!r} has now "
                         "(a stage, version, config or its code changed); start a new run instead")
-    if run.status not in ("submitting", "abandoned"):
+    if run.status not in UNFINISHED_RUNS:
         raise UserError(f"run {run_id} is already submitted ({run.status}); "
                         f"process it with `conveyor worker TARGET --run {run_id} --until-idle`")
     if not store.take_submission(run_id, me, clock(), _quiet(run)):

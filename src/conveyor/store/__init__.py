@@ -8,6 +8,7 @@ from pathlib import Path
 from conveyor.errors import BackendUnavailable, ConveyorError, StoreError, StoreMissing, UrlError
 from conveyor.store.records import (
     CHILD_MARK,
+    UNFINISHED_RUNS,
     AttemptRecord,
     ClaimedTask,
     Crashed,
@@ -33,9 +34,10 @@ from conveyor.store.sql_store import SqlStore
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "CHILD_MARK", "DEFAULT_DB", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended", "ExpiredLease",
-    "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewTasks", "Notice", "PlainAttempt", "Requeued", "Retried",
-    "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "open_store", "sqlite_path",
+    "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
+    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewTasks", "Notice", "PlainAttempt",
+    "Requeued", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "open_store",
+    "sqlite_path",
 ]
 
 

@@ -16,6 +16,8 @@ class TaskStatus(StrEnum):
 
 
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
+# Runs whose submission did not finish: being submitted, or abandoned and waiting to be resumed.
+UNFINISHED_RUNS = ("submitting", "abandoned")
 
 # A fan-out child's key is its parent's key, this mark and its index ("doc.pdf¶3"). Root keys never hold
 # the mark (service/inputs.py refuses or escapes it), so no root can take a child's key; and a root's

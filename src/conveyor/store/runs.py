@@ -12,15 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.records import RunRecord
+from conveyor.store.records import UNFINISHED_RUNS, RunRecord
 from conveyor.store.tasks import chunks
 
 RUN_COLUMNS = (
     "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at, "
     "lane, submitter, heartbeat_at, note"
 )
-# A submission that may still be under way: being submitted, or abandoned and waiting to be resumed.
-UNFINISHED = ("submitting", "abandoned")
 
 
 class RunQueries:
@@ -91,10 +89,10 @@ class RunQueries:
 
     def unfinished_run(self, pipeline: str, stages: str, input_path: str) -> RunRecord | None:
         """The latest run of this pipeline and graph over this input whose submission did not finish."""
-        marks = ",".join("?" * len(UNFINISHED))
+        marks = ",".join("?" * len(UNFINISHED_RUNS))
         rows = self.db.execute(
             f"SELECT {RUN_COLUMNS} FROM runs WHERE pipeline = ? AND stages = ? AND input = ? AND status IN ({marks})"
-            " ORDER BY created_at DESC LIMIT 1", (pipeline, stages, input_path, *UNFINISHED))
+            " ORDER BY created_at DESC LIMIT 1", (pipeline, stages, input_path, *UNFINISHED_RUNS))
         return _run(rows[0]) if rows else None
 
     def existing_roots(self, run_id: str, keys: Sequence[str]) -> set[str]:
