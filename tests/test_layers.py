@@ -13,11 +13,12 @@ SRC = Path(conveyor.__file__).parent
 # Which layers each layer may import (besides itself and the package root's modules, which import no layer).
 ROOT_MODULES = {"errors", "retry_after"}
 ALLOWED = {
-    "cli": {"service", "runtime", "pipeline", "store", "blobs", "providers"},
-    "service": {"runtime", "pipeline", "store", "blobs", "providers"},
-    "runtime": {"pipeline", "store", "blobs", "providers"},
+    "cli": {"service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
+    "service": {"runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
+    "runtime": {"pipeline", "acceptance", "store", "blobs", "providers"},
     "providers": set(),
-    "pipeline": set(),
+    "pipeline": {"acceptance"},
+    "acceptance": set(),
     "store": set(),
     "blobs": set(),
 }

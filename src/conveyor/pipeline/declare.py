@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from conveyor.acceptance.declare import Accept
 from conveyor.errors import PipelineError
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.retry import Retry
@@ -36,6 +37,8 @@ class Stage:
     max_memory_bytes: int | None
     concurrency: int
     config: Mapping[str, Any] = field(default_factory=dict)
+    accept: Accept | None = None  # the acceptance boundary of its answers (conveyor.acceptance)
+    into: str | None = None  # a publish stage's collection in the built-in target (its output is a Record)
 
     @property
     def guarded(self) -> bool:
@@ -46,7 +49,12 @@ class Stage:
     is_async: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config_hash", config_hash(self.name, self.config))
+        identity = dict(self.config)
+        if self.accept is not None:  # the rules an answer must pass are part of what makes it
+            identity["\u00a7accept"] = self.accept.identity()
+        if self.into is not None:
+            identity["\u00a7into"] = self.into
+        object.__setattr__(self, "config_hash", config_hash(self.name, identity))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -110,6 +118,8 @@ class Pipeline:
         concurrency: int = 16,
         config: Mapping[str, Any] | None = None,
         name: str | None = None,
+        accept: Accept | None = None,
+        into: str | None = None,
     ) -> Any:
         """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``."""
 
@@ -126,6 +136,8 @@ class Pipeline:
                 max_memory_bytes=_megabytes(max_memory_mb),
                 concurrency=_positive_int("concurrency", concurrency) or 1,
                 config=dict(config or {}),
+                accept=_accept(accept),
+                into=_collection(into, kind),
             )
             self._add(stage)
             return stage
@@ -153,6 +165,9 @@ class Pipeline:
             raise PipelineError(
                 f"stage {stage.name!r} comes after {stage.after!r}, which is not declared before it"
             )
+        if stage.accept is not None and stage.kind != "map":
+            raise PipelineError(f"stage {stage.name!r}: accept=... is for map stages (one answer per item), "
+                                f"not {stage.kind} stages")
         if stage.after is not None and self._stages[stage.after].kind == "publish":
             raise PipelineError(f"stage {stage.name!r} cannot come after publish stage {stage.after!r}")
         self._stages[stage.name] = stage
@@ -224,6 +239,22 @@ def _check_json_like(stage: str, where: str, value: Any) -> None:
     raise PipelineError(f"stage {stage!r}: {where} is a {type(value).__name__}; config values must be JSON-like "
                         "(str, number, bool, None, lists and dicts with str keys) so that their hash is the same in "
                         "every process")
+
+
+def _accept(accept: Accept | None) -> Accept | None:
+    if accept is not None and not isinstance(accept, Accept):
+        raise PipelineError(f"accept={accept!r}: pass conveyor.acceptance.Accept(...)")
+    return accept
+
+
+def _collection(into: str | None, kind: str) -> str | None:
+    if into is None:
+        return None
+    if kind != "publish":
+        raise PipelineError(f"into={into!r} is for publish stages (kind=\"publish\"): they publish into it")
+    if not isinstance(into, str) or not into.strip() or len(into) > 200:
+        raise PipelineError(f"into={into!r}: name the built-in target's collection (a short non-empty string)")
+    return into
 
 
 def _positive(what: str, value: float | None) -> float | None:

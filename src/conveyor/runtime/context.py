@@ -23,12 +23,12 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "input_digest", "item_key", "lane", "pipeline", "run_id",
-                 "stage", "task_key", "usage")
+    __slots__ = ("__dict__", "_services", "attempt", "config", "input_digest", "item_key", "lane", "pipeline",
+                 "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
-                 lane: str = "bulk") -> None:
+                 lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -39,6 +39,10 @@ class Context:
         self._services = services
         self.lane = lane  # "interactive" or "bulk": provider calls of interactive runs use the reserved share
         self.usage = Usage()
+        # The escalation tier this attempt runs at (0: as declared) and the stage's config at that tier:
+        # read the model and prompt from ``ctx.config`` so an escalated try uses the stronger ones.
+        self.tier = tier
+        self.config: dict[str, Any] = dict(config or {})
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
 
@@ -75,7 +79,7 @@ class Context:
         return {
             "run_id": self.run_id, "item_key": self.item_key, "stage": self.stage, "attempt": self.attempt,
             "task_key": self.task_key, "pipeline": self.pipeline, "input_digest": self.input_digest,
-            "idempotency_key": self.idempotency_key,
+            "idempotency_key": self.idempotency_key, "tier": self.tier, "config": self.config,
         }
 
     def __repr__(self) -> str:

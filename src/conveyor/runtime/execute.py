@@ -18,6 +18,9 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from conveyor.acceptance.declare import INVALID_FORMAT
+from conveyor.acceptance.judge import Verdict, judge
+from conveyor.acceptance.record import staged
 from conveyor.blobs import Blobs
 from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
@@ -75,6 +78,8 @@ class Executor:
         self._pool: GuardedPool | None = None
         self.services = Services(pipeline, store_url, worker)
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
+        # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
+        self.metas: dict[tuple[str, str], dict[str, Any]] = {}
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -92,11 +97,11 @@ class Executor:
         except Exception as exc:  # any failure to read input is the task's failure
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
         try:
-            output = self.store_output(stage, stage.fn(self.context(task), value))
+            result = stage.fn(self.context(task), value)
+            return self.settle(task, stage, value, result, started, time.perf_counter() - t0)
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
-        return Outcome(task, started, time.perf_counter() - t0, True, output)
 
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0, invoked = self.clock(), time.perf_counter(), False
@@ -108,8 +113,8 @@ class Executor:
                     return
                 invoked, t0 = True, time.perf_counter()
                 result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
-            output = await asyncio.to_thread(self.store_output, stage, result)
-            finish(Outcome(task, started, time.perf_counter() - t0, True, output, usage=ctx.usage))
+            finish(await asyncio.to_thread(self.settle, task, stage, value, result, started,
+                                           time.perf_counter() - t0, ctx.usage))
         except asyncio.CancelledError:
             raise
         except ProviderUnavailable as exc:
@@ -137,12 +142,12 @@ class Executor:
             finish(Outcome(task, started, result.duration, True, failure=_guarded_failure(stage, result.failure)))
             return
         try:
-            output = await asyncio.to_thread(self.store_output, stage, result.value)
+            outcome = await asyncio.to_thread(self.settle, task, stage, value, result.value, started, result.duration)
         except Exception as exc:
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             finish(Outcome(task, started, result.duration, True, failure=failure))
             return
-        finish(Outcome(task, started, result.duration, True, output))
+        finish(outcome)
 
     def _guarded_pool(self) -> GuardedPool:
         if self._pool is None:
@@ -158,6 +163,23 @@ class Executor:
         data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
         return decode(task.input_kind, data)
 
+    def settle(self, task: ClaimedTask, stage: Stage, source: Any, result: Any, started: float, duration: float,
+               usage: Any = None) -> Outcome:
+        """The outcome of a stage call that returned ``result``: stored, and first judged when the stage
+        declares an acceptance boundary (a refused answer is kept as the candidate a reviewer sees)."""
+        if stage.accept is not None:
+            verdict = judge(stage.accept, result, source, self.metas.get((task.run_id, task.root_key), {}))
+            ref = self.store_output(stage, verdict.record)
+            if verdict.accepted:
+                return Outcome(task, started, duration, True, ref, usage=usage, verdict=verdict)
+            failure = Failure(str(verdict.refusal), verdict.refusal == INVALID_FORMAT, verdict.message)
+            return Outcome(task, started, duration, True, failure=failure, usage=usage, verdict=verdict, candidate=ref)
+        if stage.into is not None:
+            record = staged(result, stage.name)
+            return Outcome(task, started, duration, True, store_value(*encode(record), self.blobs), usage=usage,
+                           value=record)
+        return Outcome(task, started, duration, True, self.store_output(stage, result), usage=usage)
+
     def store_output(self, stage: Stage, result: Any) -> Ref:
         if stage.kind == "fanout":
             _, data = fanout_refs(result, self.blobs)
@@ -169,5 +191,8 @@ class Executor:
         self.services.check(self.pipeline)
 
     def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
+        stage = self.pipeline[task.stage]
+        config = stage.config if stage.accept is None else stage.accept.config_at(stage.config, task.tier)
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
-                       task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk")
+                       task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
+                       tier=task.tier, config=dict(config))

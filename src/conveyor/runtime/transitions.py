@@ -17,13 +17,16 @@ as ``lease_lost`` and discarded.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from conveyor import __version__
+from conveyor.acceptance.judge import Verdict
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure
@@ -40,6 +43,7 @@ from conveyor.store import (
     NewDeadLetter,
     NewItem,
     NewOutput,
+    NewPublication,
     NewTasks,
     Notice,
     PlainAttempt,
@@ -67,6 +71,9 @@ class Outcome:
     failure: Failure | None = None
     usage: Usage | None = None
     stale: bool = False  # answered from an output that other code made under the same stage version
+    value: Any = None  # a publish stage's staged record (stages with ``into``), published as it commits
+    verdict: Verdict | None = None  # what the acceptance boundary made of the answer (stages with ``accept``)
+    candidate: Ref | None = None  # a refused answer, stored for a reviewer
 
 
 @dataclass
@@ -83,6 +90,7 @@ class Writes:
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
+    publications: list[NewPublication] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -298,6 +306,8 @@ class Transitions:
             raise MemoTaken
         if w.notices:
             self.store.add_notices(w.notices)
+        if w.publications:
+            w.counts["published_versions"] = self.store.publish(w.publications)
         self.store.insert_dead_letters(w.dead)
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
@@ -332,6 +342,8 @@ class Transitions:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
                                            task.run_id, now, self.memos[task.stage].code))
             w.succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
+            if o.value is not None and not o.cached:
+                w.publications.append(self._publication(o, now))
             more, items = self.expander.successors(
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
             seeds += more
@@ -345,6 +357,13 @@ class Transitions:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
         w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
+
+    def _publication(self, o: Outcome, now: float) -> NewPublication:
+        task, staged = o.task, o.value
+        assert o.output is not None and self.pipeline[task.stage].into is not None
+        return NewPublication(self.pipeline[task.stage].into, task.item_key, self.pipeline.name, task.run_id, task.id,
+                              o.output.digest, json.dumps(staged["fields"], sort_keys=True, ensure_ascii=False),
+                              staged["text"], staged["vectors"], now)
 
     def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> None:
         for o in failed:

@@ -19,6 +19,7 @@ from conveyor.store.records import (
     NewDeadLetter,
     NewItem,
     NewOutput,
+    NewPublication,
     NewTasks,
     Notice,
     PlainAttempt,
@@ -35,7 +36,7 @@ DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
     "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
-    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewTasks", "Notice", "PlainAttempt",
+    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice", "PlainAttempt",
     "Requeued", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "open_store",
     "sqlite_path",
 ]

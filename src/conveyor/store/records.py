@@ -198,6 +198,21 @@ class NewOutput(NamedTuple):
     code: str | None = None  # the fingerprint of the stage code that made it
 
 
+class NewPublication(NamedTuple):
+    """One item's record to publish into the built-in target, in the commit that ends its publish task."""
+
+    collection: str
+    item_key: str
+    pipeline: str
+    run_id: str
+    task_id: int
+    digest: str  # the staged record's digest: publishing the live version's digest again changes nothing
+    fields: str  # the record row, JSON
+    text: str  # its full-text entry
+    vectors: list[list[float]]
+    created_at: float
+
+
 class ClaimedTask(NamedTuple):
     id: int
     run_id: str
@@ -213,6 +228,7 @@ class ClaimedTask(NamedTuple):
     max_attempts: int
     lease_token: int
     lane_rank: int = 1
+    tier: int = 0  # the escalation tier it runs at (conveyor.acceptance)
 
 
 class AttemptRecord(NamedTuple):

@@ -249,4 +249,45 @@ CREATE TABLE checked_inputs (
 ALTER TABLE attempts ADD COLUMN unpriced_calls INTEGER NOT NULL DEFAULT 0;
 """,
     ),
+    (
+        7,
+        "the acceptance boundary: escalation tiers, manifest meta, verdicts per attempt, the review queue",
+        """
+-- The escalation tier a task runs at (0: the stage's own config; see conveyor.acceptance.Accept).
+ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 0;
+-- A manifest line's "meta" object (JSON), for checks of meaning and for slicing reports.
+ALTER TABLE items ADD COLUMN meta TEXT;
+-- What the acceptance boundary made of an attempt's answer (NULL: the stage declares none).
+ALTER TABLE attempts ADD COLUMN tier INTEGER;
+ALTER TABLE attempts ADD COLUMN repaired INTEGER;
+ALTER TABLE attempts ADD COLUMN confidence {real};
+-- Answers waiting for people: the task is 'awaiting_review' while its entry is undecided; no lease is held.
+CREATE TABLE reviews (
+    id {id},
+    task_id BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    pipeline TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    reason_class TEXT NOT NULL,
+    reason TEXT,
+    confidence {real},
+    tier INTEGER NOT NULL,
+    candidate_kind TEXT NOT NULL,
+    candidate_digest TEXT NOT NULL,
+    candidate_inline {blob},
+    candidate_size INTEGER NOT NULL,
+    deadline_at {real} NOT NULL,
+    on_deadline TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    decided_at {real},
+    decision TEXT,
+    decided_by TEXT,
+    why TEXT,
+    edits TEXT
+);
+CREATE INDEX reviews_open ON reviews (pipeline, deadline_at) WHERE decided_at IS NULL;
+CREATE INDEX reviews_run ON reviews (run_id, item_key);
+""",
+    ),
 ]

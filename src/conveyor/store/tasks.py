@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 CLAIM_COLUMNS = (
     "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
-    "input_size, attempts, max_attempts, lease_token, lane_rank"
+    "input_size, attempts, max_attempts, lease_token, lane_rank, tier"
 )
 
 _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
