@@ -1,14 +1,20 @@
-"""`make demo`: run the manual-page pipeline twice, through the model provider layer.
+"""`make demo`: the manual-page pipeline through the acceptance boundary, review and versioned publication.
 
-Chat goes to the provider simulator, started here in a background thread with realistic faults
-(5xx, malformed and truncated JSON, slow tails, rare hangs, a tokens-per-minute limit), unless
-OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpoint, with DEMO_MODEL (gpt-4o-mini).
-Embeddings come from the local all-MiniLM-L6-v2 model on the CPU.
+Chat goes to the provider simulator, started here in a background thread with realistic faults (5xx, cut-off,
+chatty and fenced JSON, slow tails, rare hangs, a tokens-per-minute limit) and a stronger model (sim-2) to
+escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpoint, with DEMO_MODEL
+(gpt-4o-mini) escalating to DEMO_STRONG_MODEL (gpt-4o). Embeddings come from the local all-MiniLM-L6-v2 model.
 
-The first run parses, summarises, embeds and publishes a deterministic sample of this machine's
-manual pages (DEMO_LIMIT, default 300: CPU embeddings take about a tenth of a second per chunk here;
-DEMO_LIMIT=0 takes them all); the second run over the same pages makes zero stage calls and zero
-model requests, because every task is answered from the memo. The store is ./.conveyor/.
+1. The first run over a deterministic sample of this machine's manual pages (DEMO_LIMIT, default 300): format
+   faults repaired, wrong names refused, low-confidence answers escalated once, the rest sent to review.
+2. The review queue from the command line: a few approved (one edited), one rejected, one left to its 48-hour
+   deadline, which `conveyor review list` applies under `faketime` (49 hours later); `conveyor resume` carries
+   the approved items to publication; `conveyor search` over the archive; `conveyor reconcile`.
+3. The same run again: every task answered from the memo, zero model requests.
+4. A bumped prompt version (MANPAGES_PROMPT_VERSION): new answers, new publication versions; `conveyor diff`
+   between the runs, one page's versions, a rollback.
+
+The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run.
 """
 
 from __future__ import annotations
@@ -17,38 +23,51 @@ import contextlib
 import json
 import os
 import re
+import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from conveyor.store import CHILD_MARK
 
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'pipeline.py'}:pipe"
 CORPUS = Path(os.environ.get("MANPAGES", "/usr/share/man"))
 STATE = Path(".conveyor")
-CATALOGUE = STATE / "manpages-catalogue.db"
+STORE = STATE / "manpages"
+DB = STORE / "conveyor.db"
 MANIFEST = STATE / "manpages-sample.jsonl"
 SIM_LOG = STATE / "provider-sim.jsonl"
 LIMIT = int(os.environ.get("DEMO_LIMIT", "300"))
 PER_FAMILY = 2  # pages per name family (gcloud_*, git-*, ...) in the sample, so big generated families don't crowd it
-SHOWN = ("man1/ls.1.gz", "man1/gzip.1.gz", "man1/tar.1.gz")
+SHOWN = ("man1/ls.1.gz", "man1/gzip.1.gz", "man1/tar.1.gz", "man1/xz.1.gz", "man1/zstd.1.gz")
 QUERY = "compress or decompress files"
-# The simulator's faults and limits; the pipeline's fleet-wide budget for sim-1 is 90% of these limits.
+PROMPTS = ("manpage-record@2", "manpage-record@3")  # the first runs' prompt, and the bumped one
+# The simulator's faults and limits; the pipeline's fleet-wide budgets for sim-1 and sim-2 take 99% of them.
 SIM = {"seed": 7, "tpm": 200_000, "rpm": 1_200, "latency_ms": 80.0, "latency_tail": 0.6, "error_rate_5xx": 0.02,
-       "malformed_rate": 0.01, "truncated_rate": 0.01, "hang_rate": 0.003, "hang_seconds": 30.0}
+       "malformed_rate": 0.01, "truncated_rate": 0.01, "fenced_rate": 0.03, "hang_rate": 0.003,
+       "hang_seconds": 30.0}
+DEADLINE_SKIP = "+49h"  # past the stage's Review(deadline="48h")
 
 
-def conveyor(*args: str, env: dict[str, str], capture: bool = False) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "conveyor", *args]
-    shown = [a if len(a) < 60 else "…" + a[-40:] for a in args]
-    print(f"\n$ conveyor {' '.join(shown)}", flush=True)
+def conveyor(*args: str, env: dict[str, str], capture: bool = False, prefix: tuple[str, ...] = (),
+             shown: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [*prefix, sys.executable, "-m", "conveyor", *args]
+    words = [shlex.quote(a) if len(a) < 60 else "…" + a[-40:] for a in args]
+    print(f"\n$ {shown or ''}conveyor {' '.join(words)}", flush=True)
     return subprocess.run(cmd, text=True, stdout=subprocess.PIPE if capture else None, check=False, env=env)
+
+
+def conveyor_json(*args: str, env: dict[str, str], ok: tuple[int, ...] = (0,), **kw: Any) -> dict[str, Any]:
+    """One command's JSON; `ok`: the exit codes that still print it (3 unaccounted, 4 refused, 5 awaiting review)."""
+    done = conveyor(*args, "--json", env=env, capture=True, **kw)
+    if done.returncode not in ok:
+        raise SystemExit(f"conveyor {args[0]} exited {done.returncode}")
+    return dict(json.loads(done.stdout))
 
 
 def corpus() -> Path:
@@ -100,8 +119,10 @@ def endpoint(env: dict[str, str]) -> Iterator[str]:
     """The chat endpoint the workers use: the simulator in a thread of this process, or the one in the env."""
     if not simulated():
         env["MANPAGES_MODEL"] = os.environ.get("DEMO_MODEL", "gpt-4o-mini")
+        env["MANPAGES_STRONG_MODEL"] = os.environ.get("DEMO_STRONG_MODEL", "gpt-4o")
         where = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        yield f"{where}, model {env['MANPAGES_MODEL']} (real requests; this costs real tokens)"
+        yield (f"{where}, model {env['MANPAGES_MODEL']} escalating to {env['MANPAGES_STRONG_MODEL']} "
+               "(real requests; this costs real tokens)")
         return
     try:
         from conveyor.providers.simulator import SimConfig, run_simulator
@@ -109,11 +130,12 @@ def endpoint(env: dict[str, str]) -> Iterator[str]:
         raise SystemExit(f"the provider simulator needs fastapi and uvicorn: make setup ({exc})") from None
     SIM_LOG.unlink(missing_ok=True)
     with run_simulator(SimConfig(**SIM, log_path=SIM_LOG)) as url:
-        env.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="sim", MANPAGES_MODEL="sim-1")
-        yield (f"the provider simulator at {url}, model sim-1: {SIM['error_rate_5xx']:.0%} 5xx, "
-               f"{SIM['malformed_rate']:.0%} malformed and {SIM['truncated_rate']:.0%} truncated JSON, "
-               f"{SIM['hang_rate']:.1%} hangs, latency {SIM['latency_ms']:.0f} ms lognormal (sigma "
-               f"{SIM['latency_tail']}), {SIM['tpm']:,} tokens and {SIM['rpm']:,} requests a minute; log {SIM_LOG}")
+        env.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="sim", MANPAGES_MODEL="sim-1", MANPAGES_STRONG_MODEL="sim-2")
+        yield (f"the provider simulator at {url}, model sim-1 escalating to sim-2 (priced like gpt-4o-mini and "
+               f"gpt-4o): {SIM['error_rate_5xx']:.0%} 5xx, {SIM['truncated_rate']:.0%} cut-off, "
+               f"{SIM['malformed_rate']:.0%} chatty and {SIM['fenced_rate']:.0%} fenced JSON, {SIM['hang_rate']:.1%} "
+               f"hangs, latency {SIM['latency_ms']:.0f} ms lognormal, {SIM['tpm']:,} tokens and {SIM['rpm']:,} "
+               f"requests a minute; log {SIM_LOG}")
 
 
 def sim_requests() -> list[dict[str, Any]]:
@@ -122,125 +144,211 @@ def sim_requests() -> list[dict[str, Any]]:
     return [json.loads(line) for line in SIM_LOG.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def status(run_id: str, env: dict[str, str]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "conveyor", "status", run_id, "--json"], text=True,
-                          stdout=subprocess.PIPE, check=True, env=env)
-    return dict(json.loads(done.stdout))
+def show_run(label: str, run: dict[str, Any], seconds: float) -> None:
+    outcomes = ", ".join(f"{k} {v:,}" for k, v in sorted(run["outcomes"].items(), key=lambda kv: -kv[1]))
+    print(f"{label} {run['run_id']} ({seconds:.0f} s): {run['expected']:,} pages → {outcomes}; unaccounted "
+          f"{run['unaccounted']}; stage calls {run['stage_calls']:,}, answered from the memo {run['cached']:,}")
 
 
-def show_model_use(first: dict[str, Any], state: dict[str, Any], requests: list[dict[str, Any]]) -> None:
-    """Tokens, cost, retries and 429s of the first run: conveyor's own accounts, then the simulator's log."""
-    usage = state.get("usage", {})
-    accepted = first["outcomes"].get("published", 0) + first["outcomes"].get("completed", 0)
-    cost = float(usage.get("cost") or 0.0)
-    print(f"\nmodel use of the first run, as conveyor recorded it (`conveyor status {first['run_id']} --json`):")
-    print(f"  provider calls {usage.get('provider_calls', 0):,} (chat and local embeddings, failed attempts included)"
-          f"; tokens {usage.get('prompt_tokens', 0):,} prompt + {usage.get('completion_tokens', 0):,} completion"
-          f"; cost ${cost:.4f}" + (f", ${cost * 1000 / accepted:.4f} per 1,000 accepted manuals" if accepted else ""))
-    errors = state.get("attempt_errors")
-    line = f"  retries {state.get('retries', 0):,}"
-    if errors:
-        line += " (failed attempts by class: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
-    if errors is not None:
-        line += f"; 429s (rate_limited attempts) {errors.get('rate_limited', 0)}"
-    print(line)
+def show_model_use(run: dict[str, Any], requests: list[dict[str, Any]]) -> None:
+    """Tokens, cost and retries as conveyor recorded them, then the simulator's log."""
+    usage = run.get("usage", {})
+    errors = run.get("attempt_errors") or {}
+    print(f"  model use: {usage.get('provider_calls', 0):,} provider calls (chat and local embeddings), "
+          f"{usage.get('prompt_tokens', 0):,} + {usage.get('completion_tokens', 0):,} tokens, "
+          f"${float(usage.get('cost') or 0.0):.4f}; refused or failed attempts by class: "
+          + (", ".join(f"{k} {v}" for k, v in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"))
     chat = [r for r in requests if r.get("endpoint") == "chat"]
     if chat:
-        statuses = Counter(r["status"] for r in chat)
+        models = Counter(r["model"] for r in chat)
         faults = Counter(r["fault"] for r in chat if r.get("fault"))
-        answered = [r for r in chat if r["status"] == 200]
-        print(f"  the simulator's log ({SIM_LOG}): {len(chat):,} chat requests, {statuses.get(200, 0):,} answered "
-              f"({faults.get('malformed', 0)} with malformed and {faults.get('truncated', 0)} with truncated JSON), "
-              f"{statuses.get(429, 0)} 429s, {statuses.get(500, 0) + statuses.get(503, 0)} 5xx, "
-              f"{faults.get('hang', 0)} hung; {sum(r['prompt_tokens'] for r in answered):,} prompt + "
-              f"{sum(r['completion_tokens'] for r in answered):,} completion tokens charged for chat "
-              "(the rest above is the local model's)")
+        statuses = Counter(r["status"] for r in chat)
+        print(f"  the simulator's log: {len(chat):,} chat requests ("
+              + ", ".join(f"{m} {n:,}" for m, n in sorted(models.items())) + "); faults: "
+              + ", ".join(f"{k} {faults.get(k, 0)}" for k in ("fenced", "truncated", "malformed", "5xx", "hang"))
+              + f"; 429s {statuses.get(429, 0)}")
 
 
-def show_catalogue() -> None:
-    with sqlite3.connect(CATALOGUE) as db:
-        total, twice = db.execute("SELECT COUNT(*), COALESCE(SUM(deliveries > 1), 0) FROM manpages").fetchone()
-        chunks, chunks_twice, manuals = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(deliveries > 1), 0), COUNT(DISTINCT substr(source, 1, instr(source, ?)))"
-            " FROM chunks", (CHILD_MARK,)).fetchone()
-        marks = ",".join("?" * len(SHOWN))
-        rows = db.execute(f"SELECT source, names, section, description, summary, keywords FROM manpages"
-                          f" WHERE alias_of IS NULL AND source IN ({marks}) ORDER BY source", SHOWN).fetchall()
-    print(f"\ncatalogue {CATALOGUE}: {total:,} manuals and {chunks:,} chunk vectors of {manuals:,} manuals; "
-          f"{twice + chunks_twice} delivered more than once (the publish keys held them to one effect each)")
-    for source, names, section, description, summary, keywords in rows:
-        shown = summary if len(summary or "") <= 100 else summary[:99] + "…"
-        print(f"  {source}: {names} ({section}) — {description}\n      model: {shown!r} [{keywords}]")
-    if rows and simulated():
-        print("  (the simulator answers with filler words; a real endpoint writes real summaries and keywords)")
+def extract_attempts(run_id: str) -> list[sqlite3.Row]:
+    """The extract stage's attempts of a run, in order (read-only: no command lists attempts by outcome yet)."""
+    db = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    try:
+        return db.execute(
+            "SELECT t.item_key, a.outcome, a.tier, a.repaired, a.error_class, a.message FROM attempts a "
+            "JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ? AND t.stage = 'extract' ORDER BY a.id",
+            (run_id,)).fetchall()
+    finally:
+        db.close()
 
 
-def search(query: str, top: int = 3) -> None:
-    """The nearest manuals to ``query`` by cosine over the catalogue's chunk vectors (the local model, here)."""
-    import asyncio
+def show_acceptance(run_id: str) -> None:
+    """What the acceptance boundary did with the first run's answers."""
+    attempts = extract_attempts(run_id)
+    by_item: dict[str, list[sqlite3.Row]] = defaultdict(list)
+    for a in attempts:
+        by_item[a["item_key"]].append(a)
+    repaired = [k for k, rows in by_item.items() if any(a["outcome"] == "succeeded" and a["repaired"] for a in rows)]
+    retried = Counter(a["error_class"] for a in attempts if a["outcome"] == "retry" and a["error_class"] in
+                      ("invalid_format",))
+    escalated = {k: rows for k, rows in by_item.items() if any(a["outcome"] == "escalated" for a in rows)}
+    why = Counter(next(a["error_class"] for a in rows if a["outcome"] == "escalated") for rows in escalated.values())
+    then = Counter("answered from the memo" if rows[-1]["outcome"] == "cached" else rows[-1]["outcome"]
+                   for rows in escalated.values())
+    print("\nthe acceptance boundary (extract's attempts in the store):")
+    print(f"  repaired: {len(repaired)} answers were broken only in their format (a ```json fence, a trailing "
+          f"comma); json-repair fixed them and they were accepted, marked repaired"
+          + (f" (e.g. {repaired[0]})" if repaired else ""))
+    print(f"  invalid_format: {retried.get('invalid_format', 0)} cut-off or chatty answers refused and asked again "
+          "at the same tier")
+    print(f"  escalated to the stronger model: {len(escalated)} ("
+          + ", ".join(f"{k} {v}" for k, v in why.most_common()) + "); there: "
+          + ", ".join(f"{k} {v}" for k, v in then.most_common()))
+    wrong = next(((k, a["message"]) for k, rows in escalated.items() for a in rows
+                  if a["outcome"] == "escalated" and a["error_class"] == "invalid_content"), None)
+    if wrong:
+        print(f"  e.g. {wrong[0]}: {wrong[1]} (the check: found_in the page's NAME line)")
 
-    import numpy as np
 
-    sys.path.insert(0, str(HERE))
-    from enrich import unpack_vector
+def show_asked_again(first: str, again: str) -> None:
+    """The pages the unchanged re-run did not answer from the memo, and how they ended the first time."""
+    db = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT t.item_key, t.status, f.status FROM tasks t JOIN tasks f ON f.run_id = ? AND "
+            "f.item_key = t.item_key AND f.stage = t.stage WHERE t.run_id = ? AND t.stage = 'extract' AND "
+            "t.cached = 0", (first, again)).fetchall()
+    finally:
+        db.close()
+    for item, now, before in rows:
+        print(f"  asked again: {item} ({before} in the first run, which the memo does not answer), now {now}")
 
-    from conveyor.providers.local_embeddings import LocalEmbeddings
 
-    with sqlite3.connect(CATALOGUE) as db:
-        rows = db.execute("SELECT source, snippet, vector_f16 FROM chunks").fetchall()
-    if not rows:
+def review_queue(run_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    queue = conveyor_json("review", "list", "--run", run_id, env=env)["reviews"]
+    if not queue:
+        print("  nothing waits for review")
+    for e in queue:
+        print(f"  {e['id']:>3}  {e['item_key']:<28} {e['reason_class']} (confidence {e['confidence']}) at tier "
+              f"{e['tier']}; deadline in 48 h, then {e['on_deadline']}")
+    return list(queue)
+
+
+def decide(queue: list[dict[str, Any]], env: dict[str, str]) -> None:
+    """Approve most (one with an edit), reject one, leave the last to its deadline."""
+    ids = [str(e["id"]) for e in queue]
+    late = ids[-1:] if len(ids) >= 2 else []
+    rejected = ids[-2:-1] if len(ids) >= 3 else []
+    rest = [i for i in ids if i not in late + rejected]
+    edited = rest[:1] if len(rest) >= 3 else []
+    approved = [i for i in rest if i not in edited]
+    if edited:
+        conveyor("review", "edit", edited[0], "--fields", '{"confidence": 1.0}', "--why",
+                 "checked against the page", "--by", "ann", env=env)
+    if approved:
+        conveyor("review", "approve", *approved, "--by", "ann", env=env)
+    if rejected:
+        conveyor("review", "reject", *rejected, "--why", "the summary does not describe the page", "--by", "bob",
+                 env=env)
+    if late:
+        print(f"\nreview {late[0]} is left alone: its stage declares Review(deadline=\"48h\", on_deadline=\"reject\"), "
+              f"and `conveyor review list` applies deadlines; here it runs {DEADLINE_SKIP[1:]} later:")
+        expire(env)
+
+
+def expire(env: dict[str, str]) -> None:
+    """`conveyor review list` with the clock moved past the deadline: under faketime, else in this process."""
+    if shutil.which("faketime"):
+        conveyor("review", "list", env=env, prefix=("faketime", "-f", DEADLINE_SKIP),
+                 shown=f"faketime -f {DEADLINE_SKIP} ")
         return
+    print("(faketime is not installed: the same service call with an injected clock, now + 49 h)")
+    from conveyor.service.review import review_list
+    from conveyor.store import open_store
+
+    store = open_store(f"sqlite:///{DB}")
+    try:
+        print(f"  deadline outcomes applied: {review_list(store, now=time.time() + 49 * 3600)['expired']}")
+    finally:
+        store.close()
+
+
+def versions_of(item: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The item's publication versions, newest first (none when it was never published)."""
+    done = subprocess.run([sys.executable, "-m", "conveyor", "publications", item, "--json"], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False, env=env)
+    return list(json.loads(done.stdout)["versions"]) if done.returncode == 0 else []
+
+
+def show_versions(item: str, env: dict[str, str]) -> None:
+    conveyor("publications", item, env=env)
+    for v in versions_of(item, env):
+        summary = (v["fields"] or {}).get("summary") or ""
+        shown = summary if len(summary) <= 90 else summary[:89] + "…"
+        print(f"  v{v['version']}{' (live)' if v['live'] else ''}: {shown!r}")
+
+
+def show_diff(first: str, second: str, env: dict[str, str]) -> None:
+    if conveyor("diff", first, second, "--limit", "2", env=env).returncode == 2:
+        print("  (`conveyor diff` is not available in this build)")
+
+
+def run(env: dict[str, str], label: str) -> dict[str, Any]:
     started = time.monotonic()
-    query_vector = np.array(asyncio.run(LocalEmbeddings().embed([query])).vectors[0])
-    matrix = np.array([unpack_vector(r[2]) for r in rows], dtype=np.float32)
-    scores = matrix @ query_vector
-    best: dict[str, tuple[float, str]] = {}
-    for i in np.argsort(-scores):
-        manual = rows[i][0].split(CHILD_MARK, 1)[0]  # a chunk is a fan-out child: "<manual>¶<index>"
-        best.setdefault(manual, (float(scores[i]), rows[i][1]))
-        if len(best) == top:
-            break
-    print(f"\nsemantic search over the chunk vectors for {query!r} ({time.monotonic() - started:.1f} s):")
-    for manual, (score, snippet) in best.items():
-        print(f"  {score:.2f} {manual}: {snippet[:90]}…")
+    out = conveyor_json("run", TARGET, "--input", str(MANIFEST), "--workers", "2", env=env, ok=(0, 3, 4, 5))
+    show_run(label, out, time.monotonic() - started)
+    return out
 
 
 def main() -> int:
     started = time.monotonic()
     note = write_sample(corpus(), LIMIT)
-    print(f"input: {note}")
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false")
+    shutil.rmtree(STORE, ignore_errors=True)  # the story starts from an empty store every time
+    STORE.mkdir(parents=True)
+    print(f"input: {note}\nstore: {STORE}/ (made afresh)")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
+               CONVEYOR_DB=f"sqlite:///{DB}", CONVEYOR_BLOBS=str(STORE / "blobs"), MANPAGES_PROMPT_VERSION=PROMPTS[0])
     with endpoint(env) as where:
         print(f"chat: {where}\nembeddings: all-MiniLM-L6-v2 on this machine's CPU (one thread per worker)")
-        run_started = time.monotonic()
-        first = conveyor("run", TARGET, "--input", str(MANIFEST), "--workers", "2", "--json", env=env, capture=True)
-        if first.returncode not in (0, 3, 4):  # 4: some items failed or were dead-lettered (shown below)
-            return first.returncode
-        run1 = json.loads(first.stdout)
-        first_s = time.monotonic() - run_started
-        print(f"first run {run1['run_id']} ({first_s:.0f} s): expected {run1['expected']:,}, outcomes "
-              f"{run1['outcomes']}, unaccounted {run1['unaccounted']}, stage calls {run1['stage_calls']:,}, "
-              f"cached {run1['cached']:,}")
-        for item in run1.get("not_done", [])[:8]:
-            print(f"  {item['item_key']}: {', '.join(item['error_classes'])}")
-        requests_after_first = sim_requests()
-        show_model_use(run1, status(run1["run_id"], env), requests_after_first)
 
-        run_started = time.monotonic()
-        second = conveyor("run", TARGET, "--input", str(MANIFEST), "--workers", "2", "--json", env=env, capture=True)
-        run2 = json.loads(second.stdout)
-        extra = len(sim_requests()) - len(requests_after_first)
-    print(f"second run {run2['run_id']} ({time.monotonic() - run_started:.1f} s): stage_calls={run2['stage_calls']}, "
-          f"cached={run2['cached']:,}, outcomes={run2['outcomes']}, unaccounted={run2['unaccounted']}, "
-          f"provider calls {run2['usage']['provider_calls']}"
-          + (f", simulator requests {extra}" if requests_after_first else ""))
-    show_catalogue()
-    if os.environ.get("DEMO_SEARCH", "1") != "0":
-        search(QUERY)
-    print(f"\ndemo took {time.monotonic() - started:.0f} s. next: `conveyor status`, `conveyor reconcile RUN_ID`, "
-          "`conveyor dlq list` (store: ./.conveyor/)")
-    ok = run1["unaccounted"] == 0 and run2["stage_calls"] == 0 and run2["unaccounted"] == 0
+        print(f"\n== 1. the first run (prompt {PROMPTS[0]})")
+        run1 = run(env, "first run")
+        if run1["cached"]:
+            print("  (answered from the memo in a fresh store: pages whose bytes are identical are paid for once)")
+        show_model_use(run1, sim_requests())
+        show_acceptance(run1["run_id"])
+
+        print("\n== 2. review, publication, search, reconciliation")
+        queue = review_queue(run1["run_id"], env)
+        decide(queue, env)
+        resumed = conveyor_json("resume", run1["run_id"], "--workers", "2", env=env, ok=(0, 3, 4, 5))
+        print(f"  the approved items went on to publication: {resumed['stage_calls'] - run1['stage_calls']} "
+              f"stage calls; outcomes now {resumed['outcomes']}")
+        conveyor("search", QUERY, "--limit", "5", env=env)
+        conveyor("reconcile", run1["run_id"], env=env)
+
+        print("\n== 3. the same run again, nothing changed")
+        before = len(sim_requests())
+        again = run(env, "second run")
+        print(f"  model requests: {len(sim_requests()) - before} (simulator log), provider calls "
+              f"{again['usage']['provider_calls']}")
+        show_asked_again(run1["run_id"], again["run_id"])
+
+        print(f"\n== 4. a bumped prompt (MANPAGES_PROMPT_VERSION={PROMPTS[1]})")
+        bumped_env = dict(env, MANPAGES_PROMPT_VERSION=PROMPTS[1])
+        before = len(sim_requests())
+        bumped = run(bumped_env, "third run")
+        print(f"  model requests: {len(sim_requests()) - before}; parse and embed answered from the memo, extract "
+              f"asked again")
+        show_diff(run1["run_id"], bumped["run_id"], env)
+    item = next((k for k in SHOWN if len(versions_of(k, env)) >= 2), None)
+    if item is not None:
+        show_versions(item, env)
+        conveyor("rollback", item, "--reason", f"keep the {PROMPTS[0]} record for now", env=env)
+        show_versions(item, env)
+    print(f"\ndemo took {time.monotonic() - started:.0f} s. The store: CONVEYOR_DB=sqlite:///{DB} "
+          f"CONVEYOR_BLOBS={STORE / 'blobs'} conveyor status | review list | search \"WORDS\"")
+    ok = run1["unaccounted"] == 0 and again["unaccounted"] == 0 and bumped["unaccounted"] == 0
     return 0 if ok else 1
 
 

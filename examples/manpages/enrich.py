@@ -1,8 +1,10 @@
 """The model-facing half of the demo pipeline, kept free of I/O so it can be tested alone.
 
-- ``messages``: the JSON-mode prompt that asks a chat model for a short record of one manual page;
-- ``model_record``: the model's answer checked against ``ModelRecord`` (``BadModelOutput`` when its
-  shape is wrong: the answer is never published);
+- ``PROMPTS`` / ``messages``: the prompt, by version, that asks a chat model for a JSON record of one
+  manual page (names, summary, keywords, confidence); ``prompt_version`` picks one (MANPAGES_PROMPT_VERSION);
+- ``ManualRecord``: the record's shape, which the stage's acceptance boundary checks the answer against;
+- ``name_line``: a page's NAME line (``ls, dir - list directory contents``), what the names it returns are
+  checked against;
 - ``split_text``: a page's running text in chunks of about ``size`` characters, at most ``limit``;
 - ``pack_vector`` / ``unpack_vector``: an embedding as float16 bytes in base64 (768 bytes for MiniLM's 384).
 """
@@ -13,51 +15,73 @@ import base64
 import struct
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-PROMPT_VERSION = "manpage-record@1"
 PROMPT_BODY_CHARS = 1_500  # of the page's text sent to the model with its NAME line
-SYSTEM = (
-    "You index Unix manual pages for a searchable catalogue. Answer with one JSON object and nothing else: "
-    '{"summary": "<what the command, function or file is for, in at most 40 words>", '
-    '"keywords": ["<up to 8 lowercase search keywords>"]}'
-)
+_RECORD = ('{"names": ["<the commands, functions or files the page documents, as its NAME line gives them>"], '
+           '"summary": "<what it is for, in at most %d words>", "keywords": ["<up to 8 lowercase search keywords>"], '
+           '"confidence": <how sure you are of this record, from 0 to 1>}')
+# A bumped version is a changed prompt, so its answers change too (and its tasks are new: the version is part of
+# the stage's config, hence of every task key).
+PROMPTS = {
+    "manpage-record@2": "You index Unix manual pages for a searchable catalogue. Answer with one JSON object and "
+                        "nothing else: " + _RECORD % 40,
+    "manpage-record@3": "You index Unix manual pages for a searchable catalogue read by newcomers to Unix. Answer "
+                        "with one JSON object and nothing else: " + _RECORD % 25,
+}
+DEFAULT_PROMPT = "manpage-record@2"
 
 
-class BadModelOutput(Exception):
-    """The model answered valid JSON of the wrong shape; retried once (another sample), then dead-lettered."""
+def prompt_version(wanted: str | None) -> str:
+    """The prompt version asked for (None or empty: the default); an unknown one is a one-line error."""
+    version = wanted or DEFAULT_PROMPT
+    if version not in PROMPTS:
+        raise SystemExit(f"MANPAGES_PROMPT_VERSION={version!r} is not a prompt of this pipeline; "
+                         f"use one of: {', '.join(PROMPTS)}")
+    return version
 
-    error_class = "bad_model_output"
-    retryable = True
 
-
-class ModelRecord(BaseModel):
-    """What the model must return; other keys are ignored."""
+class ManualRecord(BaseModel):
+    """What the model must return (names, summary, keywords, confidence). The fields the pipeline knows by
+    rule (title, section, description, the model that answered, the chunk vectors) are declared too: they are
+    merged over the answer, so the model never sets them, and an edit in review keeps them."""
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
+    names: list[str] = Field(min_length=1, max_length=200)
     summary: str = Field(min_length=1, max_length=1_000)
     keywords: list[str] = Field(default_factory=list, max_length=16)
+    confidence: float = Field(ge=0.0, le=1.0)
+    title: str | None = None
+    section: str | None = None
+    description: str | None = None
+    alias_of: str | None = None
+    model: str | None = None
+    vectors: list[str] = Field(default_factory=list)  # float16 in base64 (pack_vector), one per chunk
+
+    @field_validator("keywords")
+    @classmethod
+    def _normalised(cls, keywords: list[str]) -> list[str]:
+        return list(dict.fromkeys(k.strip().lower() for k in keywords if k.strip()))[:8]
 
 
-def messages(page: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat messages for one parsed page (title, section, NAME line and the start of its text)."""
-    head = f"Manual page {page['title']}({page['section']}): {', '.join(page['names'])} - {page['description']}"
+def name_line(page: dict[str, Any]) -> str:
+    """The page's NAME line as its parser read it: ``ls, dir - list directory contents``."""
+    return f"{', '.join(page['names'])} - {page['description']}"
+
+
+def messages(page: dict[str, Any], version: str = DEFAULT_PROMPT) -> list[dict[str, str]]:
+    """The chat messages for one parsed page: its title, its NAME line and the start of its text."""
+    head = f"Manual page {page['title']}({page['section']})\nNAME: {name_line(page)}"
     body = (page.get("body") or "")[:PROMPT_BODY_CHARS]
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{head}\n\n{body}".strip()}]
+    return [{"role": "system", "content": PROMPTS[version]}, {"role": "user", "content": f"{head}\n\n{body}".strip()}]
 
 
-def model_record(data: Any) -> ModelRecord:
-    """The answer as a ``ModelRecord``, or ``BadModelOutput`` saying what is wrong with it."""
-    if not isinstance(data, dict):
-        raise BadModelOutput(f"expected a JSON object, got {type(data).__name__}")
-    try:
-        record = ModelRecord.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()[:3])
-        raise BadModelOutput(f"the model's JSON has the wrong shape: {problems}") from None
-    record.keywords = list(dict.fromkeys(k.strip().lower() for k in record.keywords if k.strip()))[:8]
-    return record
+def search_text(record: dict[str, Any]) -> str:
+    """The record's full-text entry: names, NAME-line description, summary and keywords."""
+    parts = [*record.get("names", []), record.get("description") or "", record.get("summary") or "",
+             *record.get("keywords", [])]
+    return " ".join(p for p in parts if p)
 
 
 def split_text(text: str, size: int = 1_000, limit: int = 4) -> list[str]:

@@ -9,48 +9,56 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from enrich import BadModelOutput, messages, model_record, pack_vector, split_text, unpack_vector
+from enrich import (
+    DEFAULT_PROMPT,
+    PROMPTS,
+    ManualRecord,
+    messages,
+    name_line,
+    pack_vector,
+    prompt_version,
+    search_text,
+    split_text,
+    unpack_vector,
+)
 from roff import parse_manpage
 from test_roff import LS_PAGE, MDOC_PAGE
 
-PAGE = {"title": "LS", "section": "1", "names": ["ls"], "description": "list directory contents",
+PAGE = {"title": "LS", "section": "1", "names": ["ls", "dir"], "description": "list directory contents",
         "body": "NAME\nls - list directory contents\n\nDESCRIPTION\n" + "List information about the FILEs. " * 80}
 
 
-# ------------------------------------------------------------ the model's answer
+# ------------------------------------------------------------ the prompt and the record
 
 
-def test_a_well_formed_answer_is_kept_and_keywords_are_normalised() -> None:
-    record = model_record({"summary": "  Lists directory contents.  ", "keywords": ["Files", "ls", "files", " "],
-                           "title": "ignored"})
-    assert record.summary == "Lists directory contents."
-    assert record.keywords == ["files", "ls"]
-
-
-def test_keywords_are_optional() -> None:  # the simulator answers {"title", "summary", "words"}
-    assert model_record({"title": "Ls", "summary": "Some words.", "words": 12}).keywords == []
-
-
-@pytest.mark.parametrize("answer", [
-    {},                                          # no summary
-    {"summary": ""},                             # empty
-    {"summary": ["a", "list"]},                  # wrong type
-    {"summary": "ok", "keywords": "one string"},  # keywords not a list
-    {"summary": "x" * 1_001},                    # too long to be a summary
-    ["summary", "ok"],                           # not an object
-    None,
-])
-def test_a_wrong_shape_is_a_classified_retryable_failure(answer: object) -> None:
-    with pytest.raises(BadModelOutput) as caught:
-        model_record(answer)
-    assert (caught.value.error_class, caught.value.retryable) == ("bad_model_output", True)
-
-
-def test_the_prompt_asks_for_json_and_carries_the_name_line_and_the_start_of_the_text() -> None:
+def test_the_prompt_asks_for_the_record_and_carries_the_name_line_and_the_start_of_the_text() -> None:
     system, user = messages(PAGE)
-    assert system["role"] == "system" and "JSON" in system["content"]  # OpenAI's JSON mode requires the word
-    assert user["content"].startswith("Manual page LS(1): ls - list directory contents")
+    assert system["role"] == "system" and "JSON" in system["content"]
+    assert all(f'"{field}"' in system["content"] for field in ("names", "summary", "keywords", "confidence"))
+    assert user["content"].startswith("Manual page LS(1)\nNAME: ls, dir - list directory contents\n\nNAME")
     assert len(user["content"]) < 1_700
+
+
+def test_a_bumped_prompt_version_is_a_changed_prompt_and_an_unknown_one_is_refused() -> None:
+    assert prompt_version(None) == prompt_version("") == DEFAULT_PROMPT
+    bumped = next(v for v in PROMPTS if v != DEFAULT_PROMPT)
+    assert messages(PAGE, bumped)[0] != messages(PAGE)[0] and messages(PAGE, bumped)[1] == messages(PAGE)[1]
+    with pytest.raises(SystemExit, match="manpage-record@2"):
+        prompt_version("manpage-record@99")
+
+
+def test_the_record_normalises_keywords_and_ignores_other_keys() -> None:
+    record = ManualRecord.model_validate({"names": ["ls"], "summary": "  Lists files. ", "confidence": 0.9,
+                                          "keywords": ["Files", "ls", "files", " "], "colour": "blue"})
+    assert record.summary == "Lists files." and record.keywords == ["files", "ls"]
+    assert "colour" not in record.model_dump()
+
+
+def test_the_name_line_and_the_full_text_entry() -> None:
+    assert name_line(PAGE) == "ls, dir - list directory contents"
+    record = {"names": ["ls", "dir"], "description": "list directory contents", "summary": "Lists.",
+              "keywords": ["files"], "vectors": ["AAAA"]}
+    assert search_text(record) == "ls dir list directory contents Lists. files"
 
 
 # ------------------------------------------------------------ chunks and vectors
@@ -94,11 +102,18 @@ def test_the_parser_gives_the_running_text_when_asked() -> None:
 
 
 def test_the_pipeline_is_declared_as_the_demo_describes() -> None:
-    from pipeline import LIMITS, pipe
+    from pipeline import LIMITS, PROMPT_VERSION, STRONG_MODEL, pipe
 
     shape = {s.name: (s.after, s.kind) for s in pipe}
-    assert shape == {"parse": (None, "map"), "extract": ("parse", "map"), "publish": ("extract", "publish"),
-                     "chunk": ("parse", "fanout"), "embed": ("chunk", "map"), "index": ("embed", "publish")}
+    assert shape == {"parse": (None, "map"), "embed": ("parse", "map"), "extract": ("embed", "map"),
+                     "publish": ("extract", "publish")}
     assert pipe["extract"].is_async and pipe["embed"].is_async
-    assert pipe["extract"].retry.attempts_for("bad_model_output") == 2
-    assert LIMITS["sim-1"].tpm is not None and LIMITS["sim-1"].tpm < 200_000  # under the demo simulator's limit
+    assert pipe["publish"].into == "manuals"
+    assert pipe["extract"].config["prompt_version"] == PROMPT_VERSION  # a bump makes new task keys
+    accept = pipe["extract"].accept
+    assert accept is not None and accept.repair and accept.schema is ManualRecord
+    assert accept.threshold == 0.7 and accept.tiers == ({"model": STRONG_MODEL},)
+    assert accept.review is not None and accept.review.deadline_s == 48 * 3600 and accept.review.on_deadline == "reject"
+    assert [c.name for c in accept.checks] == ["found_in:names"]
+    assert LIMITS["sim-1"].tpm is not None and LIMITS["sim-2"].tpm is not None
+    assert LIMITS["sim-1"].tpm + LIMITS["sim-2"].tpm < 200_000  # under the demo simulator's limit, together

@@ -8,6 +8,7 @@ runtime/transitions.py, the rows in store/, the commands in service/ and cli/.
 from __future__ import annotations
 
 from conveyor.acceptance.declare import (
+    UNKNOWN,
     Accept,
     Check,
     Review,
@@ -16,6 +17,8 @@ from conveyor.acceptance.declare import (
     matches,
     meta_equals,
 )
-from conveyor.acceptance.record import Record
+from conveyor.acceptance.judge import Answer
+from conveyor.acceptance.record import Record, Target
 
-__all__ = ["Accept", "Check", "Record", "Review", "check", "found_in", "matches", "meta_equals"]
+__all__ = ["UNKNOWN", "Accept", "Answer", "Check", "Record", "Review", "Target", "check", "found_in", "matches",
+           "meta_equals"]

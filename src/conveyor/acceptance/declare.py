@@ -63,7 +63,7 @@ def check(fn: CheckFn, *, name: str | None = None, reviewable: bool = False) -> 
     """Your own check: ``fn(record, source, meta)`` returns a problem (str) or None."""
     if not callable(fn):
         raise PipelineError(f"check({fn!r}): pass a function (record, source, meta) -> problem or None")
-    return Check(name or getattr(fn, "__name__", "check"), fn, reviewable)
+    return Check(str(name or getattr(fn, "__name__", None) or "check"), fn, reviewable)
 
 
 def found_in(field_name: str, source: Callable[[Any], Any] | None = None, *, ignore_case: bool = True,

@@ -6,10 +6,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.acceptance.declare import INVALID_CONTENT, INVALID_FORMAT, LOW_CONFIDENCE, Accept
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A model's text answer with fields the stage knows for sure (from the document, by rule): the text is
+    parsed, repaired and checked against the schema; ``known`` fields are merged over it before the checks
+    of meaning, so a model can never overwrite them::
+
+        answer = await ctx.chat(prompt(page), model=ctx.config["model"], json_mode=True)
+        return Answer(answer.text, known={"title": page["title"], "section": page["section"]})
+    """
+
+    text: str
+    known: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,9 @@ class Verdict:
 
 def judge(accept: Accept, answer: Any, source: Any, meta: Mapping[str, Any]) -> Verdict:
     """The verdict on ``answer`` (what the stage returned) given its input ``source`` and ``meta``."""
+    known: Mapping[str, Any] = {}
+    if isinstance(answer, Answer):
+        answer, known = answer.text, answer.known
     parsed = _parse(accept, answer)
     if isinstance(parsed, Verdict):
         return parsed
@@ -40,6 +57,10 @@ def judge(accept: Accept, answer: Any, source: Any, meta: Mapping[str, Any]) -> 
         if isinstance(shaped, Verdict):
             return shaped
         record = shaped
+    if known:
+        if not isinstance(record, Mapping):
+            return Verdict(record, INVALID_FORMAT, f"the answer is a {type(record).__name__}, not an object", repaired)
+        record = {**record, **known}
     confidence = _confidence(accept, record)
     if isinstance(record, Mapping):
         problems = [(c, c(record, source, meta)) for c in accept.checks]

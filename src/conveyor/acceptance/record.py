@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,35 @@ def staged(value: Any, stage: str) -> dict[str, Any]:
     raise TerminalError(f"publish stage {stage!r} publishes into the built-in target: return "
                         f"conveyor.acceptance.Record(fields=..., text=..., vectors=...), not a {type(value).__name__}",
                         error_class="bad_publication")
+
+
+@runtime_checkable
+class Target(Protocol):
+    """An external publication target with the built-in one's contract: a record is published once per
+    idempotency key. ``into=`` a Target on a publish stage, whose function returns the record: conveyor
+    asks ``published(key)`` first (a worker may have died after publishing and before committing) and
+    calls ``publish(key, record)`` only when the answer is no::
+
+        class Catalogue:  # any system that can look a key up
+            def published(self, key: str) -> bool:
+                return api.get(f"/docs/{key}").status_code == 200
+
+            def publish(self, key: str, record: dict) -> None:
+                api.put(f"/docs/{key}", json=record).raise_for_status()
+
+        @pipe.stage(after=extract, kind="publish", into=Catalogue())
+        def publish(ctx, record: dict) -> dict:
+            return record
+    """
+
+    def published(self, key: str) -> bool: ...
+
+    def publish(self, key: str, record: Any) -> None: ...
+
+
+def publish_once(target: Target, key: str, record: Any) -> bool:
+    """Publish ``record`` under ``key`` unless the target has it already; True when this call published."""
+    if target.published(key):
+        return False
+    target.publish(key, record)
+    return True

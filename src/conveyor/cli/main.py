@@ -1,8 +1,8 @@
 """The ``conveyor`` command: a thin shell over the service functions.
 
 Exit codes: 0 every item published or completed; 2 a user error (one line on stderr); 3 items
-unaccounted (or a submission that did not finish); 4 items failed or dead-lettered; 130 interrupted
-(the line says how to resume).
+unaccounted or not at an end yet (or a submission that did not finish); 4 items failed, dead-lettered
+or rejected; 5 none of those, but items await review; 130 interrupted (the line says how to resume).
 """
 
 from __future__ import annotations
@@ -364,22 +364,53 @@ def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
 
 
 @app.command()
-def reconcile(run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB,
-              as_json: Json = False) -> None:
-    """Every expected item with its outcome; exits 3 when some are unaccounted, 4 when some failed."""
+def reconcile(
+    run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
+    as_json: Json = False,
+    sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
+                                        "quality sample (0: none)")] = 3,
+    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
+                                                     "this field of the accepted record (dotted path); repeat "
+                                                     "for more")] = None,
+    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
+) -> None:
+    """Every expected item with its outcome, cost per accepted item and a quality sample; exits 3 when items
+    are unaccounted or not done, 4 when some failed or were rejected, 5 when some await review."""
     from conveyor.cli import render
+    from conveyor.service.records import SampleOptions
     from conveyor.service.report import exit_code, find_run
     from conveyor.service.report import reconcile as reconcile_run
 
+    options = SampleOptions(sample, tuple(slices or ()), seed)
     try:
         with _store(db, create=False) as store:
-            data = reconcile_run(store, find_run(store, run_id))
+            data = reconcile_run(store, find_run(store, run_id), blobs=open_blobs(blobs), sample=options)
     except StoreMissing as exc:
         raise NotFound(f"no run {run_id!r}: {exc}") from None
-    _emit(data, as_json, render.summary)
+    _emit(data, as_json, render.reconciliation)
     code = exit_code(data)
     if code:
         raise typer.Exit(code)
+
+
+@app.command()
+def diff(
+    run_a: Annotated[str, typer.Argument(help="the earlier run")],
+    run_b: Annotated[str, typer.Argument(help="the later run (a reprocess)")],
+    limit: Annotated[int, typer.Option("--limit", min=0, help="items listed (counts cover every item)")] = 1000,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+) -> None:
+    """What a reprocess changed, per item: new, removed, changed (field by field), unchanged, newly failing,
+    newly accepted."""
+    from conveyor.cli import render
+    from conveyor.service.diff import diff_runs
+
+    try:
+        with _store(db, create=False) as store:
+            data = diff_runs(store, open_blobs(blobs), run_a, run_b, limit)
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_a!r}: {exc}") from None
+    _emit(data, as_json, render.diff)
 
 
 @app.command()
@@ -466,3 +497,10 @@ def dlq_replay(
     with _store(db, create=False) as store:
         data = replay(store, list(ids or []), reason, run, stage, error_class, all_)
     _emit(data, as_json, lambda d: typer.echo(f"replayed {d['replayed']} task(s): {d['reason']}"))
+
+
+# Command groups in modules of their own (they import the helpers above).
+from conveyor.cli import publications as _publications  # noqa: E402, F401  (publications, rollback, search)
+from conveyor.cli.review import review_app  # noqa: E402
+
+app.add_typer(review_app, name="review")

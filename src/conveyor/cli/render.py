@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -126,12 +127,56 @@ def summary(data: dict[str, Any]) -> None:
     _usage(data.get("usage"))
     _errors(data.get("attempt_errors"))
     for entry in data["not_done"][:20]:
-        classes = ", ".join(entry["error_classes"]) or "in progress"
+        classes = ", ".join(entry["error_classes"]) or ("no task yet" if entry.get("missing") else
+                                                        ", ".join(sorted({t["status"] for t in entry["tasks"]})))
         error = next((t["error"] for t in entry["tasks"] if t.get("error")), None)
         why = f" — {error[:100]}" if error else ""
         out.print(f"  [yellow]{escape(entry['item_key'])}[/]: {classes}{escape(why)}", highlight=False)
     if len(data["not_done"]) > 20:
         out.print(f"  … and {len(data['not_done']) - 20} more (use --json for all)")
+
+
+def reconciliation(data: dict[str, Any]) -> None:
+    """``summary``, then what an accepted item cost and the quality sample, a line per item."""
+    summary(data)
+    per_item = data.get("per_accepted_item") or {}
+    if per_item.get("items"):
+        cost = "cost unpriced" if per_item["cost"] is None else f"${per_item['cost']:.5f}"
+        out.print(f"per accepted item ({per_item['items']:,}): {per_item['seconds']:.3f} s of attempts, "
+                  f"{per_item['tokens']:,.0f} tokens, {cost}")
+    for name, values in (data.get("sample") or {}).items():
+        for value, entries in values.items():
+            out.print(f"[bold]sample {escape(name)} = {escape(value)}[/]")
+            for entry in entries:
+                record = json.dumps(entry["record"], ensure_ascii=False, default=str)
+                out.print(f"  {escape(entry['item_key'])} ({entry['outcome']}): {escape(_cut(record, 100))}",
+                          highlight=False)
+
+
+def diff(data: dict[str, Any]) -> None:
+    """Counts by change, then the first changed items with their first changed fields."""
+    counts = data["counts"]
+    out.print(f"[bold]diff {data['run_a']} → {data['run_b']}[/] ({data['pipeline']}): "
+              + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    for entry in data["items"][:20]:
+        outcomes = f"{entry['outcome_a'] or '-'} → {entry['outcome_b'] or '-'}"
+        out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False)
+        for field in entry["fields"][:5]:
+            change = f"{_short(field['a'])} → {_short(field['b'])}"
+            out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
+        if len(entry["fields"]) > 5:
+            out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
+    listed = sum(v for k, v in counts.items() if k != "unchanged")
+    if listed > 20:
+        out.print(f"  … and {listed - 20:,} more changed item(s) (use --json)")
+
+
+def _short(value: Any) -> str:
+    return _cut(json.dumps(value, ensure_ascii=False, default=str), 50)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _usage(usage: dict[str, Any] | None) -> None:

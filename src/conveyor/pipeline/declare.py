@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from conveyor.acceptance.declare import Accept
+from conveyor.acceptance.record import Target
 from conveyor.errors import PipelineError
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.retry import Retry
@@ -38,7 +39,9 @@ class Stage:
     concurrency: int
     config: Mapping[str, Any] = field(default_factory=dict)
     accept: Accept | None = None  # the acceptance boundary of its answers (conveyor.acceptance)
-    into: str | None = None  # a publish stage's collection in the built-in target (its output is a Record)
+    # A publish stage's destination: a collection of the built-in target (its function returns a Record),
+    # or an external Target (published once per idempotency key).
+    into: str | Target | None = None
 
     @property
     def guarded(self) -> bool:
@@ -53,7 +56,7 @@ class Stage:
         if self.accept is not None:  # the rules an answer must pass are part of what makes it
             identity["\u00a7accept"] = self.accept.identity()
         if self.into is not None:
-            identity["\u00a7into"] = self.into
+            identity["\u00a7into"] = self.into if isinstance(self.into, str) else type(self.into).__qualname__
         object.__setattr__(self, "config_hash", config_hash(self.name, identity))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
@@ -119,7 +122,7 @@ class Pipeline:
         config: Mapping[str, Any] | None = None,
         name: str | None = None,
         accept: Accept | None = None,
-        into: str | None = None,
+        into: str | Target | None = None,
     ) -> Any:
         """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``."""
 
@@ -247,13 +250,16 @@ def _accept(accept: Accept | None) -> Accept | None:
     return accept
 
 
-def _collection(into: str | None, kind: str) -> str | None:
+def _collection(into: str | Target | None, kind: str) -> str | Target | None:
     if into is None:
         return None
     if kind != "publish":
         raise PipelineError(f"into={into!r} is for publish stages (kind=\"publish\"): they publish into it")
+    if isinstance(into, Target) and not isinstance(into, str):
+        return into
     if not isinstance(into, str) or not into.strip() or len(into) > 200:
-        raise PipelineError(f"into={into!r}: name the built-in target's collection (a short non-empty string)")
+        raise PipelineError(f"into={into!r}: name a collection of the built-in target (a short non-empty string), "
+                            "or pass an object with published(key) and publish(key, record)")
     return into
 
 

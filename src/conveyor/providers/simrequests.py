@@ -34,6 +34,11 @@ class ChatRequest:
     max_tokens: int
     json_mode: bool
     prompt_tokens: int
+    structured: bool = False  # answered with JSON: JSON mode, or a prompt that asks for the record
+
+    @property
+    def json_answer(self) -> bool:
+        return self.json_mode or self.structured
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +74,20 @@ def parse_chat(body: dict[str, Any], default_max_tokens: int) -> ChatRequest | s
     if not isinstance(fmt, dict) or fmt.get("type", "text") not in ("text", "json_object", "json_schema"):
         return "'response_format' must be an object with type text, json_object or json_schema"
     json_mode = fmt.get("type") in ("json_object", "json_schema")
-    return ChatRequest(model, messages, max_tokens, json_mode, estimate.prompt_tokens(messages))
+    return ChatRequest(model, messages, max_tokens, json_mode, estimate.prompt_tokens(messages),
+                       content.asks_for_record(messages))
 
 
 def _chat_content(chat: ChatRequest, rec: Record) -> tuple[str, str]:
-    if not chat.json_mode:
+    if not chat.json_answer:
         text, finish = content.completion_text(chat.model, chat.messages), "stop"
     elif rec.fault == "truncated":
         text = content.truncate_json(content.completion_json(chat.model, chat.messages))
         finish = "length"
     elif rec.fault == "malformed":
         text, finish = content.malformed_json(chat.model, chat.messages), "stop"
+    elif rec.fault == "fenced":
+        text, finish = content.fenced_json(content.completion_json(chat.model, chat.messages)), "stop"
     else:
         text, finish = content.completion_json(chat.model, chat.messages), "stop"
     text, cut = content.limit_tokens(text, chat.max_tokens)

@@ -7,10 +7,12 @@ report it with a revision suffix (``sim-1@2026-11-01``).
 
 Faults, all drawn from one ``random.Random(seed)``: every well-formed
 chat/embeddings request draws the same six values in arrival order (latency,
-hang, 5xx, 5xx status, truncated, malformed), so the same seed and the same
-request order give the same behaviour. Precedence: 429 (limits), hang, 5xx,
-then, in JSON mode only, truncated or malformed content. Latency is lognormal:
-``latency_ms * exp(latency_tail * z)``, capped at 120 s.
+hang, 5xx, 5xx status, truncated, malformed-or-fenced), so the same seed and the
+same request order give the same behaviour. Precedence: 429 (limits), hang, 5xx,
+then, for JSON answers only (JSON mode, or a prompt that asks for a JSON record:
+see simcontent), truncated, malformed (not JSON at all) or fenced content (the
+JSON in a code fence with a trailing comma: broken only in its format). Latency
+is lognormal: ``latency_ms * exp(latency_tail * z)``, capped at 120 s.
 
 Limits (see simlimits): a sliding 60 s window over requests and tokens. A
 request reserves prompt tokens + max_tokens (``default_max_tokens`` when
@@ -24,7 +26,8 @@ Token counting: see simcontent.
 Log (``log_path``): one JSON line per chat/embeddings request with time
 (wall clock at arrival), endpoint, request_id, model, status (0 for a hang),
 prompt_tokens, completion_tokens, charged_tokens, retry_after (seconds) and
-fault.
+fault (hang, 5xx, or a content fault applied to a JSON answer: truncated,
+malformed, fenced).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class SimConfig:
     hang_seconds: float = MAX_HANG_S
     truncated_rate: float = 0.0
     malformed_rate: float = 0.0
+    fenced_rate: float = 0.0
     log_path: str | Path | None = None
     api_key: str | None = None
     revision: str = "2026-11-01"
@@ -81,9 +85,11 @@ class SimConfig:
     window_s: float = 60.0  # the limits' window; shorter only to test quota logic quickly
 
     def __post_init__(self) -> None:
-        for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate"):
+        for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate", "fenced_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
+        if self.malformed_rate + self.fenced_rate > 1.0:
+            raise ValueError("malformed_rate + fenced_rate must be at most 1 (they share one draw)")
         for name in ("tpm", "rpm", "latency_ms", "latency_tail"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -102,6 +108,11 @@ class _Draws:
     error_status: int | None
     truncated: bool
     malformed: bool
+    fenced: bool
+
+    def content_fault(self) -> str | None:
+        """The fault a JSON answer gets, if any."""
+        return "truncated" if self.truncated else "malformed" if self.malformed else "fenced" if self.fenced else None
 
 
 Build = Callable[[Record], dict[str, Any]]
@@ -129,12 +140,15 @@ class _Sim:
         z = rng.gauss(0.0, 1.0)
         u_hang, u_err, u_status, u_trunc, u_mal = (rng.random() for _ in range(5))
         truncated = u_trunc < c.truncated_rate
+        # malformed and fenced share one draw (malformed below its rate, fenced in the next band), so a seed
+        # gives the same faults it gave before fenced answers existed
         return _Draws(
             latency_s=min(c.latency_ms / 1000.0 * math.exp(c.latency_tail * z), MAX_LATENCY_S),
             hang=u_hang < c.hang_rate,
             error_status=(500 if u_status < 0.5 else 503) if u_err < c.error_rate_5xx else None,
             truncated=truncated,
             malformed=not truncated and u_mal < c.malformed_rate,
+            fenced=not truncated and c.malformed_rate <= u_mal < c.malformed_rate + c.fenced_rate,
         )
 
     def write(self, rec: Record) -> None:
@@ -148,8 +162,9 @@ class _Sim:
             return None
         return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
 
-    async def serve(self, request: Request, rec: Record, estimate: int, build: Build) -> Response:
-        """Limits, faults and latency around building the answer."""
+    async def serve(self, request: Request, rec: Record, estimate: int, build: Build,
+                    json_answer: bool = False) -> Response:
+        """Limits, faults and latency around building the answer; content faults only for a JSON answer."""
         draws = self.draw()
         if self.config.tpm and estimate > self.config.tpm:
             msg = f"Request too large: {estimate} tokens requested, limit {self.config.tpm} per min."
@@ -159,11 +174,12 @@ class _Sim:
             rec.retry_after = admitted.retry_after_s
             return _rate_limited(admitted)
         try:
-            return await self._answer(request, rec, admitted, draws, build)
+            return await self._answer(request, rec, admitted, draws, build, json_answer)
         finally:
             self.limiter.settle(admitted, rec.charged_tokens)
 
-    async def _answer(self, request: Request, rec: Record, entry: Entry, draws: _Draws, build: Build) -> Response:
+    async def _answer(self, request: Request, rec: Record, entry: Entry, draws: _Draws, build: Build,
+                      json_answer: bool) -> Response:
         if draws.hang:
             rec.fault = "hang"
             self.limiter.settle(entry, 0)
@@ -176,10 +192,8 @@ class _Sim:
             rec.fault = "5xx"
             return _error(draws.error_status, "The server had an error while processing your request.",
                           "server_error", None)
-        if draws.truncated:
-            rec.fault = "truncated"
-        elif draws.malformed:
-            rec.fault = "malformed"
+        if json_answer:
+            rec.fault = draws.content_fault()
         payload = build(rec)
         rec.charged_tokens = rec.prompt_tokens + rec.completion_tokens
         return JSONResponse(payload)
@@ -224,7 +238,8 @@ async def _chat(sim: _Sim, request: Request, rec: Record) -> Response:
     rec.model, rec.prompt_tokens = parsed.model, parsed.prompt_tokens
     estimate = parsed.prompt_tokens + parsed.max_tokens
     served = sim.served_model(parsed.model)
-    return await sim.serve(request, rec, estimate, lambda r: chat_payload(parsed, r, served, sim.config.revision))
+    return await sim.serve(request, rec, estimate, lambda r: chat_payload(parsed, r, served, sim.config.revision),
+                           parsed.json_answer)
 
 
 async def _embed(sim: _Sim, request: Request, rec: Record) -> Response:
@@ -359,7 +374,9 @@ models:
   (embeddings, {SimConfig.embedding_dim} dimensions; "dimensions" may ask for fewer).
 
 endpoints (the base URL printed on stdout, http://HOST:PORT/v1):
-  POST /v1/chat/completions  text, or JSON mode: response_format={{"type": "json_object"}}
+  POST /v1/chat/completions  text, or JSON mode: response_format={{"type": "json_object"}}; a system
+                             prompt asking for "names" and "confidence" gets a JSON record (names from
+                             the user message's "NAME: a, b - text" line), in either mode
   POST /v1/embeddings        encoding_format "float" or "base64"
   GET  /v1/models, GET /health
 
@@ -385,6 +402,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-seconds", type=float, default=MAX_HANG_S, help="how long a hang holds a request")
     p.add_argument("--truncated-rate", type=float, default=0.0, help="share of JSON-mode answers cut off")
     p.add_argument("--malformed-rate", type=float, default=0.0, help="share of JSON-mode answers not JSON")
+    p.add_argument("--fenced-rate", type=float, default=0.0,
+                   help="share of JSON-mode answers in a ```json fence with a trailing comma (repairable)")
     p.add_argument("--log", dest="log_path", default=None, help="write a JSONL request log, one line per request")
     p.add_argument("--api-key", default=None, help="require this bearer key (unset: any key is accepted)")
     p.add_argument("--revision", default=SimConfig.revision, help="revision reported after the model name")

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.acceptance.declare import INVALID_FORMAT
-from conveyor.acceptance.judge import Verdict, judge
-from conveyor.acceptance.record import staged
+from conveyor.acceptance.judge import judge
+from conveyor.acceptance.record import publish_once, staged
 from conveyor.blobs import Blobs
 from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
@@ -174,10 +174,14 @@ class Executor:
                 return Outcome(task, started, duration, True, ref, usage=usage, verdict=verdict)
             failure = Failure(str(verdict.refusal), verdict.refusal == INVALID_FORMAT, verdict.message)
             return Outcome(task, started, duration, True, failure=failure, usage=usage, verdict=verdict, candidate=ref)
-        if stage.into is not None:
+        if isinstance(stage.into, str):
             record = staged(result, stage.name)
             return Outcome(task, started, duration, True, store_value(*encode(record), self.blobs), usage=usage,
                            value=record)
+        if stage.into is not None:
+            output = self.store_output(stage, result)  # the record, as the memo keeps it
+            publish_once(stage.into, self.context(task).idempotency_key, result)
+            return Outcome(task, started, duration, True, output, usage=usage)
         return Outcome(task, started, duration, True, self.store_output(stage, result), usage=usage)
 
     def store_output(self, stage: Stage, result: Any) -> Ref:

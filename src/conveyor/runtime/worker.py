@@ -82,6 +82,9 @@ class Worker:
         self._warned: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
+        # Acceptance boundaries: checks may read the items' manifest meta; reviews may pass their deadline.
+        self._judged_with_checks = any(s.accept is not None and s.accept.checks for s in pipeline)
+        self._reviewed = any(s.accept is not None and s.accept.review is not None for s in pipeline)
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
         self._downstream = {s.name: [c.name for c in pipeline.children(s.name)]
                             for s in pipeline if pipeline.children(s.name)}
@@ -296,6 +299,8 @@ class Worker:
         """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
         answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
         self._results += answered
+        if self._judged_with_checks:
+            self.executor.metas.update(await self._call(self.transitions.metas, to_run))
         inline: list[tuple[ClaimedTask, Stage]] = []
         for task in to_run:
             stage = self.pipeline[task.stage]
@@ -347,7 +352,8 @@ class Worker:
             await asyncio.sleep(interval)
             # The leases are read here, on the event loop that changes them, not on the store's thread.
             held = [Lease(task_id, token) for task_id, token in self._leases.items()]
-            for step, args in ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, ())):
+            steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, ()), (self._expire_reviews, ()))
+            for step, args in steps:
                 try:
                     await self._call(step, *args)
                 except Exception:
@@ -362,6 +368,11 @@ class Worker:
     def _reclaim(self) -> None:
         counts = self.transitions.reclaim_expired(self.clock())
         self.stats.update({f"reclaimed_{k}": v for k, v in counts.items()})
+
+    def _expire_reviews(self) -> None:
+        if self._reviewed:
+            counts = self.transitions.expire_reviews(self.clock())
+            self.stats.update({f"review_{k}": v for k, v in counts.items()})
 
     async def _drain(self) -> None:
         """Stop starting tasks; let started ones finish (leases still renewed) up to the grace period."""
@@ -397,4 +408,6 @@ class Worker:
 
 def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:
     """``task`` answered by ``done``, the outcome of another task with the same key."""
+    if done.verdict is not None and done.failure is not None:  # a refused answer: routed for each task
+        return Outcome(task, now, 0.0, False, failure=done.failure, verdict=done.verdict, candidate=done.candidate)
     return Outcome(task, now, 0.0, False, done.output, cached=True, failure=done.failure)

@@ -37,7 +37,7 @@ log = logging.getLogger("conveyor.submit")
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
 BOM = b"\xef\xbb\xbf"
 MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
-_HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."}'
+_HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."} (optionally "meta": {...})'
 _CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
 _BAD_KEY_CHAR = re.compile(f"[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
 _NEEDS_ESCAPE = re.compile(f"[\\\\\x00-\x1f\x7f-\x9f{CHILD_MARK}\udc80-\udcff]")
@@ -50,6 +50,7 @@ class SourceItem(NamedTuple):
     path: Path | None = None
     text: bytes | None = None
     problem: str | None = None  # set: the item ends failed with error class bad_input
+    meta: dict[str, Any] | None = None  # a manifest line's "meta" object: for checks of meaning and reports
 
 
 class BadLine(NamedTuple):
@@ -208,11 +209,12 @@ def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[Source
         if entry is None:
             yield SourceItem(key, problem=problem)
             continue
-        text = entry.get("text")
+        text, meta = entry.get("text"), entry.get("meta")
         if type(text) is str:
-            yield SourceItem(key, None, text.encode())
+            item = SourceItem(key, None, text.encode())
         else:
-            yield _path_item(key, entry["path"], base, number, path, strict)
+            item = _path_item(key, entry["path"], base, number, path, strict)
+        yield item if meta is None else item._replace(meta=meta)
 
 
 def _entries(path: Path, skip_bad_lines: bool) -> Iterator[tuple[int, str, dict[str, Any] | None, str | None]]:
@@ -258,6 +260,8 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
         return BadLine(_key_problem(key) or "bad key")
     if type(entry.get("text")) is not str and type(entry.get("path")) is not str:
         return BadLine('needs "path" or "text" (a string)')
+    if "meta" in entry and type(entry["meta"]) is not dict:
+        return BadLine('"meta" must be a JSON object, e.g. {"language": "en"}')
     return key, entry
 
 

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime import transitions
 from conveyor.runtime.heartbeat import stopped
+from conveyor.service.records import RunGraph, SampleOptions, quality_sample
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
 
-# Outcomes that are final for an item; anything else is not accounted for yet.
-KNOWN_OUTCOMES = ("published", "completed", "failed", "dead_lettered", "awaiting_review")
+# Every expected item is in exactly one of these (precedence: this order); an item in none (it has no task
+# yet) is unaccounted.
+KNOWN_OUTCOMES = ("in_progress", "accepted", "awaiting_review", "dead_lettered", "failed", "rejected",
+                  "published", "completed")
+NOT_ENDED = ("in_progress", "accepted")  # "accepted": past its acceptance stage, not yet published
+REFUSED = ("failed", "dead_lettered", "rejected")
+ACCEPTED = ("published", "completed", "accepted")  # items that made it: the denominator of costs per item
 
 
 def find_run(store: SqlStore, run_id: str | None) -> RunRecord:
@@ -32,18 +39,18 @@ def find_run(store: SqlStore, run_id: str | None) -> RunRecord:
 
 
 def publish_stages(run: RunRecord) -> list[str]:
-    return [s["name"] for s in json.loads(run.stages) if s["kind"] == "publish"]
+    return list(RunGraph.of(run).stages.publish)
 
 
-def run_status(store: SqlStore, run: RunRecord) -> dict[str, Any]:
-    """Per-stage task counts of a run, and its totals."""
+def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per-stage task counts of a run, and its totals (``attempts``: its ``attempt_counts``, when read)."""
     stages: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     cached = 0
     for stage, status, is_cached, count in store.task_counts(run.run_id):
         stages[stage][status] += count
         cached += count if is_cached else 0
     order = [s["name"] for s in json.loads(run.stages)]
-    attempts = store.attempt_counts(run.run_id)
+    attempts = attempts if attempts is not None else store.attempt_counts(run.run_id)
     open_tasks = sum(c.get("queued", 0) + c.get("running", 0) for c in stages.values())
     return {
         "run_id": run.run_id, "pipeline": run.pipeline, "status": _run_state(store, run, open_tasks),
@@ -96,40 +103,63 @@ def stale_code_warnings(stale: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """0: every item published or completed; 3: items unaccounted (or the submission unfinished);
-    4: items failed or dead-lettered."""
-    if summary["unaccounted"] or summary.get("status") in UNFINISHED_RUNS:
-        return 3
+    """0: every item published or completed; 3: items unaccounted or not at an end yet (in progress, or
+    accepted and not yet published), or the submission unfinished; 4: items failed, dead-lettered or
+    rejected; 5: none of those, but items await review."""
     outcomes = summary["outcomes"]
-    return 4 if outcomes.get("failed") or outcomes.get("dead_lettered") else 0
+    if summary["unaccounted"] or summary.get("status") in UNFINISHED_RUNS or _some(outcomes, NOT_ENDED):
+        return 3
+    if _some(outcomes, REFUSED):
+        return 4
+    return 5 if outcomes.get("awaiting_review") else 0
+
+
+def _some(outcomes: Mapping[str, int], names: Sequence[str]) -> bool:
+    return any(outcomes.get(name) for name in names)
 
 
 def list_status(store: SqlStore, limit: int = 20) -> dict[str, Any]:
     return {"runs": [run_status(store, run) for run in store.list_runs(limit)]}
 
 
-def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000) -> dict[str, Any]:
-    """Every expected item with a known outcome; ``unaccounted`` must be 0 for a finished run."""
-    status = run_status(store, run)
+def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs | None = None,
+              sample: SampleOptions = SampleOptions()) -> dict[str, Any]:
+    """Every expected item in exactly one outcome; ``unaccounted`` (items with none) must be 0 for a finished
+    run. With ``blobs``, a seeded quality ``sample`` of accepted records per slice (see ``quality_sample``)."""
+    attempts = store.attempt_counts(run.run_id)
+    status = run_status(store, run, attempts)
+    graph = RunGraph.of(run)
     settled = _settled(run, status)
-    outcomes = _outcomes(store, run, settled)
-    known = sum(outcomes.get(k, 0) for k in KNOWN_OUTCOMES)
+    outcomes = _outcomes(store, run, graph, settled)
+    missing = outcomes.pop("missing", 0)
+    report = {
+        "run_id": run.run_id, "pipeline": run.pipeline, "expected": status["expected"], "status": status["status"],
+        "outcomes": outcomes, "unaccounted": status["expected"] - sum(outcomes.values()),
+        "not_done": _not_done(store, run.run_id, limit, settled, missing),
+        "stale_code": status["stale_code"],
+        "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
+        "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
+        "per_accepted_item": per_accepted_item(attempts, outcomes),
+        "attempt_errors": status["attempt_errors"],
+    }
+    if blobs is not None:
+        report["sample"] = quality_sample(store, blobs, run, graph, sample)
+    return report
+
+
+def _not_done(store: SqlStore, run_id: str, limit: int, settled: bool, missing: int) -> list[dict[str, Any]]:
+    """Each item that is not done, with its tasks that keep it so and their error classes; items without a
+    task (``missing``) too."""
     not_done: dict[str, dict[str, Any]] = {}
-    for task in [] if settled else store.unfinished_tasks(run.run_id, limit):
-        entry = not_done.setdefault(task["item_key"], {"item_key": task["item_key"], "tasks": []})
+    for task in [] if settled else store.unfinished_tasks(run_id, limit):
+        entry = not_done.setdefault(task["item_key"], {"item_key": task["item_key"], "tasks": [], "missing": False})
         entry["tasks"].append({k: task[k] for k in ("child_key", "stage", "status", "attempts", "error_class")}
                               | {"error": (task["error"] or "").splitlines()[0] if task["error"] else None})
     for entry in not_done.values():
         entry["error_classes"] = sorted({t["error_class"] for t in entry["tasks"] if t["error_class"]})
-    return {
-        "run_id": run.run_id, "pipeline": run.pipeline, "expected": status["expected"], "status": status["status"],
-        "outcomes": {k: v for k, v in sorted(outcomes.items())},
-        "unaccounted": status["expected"] - known, "not_done": list(not_done.values()),
-        "stale_code": status["stale_code"],
-        "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
-        "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
-        "attempt_errors": status["attempt_errors"],
-    }
+    absent = store.missing_items(run_id, limit) if missing else []
+    return [*not_done.values(),
+            *({"item_key": key, "tasks": [], "missing": True, "error_classes": []} for key in absent)]
 
 
 def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
@@ -138,18 +168,24 @@ def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
         set(counts) <= {"succeeded"} for counts in status["stages"].values())
 
 
-def _outcomes(store: SqlStore, run: RunRecord, settled: bool) -> dict[str, int]:
-    """Items by outcome; a settled run needs no look at each item."""
+def _outcomes(store: SqlStore, run: RunRecord, graph: RunGraph, settled: bool) -> dict[str, int]:
+    """Items by outcome, in sorted order (``missing``: items without a task); a settled run needs no look
+    at each item."""
     if settled:
-        return store.settled_outcomes(run.run_id, publish_stages(run))
-    return store.item_outcomes(run.run_id, publish_stages(run))
+        counts = store.settled_outcomes(run.run_id, graph.stages.publish)
+    else:
+        counts = store.item_outcomes(run.run_id, graph.stages)
+    return dict(sorted(counts.items()))
 
 
 def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
-    """``run_status`` plus items by outcome and tokens and cost per accepted item (`conveyor status RUN`)."""
+    """``run_status`` plus items by outcome (as ``reconcile`` counts them, with ``unaccounted``) and tokens and
+    cost per accepted item (`conveyor status RUN`)."""
     status = run_status(store, run)
-    outcomes = _outcomes(store, run, _settled(run, status))
-    status["outcomes"] = {k: v for k, v in sorted(outcomes.items())}
+    outcomes = _outcomes(store, run, RunGraph.of(run), _settled(run, status))
+    outcomes.pop("missing", None)
+    status["outcomes"] = outcomes
+    status["unaccounted"] = status["expected"] - sum(outcomes.values())
     status["usage"] = status["usage"] | _per_accepted_item(status["usage"], outcomes)
     return status
 
@@ -165,12 +201,23 @@ def quota_report(store: SqlStore) -> dict[str, Any]:
 def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
     """Tokens and cost of the whole run, retries and failures included, per item that made it; no
     cost (None) when every provider call was to a model without a price: unknown, not free."""
-    accepted = outcomes.get("published", 0) + outcomes.get("completed", 0)
+    accepted = sum(outcomes.get(k, 0) for k in ACCEPTED)
     if not accepted:
         return {"tokens_per_accepted_item": None, "cost_per_accepted_item": None}
     tokens = usage["prompt_tokens"] + usage["completion_tokens"]
     cost = None if all_unpriced(usage) else usage["cost"] / accepted
     return {"tokens_per_accepted_item": tokens / accepted, "cost_per_accepted_item": cost}
+
+
+def per_accepted_item(attempts: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
+    """What one item that made it (published, completed, accepted) cost: every attempt of the run (retries,
+    escalations, review decisions and the items that did not make it included) over those items."""
+    items = sum(outcomes.get(k, 0) for k in ACCEPTED)
+    if not items:
+        return {"items": 0, "seconds": None, "tokens": None, "cost": None}
+    tokens = attempts.get("prompt_tokens", 0) + attempts.get("completion_tokens", 0)
+    cost = None if all_unpriced(attempts) else attempts.get("cost", 0.0) / items
+    return {"items": items, "seconds": attempts.get("seconds", 0.0) / items, "tokens": tokens / items, "cost": cost}
 
 
 def all_unpriced(usage: dict[str, Any]) -> bool:

@@ -72,10 +72,13 @@ def new_run_id(now: float) -> str:
 
 
 def stages_json(pipeline: Pipeline) -> str:
-    """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint."""
+    """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint; and
+    ``accept`` (true) on a stage with an acceptance boundary, ``into`` on one that publishes into the
+    built-in target (absent otherwise, so a graph without them reads as it always did)."""
     return json.dumps([
         {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash,
-         "code": code_fingerprint(s.fn)}
+         "code": code_fingerprint(s.fn), **({"accept": True} if s.accept else {}),
+         **({"into": s.into if isinstance(s.into, str) else type(s.into).__qualname__} if s.into else {})}
         for s in pipeline
     ])
 
@@ -241,6 +244,7 @@ class _Ingest:
             batch = [item for item in batch if item.key not in done]
         good: list[tuple[str, Ref]] = []
         bad: list[tuple[str, str]] = []
+        metas = {item.key: item.meta for item in batch if item.meta is not None}
         sha256, source = hashlib.sha256, self.source
         for item in batch:
             text = item.text
@@ -252,7 +256,7 @@ class _Ingest:
                 bad.append((item.key, ref))
             else:
                 good.append((item.key, ref))
-        hits, queued = self.transitions.admit(self.run_id, good, self.clock(), bad)
+        hits, queued = self.transitions.admit(self.run_id, good, self.clock(), bad, metas)
         self.visible = True
         self.cached += hits
         return queued

@@ -36,9 +36,9 @@ DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
     "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
-    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice", "PlainAttempt",
-    "Requeued", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "open_store",
-    "sqlite_path",
+    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice",
+    "PlainAttempt", "Requeued", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus",
+    "open_store", "sqlite_path",
 ]
 
 

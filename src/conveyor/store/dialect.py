@@ -22,6 +22,16 @@ BYTE_ORDERED_KEYS = "\n".join(
     for table, column in (("items", "item_key"), ("items", "root_key"), ("items", "parent_key"),
                           ("tasks", "item_key"), ("tasks", "root_key")))
 
+# The full-text index of live publications. SQLite: an FTS5 index over publications.text (external content:
+# the text is stored once), holding the live versions only (store/publications.py adds and removes entries
+# in the transaction that changes what is live). PostgreSQL: a tsvector generated from the text, with a GIN
+# index restricted to the live versions; at most a million bytes of lexemes fit a tsvector, so it is made
+# from the first 250,000 characters.
+SQLITE_TEXT_INDEX = "CREATE VIRTUAL TABLE publication_fts USING fts5(text, content='publications', content_rowid='id')"
+POSTGRES_TEXT_INDEX = """ALTER TABLE publications ADD COLUMN text_index tsvector
+    GENERATED ALWAYS AS (to_tsvector('simple', left(coalesce(text, ''), 250000))) STORED;
+CREATE INDEX publications_text ON publications USING GIN (text_index) WHERE live = 1;"""
+
 
 class Dialect(Protocol):
     name: str
@@ -117,7 +127,7 @@ class SqliteDialect:
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
-        "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": ""}
+        "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX}
     skip_locked = ""
     max_params = 30000
     local_clock = True
@@ -220,7 +230,8 @@ class PostgresDialect:
     name = "postgres"
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
-        "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS}
+        "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
+        "publication_text_index": POSTGRES_TEXT_INDEX}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     local_clock = False

@@ -13,6 +13,8 @@ class TaskStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
+    AWAITING_REVIEW = "awaiting_review"  # its answer waits for people; no lease is held
+    REJECTED = "rejected"  # a reviewer (or a review deadline) refused its answer
 
 
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
@@ -252,6 +254,9 @@ class AttemptRecord(NamedTuple):
     model: str | None = None
     prompt_version: str | None = None
     unpriced_calls: int = 0
+    tier: int | None = None  # the escalation tier of an attempt judged by an acceptance boundary
+    repaired: int | None = None  # 1: its answer's format was repaired before it was judged
+    confidence: float | None = None  # the answer's confidence, when the stage declares one
 
 
 @dataclass(frozen=True, slots=True)

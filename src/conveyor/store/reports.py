@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
@@ -20,22 +20,58 @@ UPDATE tasks SET status = 'queued', task_key = ?, stage_version = ?, config_hash
 WHERE id = ? AND status IN ('failed', 'dead_lettered')
 """
 
-# One outcome per expected (root) item, from all of its tasks and its children's.
-ITEM_OUTCOMES = """
+OPEN = "t.status IN ('queued', 'running')"
+
+# One outcome per expected (root) item, from all of its tasks and its children's, in this order:
+# in_progress (open, not past its acceptance stage), accepted (open only after it), awaiting_review,
+# dead_lettered, failed, rejected, published, completed; 'missing' when it has no task (unaccounted).
+ITEM_OUTCOMES = f"""
 SELECT i.item_key,
   CASE
     WHEN COUNT(t.id) = 0 THEN 'missing'
-    WHEN SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END) > 0 THEN 'in_progress'
+    WHEN SUM(CASE WHEN {OPEN} THEN 1 ELSE 0 END) > 0 THEN
+      CASE WHEN SUM(CASE WHEN {OPEN} AND NOT ({{past}}) THEN 1 ELSE 0 END) = 0
+             AND SUM(CASE WHEN {{accept}} AND t.status <> 'succeeded' THEN 1 ELSE 0 END) = 0
+        THEN 'accepted' ELSE 'in_progress' END
+    WHEN SUM(CASE WHEN t.status = 'awaiting_review' THEN 1 ELSE 0 END) > 0 THEN 'awaiting_review'
     WHEN SUM(CASE WHEN t.status = 'dead_lettered' THEN 1 ELSE 0 END) > 0 THEN 'dead_lettered'
     WHEN SUM(CASE WHEN t.status = 'failed' THEN 1 ELSE 0 END) > 0 THEN 'failed'
-    WHEN SUM(CASE WHEN t.status = 'succeeded' AND t.stage IN ({publish}) THEN 1 ELSE 0 END) > 0
-      THEN 'published'
+    WHEN SUM(CASE WHEN t.status = 'rejected' THEN 1 ELSE 0 END) > 0 THEN 'rejected'
+    WHEN SUM(CASE WHEN t.status = 'succeeded' AND {{publish}} THEN 1 ELSE 0 END) > 0 THEN 'published'
     ELSE 'completed'
   END AS outcome
 FROM items i LEFT JOIN tasks t ON t.run_id = i.run_id AND t.root_key = i.item_key
-WHERE i.run_id = ? AND i.parent_key IS NULL
+WHERE i.run_id = ? AND i.parent_key IS NULL {{items}}
 GROUP BY i.item_key
 """
+
+# Task statuses that keep an item from being done (reconcile's not_done).
+NOT_DONE = ('failed', 'dead_lettered', 'rejected', 'awaiting_review', 'queued', 'running')
+
+
+class OutcomeStages(NamedTuple):
+    """The stages of a run's graph an item's outcome depends on: publish stages, stages with an acceptance
+    boundary, and the stages after one (an item open only there is accepted, not yet published)."""
+
+    publish: tuple[str, ...] = ()
+    accept: tuple[str, ...] = ()
+    past_accept: tuple[str, ...] = ()
+
+
+def outcome_query(stages: OutcomeStages, items: str = "") -> tuple[str, list[Any]]:
+    """ITEM_OUTCOMES for ``stages``, with ``items`` (a condition on ``i.item_key``, its parameters bound
+    after the run id) narrowing the items; returns the SQL and the parameters that precede the run id."""
+    past, accept = _among("t.stage", stages.past_accept), _among("t.stage", stages.accept)
+    publish = _among("t.stage", stages.publish)
+    sql = ITEM_OUTCOMES.format(past=past[0], accept=accept[0], publish=publish[0], items=items)
+    return sql, [*past[1], *accept[1], *publish[1]]
+
+
+def _among(column: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """``column IN (...)``; an empty list is false (``IN ()`` is not SQL, ``IN (NULL)`` is not false)."""
+    if not names:
+        return "1 = 0", ()
+    return f"{column} IN ({','.join('?' * len(names))})", tuple(names)
 
 
 class ReportQueries:
@@ -101,10 +137,10 @@ class ReportQueries:
     def attempt_counts(self, run_id: str) -> dict[str, Any]:
         """Attempts of this run by outcome, ``stage_calls`` (stage functions actually invoked) and the
         model usage of every attempt, retries and failures included (``unpriced_calls``: calls to a
-        model without a price, which ``cost`` leaves out)."""
+        model without a price, which ``cost`` leaves out; ``seconds``: the attempts' total duration)."""
         rows = self.db.execute(
             """SELECT outcome, SUM(invoked), COUNT(*), SUM(provider_calls), SUM(prompt_tokens),
-            SUM(completion_tokens), SUM(cost), SUM(unpriced_calls) FROM attempts WHERE run_id = ?
+            SUM(completion_tokens), SUM(cost), SUM(unpriced_calls), SUM(duration) FROM attempts WHERE run_id = ?
             GROUP BY outcome""",
             (run_id,),
         )
@@ -115,6 +151,7 @@ class ReportQueries:
         out["completion_tokens"] = sum(int(r[5] or 0) for r in rows)
         out["cost"] = sum(float(r[6] or 0) for r in rows)
         out["unpriced_calls"] = sum(int(r[7] or 0) for r in rows)
+        out["seconds"] = sum(float(r[8] or 0) for r in rows)
         return out
 
     def attempt_errors(self, run_id: str) -> dict[str, int]:
@@ -126,13 +163,19 @@ class ReportQueries:
 
     # --- reconciliation ---------------------------------------------------
 
-    def item_outcomes(self, run_id: str, publish_stages: Sequence[str]) -> dict[str, int]:
-        publish = ",".join("?" * len(publish_stages)) or "NULL"
-        rows = self.db.execute(
-            f"SELECT outcome, COUNT(*) FROM ({ITEM_OUTCOMES.format(publish=publish)}) per_item GROUP BY outcome",
-            (*publish_stages, run_id),
-        )
+    def item_outcomes(self, run_id: str, stages: OutcomeStages) -> dict[str, int]:
+        """Root items by outcome (``missing``: no task yet)."""
+        sql, params = outcome_query(stages)
+        rows = self.db.execute(f"SELECT outcome, COUNT(*) FROM ({sql}) per_item GROUP BY outcome", (*params, run_id))
         return {str(r[0]): int(r[1]) for r in rows}
+
+    def outcomes_of(self, run_id: str, stages: OutcomeStages, keys: Sequence[str]) -> dict[str, str]:
+        """The outcome of each of these root items (a few: a sample)."""
+        found: dict[str, str] = {}
+        for part in chunks(list(keys), 500):
+            sql, params = outcome_query(stages, f"AND i.item_key IN ({','.join('?' * len(part))})")
+            found.update((str(k), str(o)) for k, o in self.db.execute(sql, (*params, run_id, *part)))
+        return found
 
     def settled_outcomes(self, run_id: str, publish_stages: Sequence[str]) -> dict[str, int]:
         """``item_outcomes`` for a run whose every task succeeded (the caller checked), from two
@@ -156,11 +199,19 @@ class ReportQueries:
         )
         return int(rows[0][0])
 
+    def missing_items(self, run_id: str, limit: int) -> list[str]:
+        """Root items without a task (a submission that stopped between the two): unaccounted."""
+        rows = self.db.execute(
+            "SELECT i.item_key FROM items i WHERE i.run_id = ? AND i.parent_key IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM tasks t WHERE t.run_id = i.run_id AND t.root_key = i.item_key) ORDER BY i.item_key LIMIT ?",
+            (run_id, limit))
+        return [str(r[0]) for r in rows]
+
     def unfinished_tasks(self, run_id: str, limit: int) -> list[dict[str, Any]]:
         """Tasks that keep their item from being done, with why."""
         rows = self.db.execute(
-            """SELECT root_key, item_key, stage, status, attempts, error_class, last_error FROM tasks
-            WHERE run_id = ? AND status IN ('failed', 'dead_lettered', 'queued', 'running')
+            f"""SELECT root_key, item_key, stage, status, attempts, error_class, last_error FROM tasks
+            WHERE run_id = ? AND status IN {NOT_DONE}
             ORDER BY root_key, item_key, stage LIMIT ?""",
             (run_id, limit),
         )

@@ -1,9 +1,200 @@
-"""The review queue: answers waiting for people, and the decisions taken on them."""
+"""The review queue: answers waiting for people, and the decisions taken on them.
+
+A task whose answer goes to review leaves ``running`` for ``awaiting_review`` in the commit that ends its
+attempt (fenced by its lease like every transition), with its review entry beside it; from then on no
+lease is held. A decision changes the task only while it is still ``awaiting_review`` and the entry only
+while it is undecided, so two reviewers (or a reviewer and the deadline) cannot both decide it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
 from conveyor.store.dialect import Dialect
+from conveyor.store.records import ClaimedTask
+from conveyor.store.tasks import CLAIM_COLUMNS, FENCE
+
+REVIEW_COLUMNS = (
+    "id, task_id, run_id, pipeline, item_key, stage, reason_class, reason, confidence, tier, candidate_kind, "
+    "candidate_digest, candidate_inline, candidate_size, deadline_at, on_deadline, created_at, decided_at, "
+    "decision, decided_by, why, edits"
+)
+
+
+class AwaitingReview(NamedTuple):
+    """A leased task whose answer goes to review (fenced by its lease)."""
+
+    error_class: str
+    message: str
+    output_digest: str
+    output_kind: str
+    task_id: int
+    lease_token: int
+
+
+class Escalated(NamedTuple):
+    """A leased task whose answer was refused: queued again at a stronger tier, at once (fenced)."""
+
+    tier: int
+    available_at: float
+    error_class: str
+    message: str
+    task_id: int
+    lease_token: int
+
+
+class NewReview(NamedTuple):
+    task_id: int
+    run_id: str
+    pipeline: str
+    item_key: str
+    stage: str
+    reason_class: str
+    reason: str
+    confidence: float | None
+    tier: int
+    candidate_kind: str
+    candidate_digest: str
+    candidate_inline: bytes | None
+    candidate_size: int
+    deadline_at: float
+    on_deadline: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ReviewEntry:
+    id: int
+    task_id: int
+    run_id: str
+    pipeline: str
+    item_key: str
+    stage: str
+    reason_class: str
+    reason: str | None
+    confidence: float | None
+    tier: int
+    candidate_kind: str
+    candidate_digest: str
+    candidate_inline: bytes | None
+    candidate_size: int
+    deadline_at: float
+    on_deadline: str
+    created_at: float
+    decided_at: float | None
+    decision: str | None
+    decided_by: str | None
+    why: str | None
+    edits: str | None
+
+    @property
+    def open(self) -> bool:
+        return self.decided_at is None
+
+
+MARK_AWAITING_REVIEW = f"""
+UPDATE tasks SET status = 'awaiting_review', error_class = ?, last_error = ?, output_digest = ?, output_kind = ?,
+    lease_owner = NULL, lease_expires_at = NULL
+{FENCE}
+"""
+
+# A tier is a fresh try: its attempts are counted from 0 again (each attempt row records its tier).
+MARK_ESCALATED = f"""
+UPDATE tasks SET status = 'queued', tier = ?, available_at = ?, error_class = ?, last_error = ?, attempts = 0,
+    lease_owner = NULL, lease_expires_at = NULL
+{FENCE}
+"""
+
+INSERT_REVIEW = """
+INSERT INTO reviews (task_id, run_id, pipeline, item_key, stage, reason_class, reason, confidence, tier,
+    candidate_kind, candidate_digest, candidate_inline, candidate_size, deadline_at, on_deadline, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+AWAITING = "WHERE id = ? AND status = 'awaiting_review'"
 
 
 class ReviewQueries:
     db: Dialect
+
+    # --- the worker's side: answers that go to review or to a stronger tier (fenced) ----------------
+
+    def mark_awaiting_review(self, rows: Sequence[AwaitingReview]) -> int:
+        return self.db.executemany_count(MARK_AWAITING_REVIEW, rows)
+
+    def mark_escalated(self, rows: Sequence[Escalated]) -> int:
+        return self.db.executemany_count(MARK_ESCALATED, rows)
+
+    def insert_reviews(self, rows: Sequence[NewReview]) -> None:
+        self.db.executemany(INSERT_REVIEW, rows)
+
+    # --- reading the queue ----------------------------------------------------------------------------
+
+    def reviews(self, run_id: str | None = None, stage: str | None = None, include_decided: bool = False,
+                limit: int = 1000) -> list[ReviewEntry]:
+        clauses, params = ([] if include_decided else ["decided_at IS NULL"]), []
+        for column, value in (("run_id", run_id), ("stage", stage)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews {where} ORDER BY id LIMIT ?", (*params, limit))
+        return [ReviewEntry(*r) for r in rows]
+
+    def review(self, review_id: int) -> ReviewEntry | None:
+        rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE id = ?", (review_id,))
+        return ReviewEntry(*rows[0]) if rows else None
+
+    def due_reviews(self, pipeline: str, now: float, limit: int = 500) -> list[ReviewEntry]:
+        """Undecided entries of ``pipeline`` whose deadline has passed, oldest deadline first (the partial
+        index)."""
+        rows = self.db.execute(
+            f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE decided_at IS NULL AND pipeline = ? AND deadline_at <= ? "
+            f"ORDER BY deadline_at LIMIT ?", (pipeline, now, limit))
+        return [ReviewEntry(*r) for r in rows]
+
+    def due_reviews_any(self, now: float, limit: int = 1000) -> list[ReviewEntry]:
+        """Undecided entries of any pipeline whose deadline has passed (to find the pipelines to load)."""
+        rows = self.db.execute(
+            f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE decided_at IS NULL AND deadline_at <= ? "
+            f"ORDER BY deadline_at LIMIT ?", (now, limit))
+        return [ReviewEntry(*r) for r in rows]
+
+    def reviewed_task(self, task_id: int) -> ClaimedTask | None:
+        """The task an entry is about, in the shape a commit plans successors from."""
+        rows = self.db.execute(f"SELECT {CLAIM_COLUMNS} FROM tasks WHERE id = ?", (task_id,))
+        return ClaimedTask(*rows[0]) if rows else None
+
+    # --- decisions (each inside the caller's transaction) ---------------------------------------------
+
+    def decide_review(self, review_id: int, decision: str, by: str, why: str | None, edits: str | None,
+                      now: float) -> bool:
+        """Record a decision on an undecided entry; False when it was decided already."""
+        return self.db.execute_rowcount(
+            "UPDATE reviews SET decided_at = ?, decision = ?, decided_by = ?, why = ?, edits = ? "
+            "WHERE id = ? AND decided_at IS NULL", (now, decision, by, why, edits, review_id)) == 1
+
+    def accept_reviewed(self, task_id: int, output_digest: str, output_kind: str, now: float) -> bool:
+        return self.db.execute_rowcount(
+            "UPDATE tasks SET status = 'succeeded', output_digest = ?, output_kind = ?, finished_at = ?, "
+            f"input_inline = NULL, error_class = NULL, last_error = NULL {AWAITING}",
+            (output_digest, output_kind, now, task_id)) == 1
+
+    def reject_reviewed(self, task_id: int, message: str, now: float) -> bool:
+        return self.db.execute_rowcount(
+            f"UPDATE tasks SET status = 'rejected', error_class = 'rejected', last_error = ?, finished_at = ? "
+            f"{AWAITING}", (message, now, task_id)) == 1
+
+    def escalate_reviewed(self, task_id: int, tier: int, message: str, now: float) -> bool:
+        return self.db.execute_rowcount(
+            "UPDATE tasks SET status = 'queued', tier = ?, available_at = ?, error_class = 'review_deadline', "
+            f"attempts = 0, last_error = ?, output_digest = NULL, output_kind = NULL {AWAITING}",
+            (tier, now, message, task_id)) == 1
+
+    def review_counts(self, run_id: str) -> dict[str, Any]:
+        """Entries of a run: open, and decided by decision."""
+        rows = self.db.execute("SELECT COALESCE(decision, 'open'), COUNT(*) FROM reviews WHERE run_id = ? "
+                               "GROUP BY COALESCE(decision, 'open')", (run_id,))
+        return {str(r[0]): int(r[1]) for r in rows}

@@ -4,7 +4,9 @@ Types are spelled with placeholders that each dialect fills in:
 ``{id}`` an auto-increment primary key, ``{real}`` a float, ``{blob}`` bytes;
 ``{byte_ordered_keys}`` makes item keys compare byte by byte (PostgreSQL's
 ``COLLATE "C"``; SQLite compares bytes already), so a root's fan-out
-descendants are one index range whatever the database's locale.
+descendants are one index range whatever the database's locale;
+``{publication_text_index}`` is the full-text index of the live publications
+(an FTS5 table on SQLite, a tsvector column with a GIN index on PostgreSQL).
 Timestamps are epoch seconds (float) so the clock can be passed in.
 """
 
@@ -288,6 +290,45 @@ CREATE TABLE reviews (
 );
 CREATE INDEX reviews_open ON reviews (pipeline, deadline_at) WHERE decided_at IS NULL;
 CREATE INDEX reviews_run ON reviews (run_id, item_key);
+""",
+    ),
+    (
+        8,
+        "the built-in publication target: versioned records, their vectors, a full-text index of the live ones",
+        """
+-- Every publication of an item is a version; at most one version of an item is live. A rollback is a
+-- version too (a copy of the content it restores), and a retraction a version with nothing live after it.
+CREATE TABLE publications (
+    id {id},
+    collection TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    action TEXT NOT NULL,
+    live INTEGER NOT NULL,
+    fields TEXT,
+    text TEXT,
+    digest TEXT,
+    pipeline TEXT,
+    run_id TEXT,
+    task_id BIGINT,
+    replaces BIGINT,
+    restores INTEGER,
+    created_at {real} NOT NULL,
+    created_by TEXT NOT NULL,
+    reason TEXT,
+    UNIQUE (item_key, collection, version)
+);
+CREATE UNIQUE INDEX publications_live ON publications (collection, item_key) WHERE live = 1;
+CREATE INDEX publications_live_run ON publications (run_id) WHERE live = 1;
+-- A version's embeddings: little-endian float32, n in the order the record gave them.
+CREATE TABLE publication_vectors (
+    publication_id BIGINT NOT NULL,
+    n INTEGER NOT NULL,
+    dim INTEGER NOT NULL,
+    vector {blob} NOT NULL,
+    PRIMARY KEY (publication_id, n)
+);
+{publication_text_index}
 """,
     ),
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 from conveyor.errors import StoreError
 from conveyor.store.dialect import Dialect
+from conveyor.store.diffs import DiffQueries
 from conveyor.store.publications import PublicationQueries
 from conveyor.store.quota import QuotaQueries
 from conveyor.store.replay import ReplayQueries
@@ -19,7 +20,7 @@ from conveyor.store.tasks import TaskQueries
 
 
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
-               PublicationQueries):
+               PublicationQueries, DiffQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

@@ -79,7 +79,7 @@ WHERE outputs.kind = 'failed' AND outputs.task_key = excluded.task_key
 ATTEMPT_COLUMNS = (
     "task_id", "run_id", "attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
     "stage_version", "code_version", "started_at", "duration", "provider_calls", "prompt_tokens",
-    "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls")
+    "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls", "tier", "repaired", "confidence")
 # The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
 PLAIN_ATTEMPT_COLUMNS = ("task_id", "run_id", "attempt", "outcome", "invoked", "worker", "lease_token",
                          "stage_version", "code_version", "started_at", "duration")
@@ -140,12 +140,36 @@ class TaskQueries:
             if len(roots) < len(items):
                 self.db.executemany(INSERT_ITEM, [i for i in items if i.parent_key is not None])
 
+    def set_item_meta(self, run_id: str, metas: Mapping[str, str]) -> None:
+        """Record root items' manifest ``meta`` (JSON text, by item key), after they are inserted."""
+        self.db.executemany("UPDATE items SET meta = ? WHERE run_id = ? AND item_key = ?",
+                            [(meta, run_id, key) for key, meta in metas.items()])
+
+    def item_metas(self, roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The ``meta`` JSON of root items, by (run, key); items without one are left out."""
+        found: dict[tuple[str, str], str] = {}
+        by_run: dict[str, list[str]] = {}
+        for run_id, key in set(roots):
+            by_run.setdefault(run_id, []).append(key)
+        for run_id, keys in by_run.items():
+            for part in chunks(keys, 900):
+                marks = ",".join("?" * len(part))
+                for key, meta in self.db.execute(
+                        f"SELECT item_key, meta FROM items WHERE run_id = ? AND item_key IN ({marks}) "
+                        "AND meta IS NOT NULL", (run_id, *part)):
+                    found[run_id, str(key)] = str(meta)
+        return found
+
     def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
         """Insert new task rows; return the ones claimed as they were created (``tasks.running``)."""
         with self.db.transaction():
             self.db.executemany(INSERT_QUEUED, tasks.queued)
             self.db.executemany(INSERT_CACHED, tasks.cached)
             self.db.executemany(INSERT_FAILED, tasks.failed)
+            rejected = [(r[0], r[4], r[3], r[2]) for r in tasks.failed if r[12] == "rejected"]
+            if rejected:  # a memoised rejection (by a reviewer or a review deadline) ends its task rejected
+                self.db.executemany("UPDATE tasks SET status = 'rejected' WHERE run_id = ? AND root_key = ? "
+                                    "AND item_key = ? AND stage = ? AND status = 'failed'", rejected)
             self.db.executemany(INSERT_BAD, tasks.bad)
             claimed = self._insert_running(tasks.running) if tasks.running else []
             if tasks.queued:

@@ -1,0 +1,45 @@
+"""Admission: a submission's items and their first tasks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.values import Ref
+from conveyor.store import NewItem
+
+
+class Admission(Base):
+    def admit(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float,
+              bad: Sequence[tuple[str, str]] = (), metas: Mapping[str, Mapping[str, Any]] | None = None,
+              ) -> tuple[int, int]:
+        """Create root items (key, source) and their tasks. An item that settled in the latest earlier run
+        of the same graph, from the same source, is copied from there (store/replay.py); the others are
+        planned through the memo. Items in ``bad`` (key, why) have no readable source: each of their root
+        tasks ends ``failed`` with error class ``bad_input`` at once. Returns (tasks answered from the
+        memo, tasks queued to run). The planning (memo lookups, rows) is done before the write
+        transaction opens: with SQLite's one writer, workers keep committing meanwhile."""
+        x = self.expander
+        items = [NewItem(run_id, key, None, key, ref.digest, ref.size, now) for key, ref in sources]
+        items += [NewItem(run_id, key, None, key, None, None, now) for key, _ in bad]
+        base = x.replay_base(run_id)
+        replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
+        seeds = [seed for key, ref in sources if key not in replayed for seed in x.roots(run_id, key, ref)]
+        tasks, new_items, cached = x.plan(seeds, now, items)
+        x.refuse_bad(tasks, run_id, bad, now)
+        notices = self.stale_notices(x.take_stale(), now)
+        with self.store.transaction():
+            self.store.insert_items(new_items)
+            if metas:
+                self.store.set_item_meta(run_id, {key: json.dumps(meta, sort_keys=True) for key, meta in metas.items()})
+            if base and replayed:
+                cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
+                                                  x.lane_rank(run_id), x.has_fanout)
+                self.store.copy_notices(base, run_id)
+            if tasks:
+                self.store.insert_tasks(tasks)
+            if notices:
+                self.store.add_notices(notices)
+        return cached, len(tasks.queued)

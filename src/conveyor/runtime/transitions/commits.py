@@ -1,0 +1,285 @@
+"""Commits: a batch of outcomes written in one fenced transaction, claiming the next batch in it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+from conveyor import __version__
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.expand import Seed
+from conveyor.runtime.memo import refusal_ref
+from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.outcome import (
+    Claim,
+    LeaseLost,
+    MemoTaken,
+    Outcome,
+    Writes,
+    _first_per_key,
+    _full,
+    _memoised,
+)
+from conveyor.runtime.values import Ref
+from conveyor.store import (
+    AttemptRecord,
+    ClaimedTask,
+    Ended,
+    Lease,
+    NewDeadLetter,
+    NewOutput,
+    NewPublication,
+    PlainAttempt,
+    Retried,
+    Succeeded,
+    TaskStatus,
+)
+from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
+
+log = logging.getLogger("conveyor.transitions")
+
+
+
+class Commits(Base):
+    def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
+        """Commit a batch of outcomes in one transaction; return counts by what happened."""
+        return self.commit_and_claim(outcomes, now, None)[0]
+
+    def commit_and_claim(
+        self, outcomes: Sequence[Outcome], now: float, claim: Claim | None,
+    ) -> tuple[Counter[str], list[ClaimedTask], list[ClaimedTask]]:
+        """Commit, then with ``claim`` claim the next batch in the same transaction, saving a round trip
+        and a commit. Returns (counts, fresh, claimed): ``fresh`` tasks were created by this commit and
+        claimed as they were inserted (their memo lookup was made while preparing it), ``claimed`` ones
+        come from the queue."""
+        writes = self.prepare(outcomes, now)
+        self._take_fresh(writes, claim, now)
+        try:
+            with self.store.transaction():
+                fresh = self._write(writes)
+                self.stale_stages.update(n.stage for n in writes.notices)
+                return writes.counts, fresh, self._claim(claim, now, fresh)
+        except (LeaseLost, MemoTaken):
+            pass
+        # Redo, inside one transaction, for the leases still held, and with the memo's answer for any key
+        # another worker memoised first: every item then builds on the one output a task key has, which is
+        # also what a re-run copies or looks up (the losing attempt is still recorded as invoked).
+        with self.store.transaction():
+            held = self.store.held_leases([Lease(o.task.id, o.task.lease_token) for o in outcomes])
+            kept = self._adopt_memo([o for o in outcomes if o.task.id in held])
+            writes = self.prepare(kept, now)
+            writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
+            writes.counts["lease_lost"] = len(outcomes) - len(held)
+            self._take_fresh(writes, claim, now)
+            fresh = self._write(writes, memo_checked=False)
+            self.stale_stages.update(n.stage for n in writes.notices)
+            return writes.counts, fresh, self._claim(claim, now, fresh)
+
+    def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Outcomes whose own result lost a memo race take the memo's result instead."""
+        fresh = [o for o in outcomes if not o.cached and (o.output is not None or _memoised(o.failure))]
+        memo = self.store.lookup_outputs([o.task.task_key for o in fresh])
+        adopted: dict[int, Outcome] = {}
+        for o in fresh:
+            hit = memo.get(o.task.task_key)
+            if hit is None or (o.output is not None and hit.digest == o.output.digest and hit.kind == o.output.kind):
+                continue
+            if hit.kind == "failed":
+                failure = self.memos[o.task.stage].failure(hit.inline)
+                if failure is None:
+                    continue  # a refusal under another guard value: this outcome replaces it
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, failure=failure, usage=o.usage)
+            else:
+                output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, output, usage=o.usage)
+        return [adopted.get(o.task.id, o) for o in outcomes]
+
+    def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
+        """Claim new tasks as they are created, within the claim's room and per-stage caps: the
+        row is inserted already leased to this worker instead of being queued and then claimed."""
+        if claim is None or not w.tasks.queued:
+            return
+        room, taken, keep, running = claim.limit, Counter[str](), [], w.tasks.running
+        expires = now + claim.lease_seconds
+        for row in w.tasks.queued:
+            stage = row[2]
+            if room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id):
+                running.append((*row, claim.owner, expires, now))
+                room -= 1
+                taken[stage] += 1
+            else:
+                keep.append(row)
+        w.tasks.queued = keep
+
+    def _claim(self, claim: Claim | None, now: float, fresh: Sequence[ClaimedTask]) -> list[ClaimedTask]:
+        if claim is None or claim.limit <= len(fresh):
+            return []
+        taken = Counter(t.stage for t in fresh)
+        caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
+        return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
+                                claim.lease_seconds, claim.run_id, caps)
+
+    def _write(self, w: Writes, memo_checked: bool = True) -> list[ClaimedTask]:
+        changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
+        changed += self.store.mark_ended(w.ended)
+        if w.escalated or w.awaiting:
+            changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
+        if changed != w.fenced:
+            raise LeaseLost
+        if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
+            raise MemoTaken
+        if w.notices:
+            self.store.add_notices(w.notices)
+        if w.publications:
+            w.counts["published_versions"] = self.store.publish(w.publications)
+        if w.reviews:
+            self.store.insert_reviews(w.reviews)
+        self.store.insert_dead_letters(w.dead)
+        self.store.insert_attempts(w.attempts, w.plain_attempts)
+        if w.items:
+            self.store.insert_items(w.items)
+        return self.store.insert_tasks(w.tasks) if w.tasks else []
+
+    # --- preparing a commit (reads only) ------------------------------------
+
+    def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
+        w = Writes()
+        outcomes = _first_per_key(outcomes)
+        self._succeed(w, [o for o in outcomes if o.failure is None], now)
+        self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        stale = self.expander.take_stale()
+        stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
+        w.notices = self.stale_notices(stale, now)
+        if stale:
+            w.counts["stale_code"] = sum(stale.values())
+        return w
+
+    def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
+        seeds: list[Seed] = []
+        for o in done:
+            task, out = o.task, o.output
+            assert out is not None
+            if not o.cached:
+                w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
+                                           task.run_id, now, self.memos[task.stage].code))
+            w.succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
+            if o.value is not None and not o.cached:
+                w.publications.append(self._publication(o, now))
+            more, items = self.expander.successors(
+                Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
+            seeds += more
+            w.items += items
+            if (o.usage is None or not o.usage.calls) and o.verdict is None:
+                w.plain_attempts.append(PlainAttempt(
+                    task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
+                    self.worker, task.lease_token, self.pipeline[task.stage].version, __version__, o.started,
+                    o.duration))
+            else:
+                w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
+        w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
+        w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
+
+    def _publication(self, o: Outcome, now: float) -> NewPublication:
+        task, staged, into = o.task, o.value, self.pipeline[o.task.stage].into
+        assert o.output is not None and isinstance(into, str)
+        return NewPublication(into, task.item_key, self.pipeline.name, task.run_id, task.id,
+                              o.output.digest, json.dumps(staged["fields"], sort_keys=True, ensure_ascii=False),
+                              staged["text"], staged["vectors"], now)
+
+    def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> None:
+        for o in failed:
+            f, task = o.failure, o.task
+            assert f is not None
+            full = _full(f)
+            if o.verdict is not None and self._refused(w, o, f, now):
+                continue
+            if not f.retryable:
+                status = TaskStatus.REJECTED if f.error_class == "rejected" else TaskStatus.FAILED
+                w.ended.append(Ended(status, f.error_class, full, now, int(o.cached), task.id, task.lease_token))
+                if f.deterministic and not o.cached:
+                    ref = refusal_ref(Failure(f.error_class, False, full, guard=f.guard))
+                    w.outputs.append(NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
+                                               ref.size, task.run_id, now, self.memos[task.stage].code))
+                w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
+                w.counts.update(failed=1, cached=int(o.cached))
+            elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
+                w.ended.append(Ended(TaskStatus.DEAD_LETTERED, f.error_class, full, now, 0, task.id,
+                                     task.lease_token))
+                w.dead.append(NewDeadLetter(task.id, task.run_id, task.item_key, task.stage, f.error_class, full,
+                                            task.attempts, now))
+                w.attempts.append(self._attempt(o, "dead_lettered", f))
+                w.counts["dead_lettered"] += 1
+                log.warning("dead-lettered %s at %s after %d attempts (%s)", task.item_key, task.stage,
+                            task.attempts, f.error_class, extra={
+                                "event": "dead_lettered", "run": task.run_id, "stage": task.stage,
+                                "item": task.item_key, "attempt": task.attempts})
+            else:
+                w.retry.append(Retried(now + self._delay(task, f), f.error_class, f.message, task.id,
+                                       task.lease_token))
+                w.attempts.append(self._attempt(o, "retry", f))
+                w.counts["retried"] += 1
+
+    def _refused(self, w: Writes, o: Outcome, f: Failure, now: float) -> bool:
+        """Route an answer its stage's acceptance boundary refused: a format fault is retried at the same
+        tier while its budget lasts (False: the ordinary way), then, like any refusal, tried at the next
+        escalation tier, else sent to review when it may be, else failed with its class."""
+        task, stage = o.task, self.pipeline[o.task.stage]
+        accept, verdict = stage.accept, o.verdict
+        assert accept is not None and verdict is not None
+        if f.retryable and task.attempts < stage.retry.attempts_for(f.error_class):
+            return False
+        tiers = len(accept.tiers)
+        if task.tier < tiers and f.error_class in accept.escalate_on:
+            w.escalated.append(Escalated(task.tier + 1, now, f.error_class, f.message, task.id, task.lease_token))
+            w.attempts.append(self._attempt(o, "escalated", f))
+            w.counts["escalated"] += 1
+        elif accept.review is not None and verdict.reviewable and task.tier <= tiers and o.candidate is not None:
+            c = o.candidate
+            w.awaiting.append(AwaitingReview(f.error_class, f.message, c.digest, c.kind, task.id, task.lease_token))
+            w.reviews.append(NewReview(
+                task.id, task.run_id, self.pipeline.name, task.item_key, task.stage, f.error_class, f.message,
+                verdict.confidence, task.tier, c.kind, c.digest, c.inline, c.size, now + accept.review.deadline_s,
+                accept.review.on_deadline, now))
+            w.attempts.append(self._attempt(o, "awaiting_review", f))
+            w.counts["awaiting_review"] += 1
+        else:  # settled for this input under this version: memoised, so a re-run does not pay for it again
+            w.ended.append(Ended(TaskStatus.FAILED, f.error_class, f.message, now, 0, task.id, task.lease_token))
+            w.outputs.append(self._refusal(task, f.error_class, f.message, now))
+            w.attempts.append(self._attempt(o, "failed", f))
+            w.counts["failed"] += 1
+        return True
+
+    def _refusal(self, task: ClaimedTask, error_class: str, message: str, now: float) -> NewOutput:
+        """The memo row of a settled refusal (requeue forgets it)."""
+        ref = refusal_ref(Failure(error_class, False, message))
+        return NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size, task.run_id, now,
+                         self.memos[task.stage].code)
+
+    def _delay(self, task: ClaimedTask, failure: Failure) -> float:
+        if failure.retry_after is not None:
+            return failure.retry_after
+        return self.pipeline[task.stage].retry.delay(task.attempts, self.rng)
+
+    def _lost(self, o: Outcome) -> AttemptRecord:
+        failure = Failure("lease_lost", True, "the lease expired before this attempt committed; result discarded")
+        return self._attempt(o, "lease_lost", failure)
+
+    def _attempt(self, o: Outcome, outcome: str, f: Failure | None) -> AttemptRecord:
+        stage, u = self.pipeline[o.task.stage], o.usage
+        record = AttemptRecord(
+            o.task.id, o.task.run_id, o.task.attempts, outcome, int(o.invoked),
+            f.error_class if f else None, f.message if f else None, self.worker, o.task.lease_token,
+            stage.version, __version__, o.started, o.duration,
+        )
+        if o.verdict is not None:
+            record = record._replace(tier=o.task.tier, repaired=int(o.verdict.repaired),
+                                     confidence=o.verdict.confidence)
+        if u is None or not u.calls:
+            return record
+        return record._replace(provider_calls=u.calls, prompt_tokens=u.prompt_tokens,
+                               completion_tokens=u.completion_tokens, cost=u.cost,
+                               model=",".join(sorted(u.models)) or None,
+                               prompt_version=",".join(sorted(u.prompt_versions)) or None,
+                               unpriced_calls=u.unpriced_calls)

@@ -1,0 +1,146 @@
+"""Claims, leases, memo answers and expired leases: the worker's side of the lifecycle."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conveyor import __version__
+from conveyor.errors import PipelineError
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.outcome import (
+    Outcome,
+    Writes,
+)
+from conveyor.runtime.values import Ref
+from conveyor.store import (
+    AttemptRecord,
+    ClaimedTask,
+    Crashed,
+    Ended,
+    Lease,
+    NewDeadLetter,
+    StoredOutput,
+    TaskStatus,
+)
+
+log = logging.getLogger("conveyor.transitions")
+
+
+
+class Leases(Base):
+    def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
+              caps: Mapping[str, int] | None = None) -> list[ClaimedTask]:
+        """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first;
+        the attempt is counted now."""
+        return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps)
+
+    def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None) -> list[ClaimedTask]:
+        """Lease one task that was in flight when a worker died; the worker runs it alone."""
+        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id)
+
+    def renew(self, leases: Sequence[Lease], expires_at: float) -> int:
+        """Extend the leases still held; returns how many were."""
+        return self.store.renew_leases(leases, expires_at)
+
+    def release(self, leases: Sequence[Lease]) -> None:
+        """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
+        self.store.release(leases)
+
+    def answers(self, claimed: Sequence[ClaimedTask], fresh: Sequence[ClaimedTask],
+                now: float) -> tuple[list[Outcome], list[ClaimedTask]]:
+        """The outcomes of tasks that need no stage call, and the tasks left to run. A task from the
+        queue is looked up in the memo first (another worker may have done the same work meanwhile, or
+        this is a redelivery); a fresh one was looked up as it was created. Either may be refused on a
+        guard that is checked before its input is read."""
+        memo = self.store.lookup_outputs([t.task_key for t in claimed]) if claimed else {}
+        answered: list[Outcome] = []
+        to_run: list[ClaimedTask] = []
+        for task in (*fresh, *claimed):
+            outcome = self._answer(task, memo.get(task.task_key), now)
+            if outcome is None:
+                to_run.append(task)
+            else:
+                answered.append(outcome)
+        return answered, to_run
+
+    def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
+        memo, stage = self.memos[task.stage], self.pipeline[task.stage]
+        if hit is not None and hit.kind == "failed":
+            failure = memo.failure(hit.inline)
+            if failure is not None:
+                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code))
+        elif hit is not None:
+            return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True,
+                           stale=memo.stale(hit.code))
+        if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
+            message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
+                       f"of stage {stage.name!r}; it was not read")
+            return Outcome(task, now, 0.0, False, failure=Failure(
+                "input_too_large", False, message, deterministic=True,
+                guard=("max_input_bytes", stage.max_input_bytes)))
+        return None
+
+    def metas(self, tasks: Sequence[ClaimedTask]) -> dict[tuple[str, str], dict[str, Any]]:
+        """The manifest ``meta`` of the items whose answers will be judged by checks, by (run, root key)."""
+        judged = [(t.run_id, t.root_key) for t in tasks if self.pipeline[t.stage].accept is not None
+                  and self.pipeline[t.stage].accept.checks]  # type: ignore[union-attr]
+        return {key: json.loads(meta) for key, meta in self.store.item_metas(judged).items()} if judged else {}
+
+    # --- expired leases ----------------------------------------------------
+
+    def reclaim_expired(self, now: float, limit: int = 1000) -> Counter[str]:
+        """Requeue tasks whose worker stopped renewing its lease.
+
+        Which task killed the worker is unknown when it held several: each gets
+        its attempt back and becomes a suspect, and suspects run alone. A task
+        that was the worker's only one in flight is charged the attempt, so an
+        item that kills its worker every time reaches the dead-letter list after
+        ``max_attempts_by_class["lease_expired"]`` (else ``max_attempts``)
+        attempts of its own. How many tasks a worker held is counted once, when
+        its death is first noticed (store: lost_workers), so it is judged the
+        same way however many scans it takes to reclaim its tasks.
+        """
+        counts: Counter[str] = Counter()
+        with self.store.transaction():
+            expired = self.store.expired_leases(self.pipeline.name, now, limit)
+            if not expired:
+                return counts
+            held = self.store.note_lost_workers(sorted({str(lease.lease_owner) for lease in expired}), now)
+            requeue: list[Crashed] = []
+            w = Writes()
+            for lease in expired:
+                alone = held.get(str(lease.lease_owner), 1) <= 1
+                message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
+                           f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
+                log.warning("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
+                            extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
+                                   "item": lease.item_key, "attempt": lease.attempts})
+                w.attempts.append(AttemptRecord(
+                    lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
+                    lease.lease_owner, lease.lease_token, None, __version__, None, None))
+                if alone and lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
+                    w.ended.append(Ended(TaskStatus.DEAD_LETTERED, "lease_expired", message, now, 0, lease.id,
+                                         lease.lease_token))
+                    w.dead.append(NewDeadLetter(lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired",
+                                                message, lease.attempts, now))
+                else:
+                    requeue.append(Crashed(now, message, 0 if alone else 1, lease.id, lease.lease_token))
+            self.store.requeue_crashed(requeue)
+            self.store.mark_ended(w.ended)
+            self.store.insert_dead_letters(w.dead)
+            self.store.insert_attempts(w.attempts)
+            self.store.notify()
+        counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
+        return counts
+
+    def _lease_budget(self, stage: str, recorded: int) -> int:
+        """Attempts a task may spend on lost leases: its stage's policy for ``lease_expired``."""
+        try:
+            return self.pipeline[stage].retry.attempts_for("lease_expired")
+        except PipelineError:  # a stage this version of the pipeline no longer declares
+            return recorded

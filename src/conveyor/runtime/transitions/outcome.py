@@ -1,0 +1,125 @@
+"""What a commit works with: an attempt's outcome, the rows a commit writes, what it may claim."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.acceptance.judge import Verdict
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.services import Usage
+from conveyor.runtime.values import Ref
+from conveyor.store import (
+    AttemptRecord,
+    ClaimedTask,
+    Ended,
+    NewDeadLetter,
+    NewItem,
+    NewOutput,
+    NewPublication,
+    NewTasks,
+    Notice,
+    PlainAttempt,
+    Retried,
+    Succeeded,
+)
+from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt of one task came to, before it is committed."""
+
+    task: ClaimedTask
+    started: float
+    duration: float
+    invoked: bool
+    output: Ref | None = None
+    cached: bool = False
+    failure: Failure | None = None
+    usage: Usage | None = None
+    stale: bool = False  # answered from an output that other code made under the same stage version
+    value: Any = None  # a publish stage's staged record (stages with ``into``), published as it commits
+    verdict: Verdict | None = None  # what the acceptance boundary made of the answer (stages with ``accept``)
+    candidate: Ref | None = None  # a refused answer, stored for a reviewer
+
+
+@dataclass
+class Writes:
+    """Every row one commit writes, prepared before its transaction opens."""
+
+    succeeded: list[Succeeded] = field(default_factory=list)
+    retry: list[Retried] = field(default_factory=list)
+    ended: list[Ended] = field(default_factory=list)
+    outputs: list[NewOutput] = field(default_factory=list)
+    dead: list[NewDeadLetter] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    plain_attempts: list[PlainAttempt] = field(default_factory=list)
+    tasks: NewTasks = field(default_factory=NewTasks)
+    items: list[NewItem] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    publications: list[NewPublication] = field(default_factory=list)
+    escalated: list[Escalated] = field(default_factory=list)
+    awaiting: list[AwaitingReview] = field(default_factory=list)
+    reviews: list[NewReview] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def fenced(self) -> int:
+        return len(self.succeeded) + len(self.retry) + len(self.ended) + len(self.escalated) + len(self.awaiting)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a commit may claim for its worker in the same transaction."""
+
+    pipeline: str
+    stages: Sequence[str]  # in claim order: later stages first
+    limit: int
+    owner: str
+    lease_seconds: float
+    run_id: str | None = None
+    caps: Mapping[str, int] | None = None  # at most this many of a stage
+
+    def cap(self, stage: str) -> int:
+        return self.limit if self.caps is None else self.caps.get(stage, self.limit)
+
+
+class LeaseLost(Exception):
+    """A fenced update missed: some lease was lost since the commit was prepared."""
+
+
+class ReviewTaken(Exception):
+    """The review entry was decided by someone else first (or its task no longer awaits review)."""
+
+
+class MemoTaken(Exception):
+    """Another worker memoised some of these task keys first (the same work, done twice at once)."""
+
+
+def _first_per_key(outcomes: Sequence[Outcome]) -> Sequence[Outcome]:
+    """Outcomes of one task key in one batch end with one result, the first: a later one takes it as
+    answered (the memo keeps one output per key, and every item must build on that one)."""
+    first: dict[str, Outcome] = {}
+    result: list[Outcome] | None = None
+    for index, o in enumerate(outcomes):
+        if o.cached or (o.output is None and not _memoised(o.failure)):
+            continue
+        winner = first.setdefault(o.task.task_key, o)
+        if winner is o:
+            continue
+        result = result if result is not None else list(outcomes)
+        result[index] = Outcome(o.task, o.started, o.duration, o.invoked, winner.output, cached=True,
+                                failure=winner.failure, usage=o.usage)
+    return outcomes if result is None else result
+
+
+def _memoised(failure: Failure | None) -> bool:
+    """A failure that is stored in the memo like an output (a refusal decided by the input)."""
+    return failure is not None and not failure.retryable and failure.deterministic
+
+
+def _full(failure: Failure) -> str:
+    return f"{failure.message}\n{failure.detail}".strip()

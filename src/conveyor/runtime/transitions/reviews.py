@@ -1,0 +1,85 @@
+"""Review decisions: no lease is held, so each is fenced by the task still awaiting review."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from conveyor import __version__
+from conveyor.runtime.classify import Failure
+from conveyor.runtime.expand import Seed
+from conveyor.runtime.memo import refusal_ref
+from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.outcome import ReviewTaken
+from conveyor.runtime.values import Ref
+from conveyor.store import (
+    AttemptRecord,
+    ClaimedTask,
+    NewOutput,
+)
+from conveyor.store.reviews import ReviewEntry
+
+
+class Reviews(Base):
+    def decide(self, entry: ReviewEntry, decision: str, by: str, why: str | None, now: float,
+               output: Ref | None = None, edits: str | None = None) -> int:
+        """Apply a decision on a review entry in one transaction; returns the tasks it queued.
+
+        ``approved``/``edited``/``accepted`` (the deadline's "accept"): the task succeeds with ``output``
+        (the candidate, or the edited record), memoised under its task key like any accepted answer, and
+        its item continues down the pipeline. ``rejected``: the task ends ``rejected``. ``escalated`` (the
+        deadline's "escalate"): the task runs once more at its strongest tier, and a refusal there fails it.
+        Raises ReviewTaken when someone decided first."""
+        task = self.store.reviewed_task(entry.task_id)
+        stage = self.pipeline[entry.stage]
+        with self.store.transaction():
+            if task is None or not self.store.decide_review(entry.id, decision, by, why, edits, now):
+                raise ReviewTaken(entry.id)
+            queued = 0
+            if decision in ("approved", "edited", "accepted"):
+                assert output is not None
+                queued = self._accept_reviewed(task, output, now)
+            elif decision == "rejected":
+                message = f"rejected by {by}" + (f": {why}" if why else "")
+                done = self.store.reject_reviewed(task.id, message, now)
+                # the decision is the memo's answer for this input: a re-run asks neither the model nor people
+                ref = refusal_ref(Failure("rejected", False, message))
+                self.store.insert_outputs([NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
+                                                     ref.size, task.run_id, now, self.memos[task.stage].code)])
+            else:
+                tier = len(stage.accept.tiers) + 1 if stage.accept is not None else task.tier + 1
+                done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
+            if decision not in ("approved", "edited", "accepted") and not done:
+                raise ReviewTaken(entry.id)
+            self.store.insert_attempts([AttemptRecord(
+                task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
+                __version__, now, 0.0, tier=task.tier)])
+            self.store.notify()
+        return queued
+
+    def _accept_reviewed(self, task: ClaimedTask, output: Ref, now: float) -> int:
+        if not self.store.accept_reviewed(task.id, output.digest, output.kind, now):
+            raise ReviewTaken(task.id)
+        self.store.insert_outputs([NewOutput(task.task_key, task.stage, output.kind, output.digest, output.inline,
+                                             output.size, task.run_id, now, self.memos[task.stage].code)])
+        seeds, items = self.expander.successors(
+            Seed(task.run_id, task.item_key, task.root_key, task.stage, output), output, now)
+        tasks, items, _ = self.expander.plan(seeds, now, items)
+        if items:
+            self.store.insert_items(items)
+        if tasks:
+            self.store.insert_tasks(tasks)
+        return len(tasks.queued)
+
+    def expire_reviews(self, now: float, limit: int = 200) -> Counter[str]:
+        """Entries of this pipeline whose deadline passed take their declared outcome (``Review``)."""
+        counts: Counter[str] = Counter()
+        for entry in self.store.due_reviews(self.pipeline.name, now, limit):
+            decision = {"reject": "rejected", "accept": "accepted", "escalate": "escalated"}[entry.on_deadline]
+            output = Ref(entry.candidate_kind, entry.candidate_digest, entry.candidate_size, entry.candidate_inline)
+            try:
+                self.decide(entry, decision, "deadline", f"no decision within the deadline ({entry.on_deadline})",
+                            now, output)
+            except ReviewTaken:
+                continue
+            counts[decision] += 1
+        return counts

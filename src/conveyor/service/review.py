@@ -1,0 +1,181 @@
+"""The review queue, for the CLI and the API: list, show, approve, edit, reject.
+
+A decision needs the pipeline that made the answer (an approved record continues down it), so it is
+loaded from the run's TARGET. Entries whose deadline has passed take their declared outcome before the
+queue is read, so a listing never shows an entry that is already decided by its deadline.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.blobs import Blobs
+from conveyor.errors import NotFound, UserError
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.target import load_target
+from conveyor.runtime.transitions import ReviewTaken, Transitions
+from conveyor.runtime.values import Ref, encode, load_value, store_value
+from conveyor.store import SqlStore
+from conveyor.store.reviews import ReviewEntry
+
+DECISIONS = ("approved", "edited", "rejected")
+
+
+def reviewer() -> str:
+    """Who decides, unless told: CONVEYOR_REVIEWER, else the login name."""
+    try:
+        return os.environ.get("CONVEYOR_REVIEWER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def expire_due(store: SqlStore, now: float | None = None) -> dict[str, int]:
+    """Apply the deadline outcome of every entry whose deadline passed, pipeline by pipeline."""
+    now = store.clock() if now is None else now
+    counts: dict[str, int] = {}
+    for entry in {e.pipeline: e for e in store.due_reviews_any(now)}.values():  # one entry per pipeline
+        done = _transitions(store, entry).expire_reviews(now)
+        for decision, count in done.items():
+            counts[decision] = counts.get(decision, 0) + count
+    return counts
+
+
+def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
+                include_decided: bool = False, limit: int = 1000, now: float | None = None) -> dict[str, Any]:
+    expired = expire_due(store, now)
+    entries = store.reviews(run_id, stage, include_decided, limit)
+    return {"reviews": [_summary(e) for e in entries], "expired": expired}
+
+
+def review_show(store: SqlStore, blobs: Blobs, review_id: int) -> dict[str, Any]:
+    entry = _entry(store, review_id)
+    return _summary(entry) | {"candidate": _candidate(entry, blobs), "edits": _json(entry.edits),
+                              "attempts": store.task_attempts(entry.task_id)}
+
+
+def approve(store: SqlStore, blobs: Blobs, ids: Sequence[int], by: str | None = None, why: str | None = None,
+            now: float | None = None) -> dict[str, Any]:
+    """Accept candidates as they are; their items continue down the pipeline."""
+    by = by or reviewer()
+    decided = []
+    for review_id in ids:
+        entry = _open(store, review_id)
+        output = Ref(entry.candidate_kind, entry.candidate_digest, entry.candidate_size, entry.candidate_inline)
+        decided.append(_decide(store, entry, "approved", by, why, output, None, now))
+    return {"decided": decided, "by": by, "why": why}
+
+
+def edit(store: SqlStore, blobs: Blobs, review_id: int, fields: str, by: str | None = None, why: str | None = None,
+         now: float | None = None) -> dict[str, Any]:
+    """Accept a candidate with corrected fields (a JSON object merged over it, checked against the
+    stage's schema); the item continues down the pipeline with the corrected record."""
+    by = by or reviewer()
+    entry = _open(store, review_id)
+    changes = _fields(fields)
+    candidate = _candidate(entry, blobs)
+    if not isinstance(candidate, dict):
+        raise UserError(f"review {review_id}: the answer is not an object ({type(candidate).__name__}); approve or "
+                        "reject it")
+    record = _shaped(_pipeline(store, entry), entry.stage, {**candidate, **changes})
+    output = store_value(*encode(record), blobs)
+    edits = json.dumps(changes, sort_keys=True, ensure_ascii=False)
+    return {"decided": [_decide(store, entry, "edited", by, why, output, edits, now)], "by": by, "why": why}
+
+
+def reject(store: SqlStore, ids: Sequence[int], why: str, by: str | None = None,
+           now: float | None = None) -> dict[str, Any]:
+    if not why or not why.strip():
+        raise UserError("a rejection needs --why \"reason\"; it is recorded with the item")
+    by = by or reviewer()
+    decided = [_decide(store, _open(store, review_id), "rejected", by, why, None, None, now) for review_id in ids]
+    return {"decided": decided, "by": by, "why": why}
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+def _decide(store: SqlStore, entry: ReviewEntry, decision: str, by: str, why: str | None, output: Ref | None,
+            edits: str | None, now: float | None) -> dict[str, Any]:
+    transitions = _transitions(store, entry)
+    try:
+        queued = transitions.decide(entry, decision, by, why, store.clock() if now is None else now, output, edits)
+    except ReviewTaken:
+        raise UserError(f"review {entry.id} was decided meanwhile; `conveyor review show {entry.id}` says how") \
+            from None
+    return {"id": entry.id, "run_id": entry.run_id, "item_key": entry.item_key, "stage": entry.stage,
+            "decision": decision, "queued": queued}
+
+
+def _transitions(store: SqlStore, entry: ReviewEntry) -> Transitions:
+    return Transitions(_pipeline(store, entry), store, worker=f"review:{os.getpid()}")
+
+
+def _pipeline(store: SqlStore, entry: ReviewEntry) -> Pipeline:
+    run = store.get_run(entry.run_id)
+    if run is None:
+        raise NotFound(f"review {entry.id} belongs to run {entry.run_id!r}, which is not in this store")
+    try:
+        return load_target(run.target)
+    except UserError as exc:
+        raise UserError(f"deciding review {entry.id} needs its pipeline ({run.target}): {exc}") from None
+
+
+def _entry(store: SqlStore, review_id: int) -> ReviewEntry:
+    entry = store.review(review_id)
+    if entry is None:
+        raise NotFound(f"no review {review_id}; `conveyor review list` shows the open ones")
+    return entry
+
+
+def _open(store: SqlStore, review_id: int) -> ReviewEntry:
+    entry = _entry(store, review_id)
+    if not entry.open:
+        raise UserError(f"review {review_id} was already decided ({entry.decision} by {entry.decided_by}); "
+                        "nothing to do")
+    return entry
+
+
+def _fields(text: str) -> dict[str, Any]:
+    try:
+        changes = json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"--fields is not JSON ({exc}); give an object, e.g. '{{\"title\": \"ls\"}}'") from None
+    if not isinstance(changes, dict) or not changes:
+        raise UserError("--fields must be a non-empty JSON object of the fields to correct, e.g. '{\"title\": \"ls\"}'")
+    return changes
+
+
+def _shaped(pipeline: Pipeline, stage: str, record: dict[str, Any]) -> Any:
+    accept = pipeline[stage].accept
+    if accept is None or accept.schema is None:
+        return record
+    from pydantic import ValidationError
+
+    try:  # fields the schema does not declare (an Answer's known fields) are kept as they were
+        return {**record, **accept.schema.model_validate(record).model_dump(mode="json")}
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
+        raise UserError(f"the edited record does not fit stage {stage!r}'s schema: {where}: {first.get('msg')}; "
+                        "correct --fields") from None
+
+
+def _candidate(entry: ReviewEntry, blobs: Blobs) -> Any:
+    ref = Ref(entry.candidate_kind, entry.candidate_digest, entry.candidate_size, entry.candidate_inline)
+    value = load_value(ref, blobs)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _summary(e: ReviewEntry) -> dict[str, Any]:
+    return {"id": e.id, "run_id": e.run_id, "item_key": e.item_key, "stage": e.stage, "reason_class": e.reason_class,
+            "reason": e.reason, "confidence": e.confidence, "tier": e.tier, "created_at": e.created_at,
+            "deadline_at": e.deadline_at, "on_deadline": e.on_deadline,
+            "status": "open" if e.open else e.decision, "decided_at": e.decided_at, "decided_by": e.decided_by,
+            "why": e.why}
