@@ -109,10 +109,15 @@ def _shape(accept: Accept, record: Any, repaired: bool) -> Any:
     try:
         return accept.schema.model_validate(record).model_dump(mode="json")
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "the answer"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        return Verdict(record, INVALID_FORMAT, f"{where}: {first.get('msg', 'invalid')}{more}", repaired)
+        return Verdict(record, INVALID_FORMAT, shape_problem(exc, "the answer"), repaired)
+
+
+def shape_problem(exc: Any, what: str) -> str:
+    """A pydantic ValidationError in one line: the first field, its problem, how many more."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or what
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first.get('msg', 'invalid')}{more}"
 
 
 def _confidence(accept: Accept, record: Any) -> float | None:

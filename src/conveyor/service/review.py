@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from conveyor.acceptance.judge import shape_problem
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
@@ -157,10 +158,8 @@ def _shaped(pipeline: Pipeline, stage: str, record: dict[str, Any]) -> Any:
     try:  # fields the schema does not declare (an Answer's known fields) are kept as they were
         return {**record, **accept.schema.model_validate(record).model_dump(mode="json")}
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "the record"
-        raise UserError(f"the edited record does not fit stage {stage!r}'s schema: {where}: {first.get('msg')}; "
-                        "correct --fields") from None
+        raise UserError(f"the edited record does not fit stage {stage!r}'s schema: "
+                        f"{shape_problem(exc, 'the record')}; correct --fields") from None
 
 
 def _candidate(entry: ReviewEntry, blobs: Blobs) -> Any:

@@ -6,8 +6,10 @@ import random
 from collections import Counter
 
 from conveyor.pipeline import Pipeline
+from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander
-from conveyor.store import Notice, SqlStore
+from conveyor.runtime.memo import refusal_ref
+from conveyor.store import ClaimedTask, NewOutput, Notice, SqlStore
 
 
 class Base:
@@ -24,3 +26,9 @@ class Base:
         """Notice rows for memo answers made by other code under the same stage version (stale_code)."""
         return [Notice(run_id, "stale_code", stage, self.pipeline[stage].version, self.memos[stage].code, count, now)
                 for (run_id, stage), count in stale.items()]
+
+    def refusal(self, task: ClaimedTask, failure: Failure, now: float) -> NewOutput:
+        """The memo row of a settled refusal of ``task`` (requeue forgets it)."""
+        ref = refusal_ref(failure)
+        return NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size, task.run_id, now,
+                         self.memos[task.stage].code)

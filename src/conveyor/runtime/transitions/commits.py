@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from conveyor import __version__
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
-from conveyor.runtime.memo import refusal_ref
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.transitions.outcome import (
     Claim,
@@ -199,9 +198,7 @@ class Commits(Base):
                 status = TaskStatus.REJECTED if f.error_class == "rejected" else TaskStatus.FAILED
                 w.ended.append(Ended(status, f.error_class, full, now, int(o.cached), task.id, task.lease_token))
                 if f.deterministic and not o.cached:
-                    ref = refusal_ref(Failure(f.error_class, False, full, guard=f.guard))
-                    w.outputs.append(NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
-                                               ref.size, task.run_id, now, self.memos[task.stage].code))
+                    w.outputs.append(self.refusal(task, Failure(f.error_class, False, full, guard=f.guard), now))
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
                 w.counts.update(failed=1, cached=int(o.cached))
             elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
@@ -246,16 +243,10 @@ class Commits(Base):
             w.counts["awaiting_review"] += 1
         else:  # settled for this input under this version: memoised, so a re-run does not pay for it again
             w.ended.append(Ended(TaskStatus.FAILED, f.error_class, f.message, now, 0, task.id, task.lease_token))
-            w.outputs.append(self._refusal(task, f.error_class, f.message, now))
+            w.outputs.append(self.refusal(task, Failure(f.error_class, False, f.message), now))
             w.attempts.append(self._attempt(o, "failed", f))
             w.counts["failed"] += 1
         return True
-
-    def _refusal(self, task: ClaimedTask, error_class: str, message: str, now: float) -> NewOutput:
-        """The memo row of a settled refusal (requeue forgets it)."""
-        ref = refusal_ref(Failure(error_class, False, message))
-        return NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size, task.run_id, now,
-                         self.memos[task.stage].code)
 
     def _delay(self, task: ClaimedTask, failure: Failure) -> float:
         if failure.retry_after is not None:

@@ -7,7 +7,6 @@ from collections import Counter
 from conveyor import __version__
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
-from conveyor.runtime.memo import refusal_ref
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.transitions.outcome import ReviewTaken
 from conveyor.runtime.values import Ref
@@ -42,9 +41,7 @@ class Reviews(Base):
                 message = f"rejected by {by}" + (f": {why}" if why else "")
                 done = self.store.reject_reviewed(task.id, message, now)
                 # the decision is the memo's answer for this input: a re-run asks neither the model nor people
-                ref = refusal_ref(Failure("rejected", False, message))
-                self.store.insert_outputs([NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline,
-                                                     ref.size, task.run_id, now, self.memos[task.stage].code)])
+                self.store.insert_outputs([self.refusal(task, Failure("rejected", False, message), now)])
             else:
                 tier = len(stage.accept.tiers) + 1 if stage.accept is not None else task.tier + 1
                 done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
