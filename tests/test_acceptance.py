@@ -404,6 +404,47 @@ def test_each_escalation_try_is_an_attempt_with_its_own_cost(tmp_path: Path, sto
     assert reconciled(store_url, done.run_id)["usage"]["cost"] == pytest.approx(sum(small) + sum(big))
 
 
+FENCED = """
+    import os
+    from conveyor import Pipeline, Retry
+    from conveyor.acceptance import Accept
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+    def provider():
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=5, prices={"sim-1": [1.0, 4.0]})
+
+    pipe = Pipeline("fenced", provider=provider, retry=Retry(max_attempts=1))
+
+    @pipe.stage(version="1", accept=Accept(repair=True))
+    async def extract(ctx, source: bytes):
+        answer = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1", json_mode=True)
+        return answer.text
+"""
+
+
+def test_a_malformed_json_mode_answer_reaches_the_judge_and_is_repaired(
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JSON mode behind an acceptance boundary: a fenced answer is not a provider failure (malformed_output,
+    retried and paid again) but the judge's to repair, once, and the attempt says it was repaired."""
+    pytest.importorskip("openai")
+    from conveyor.providers.simulator import SimConfig, run_simulator
+    from tests.helpers import make_docs
+
+    target = write_pipeline(tmp_path, FENCED)
+    docs = make_docs(tmp_path / "docs", 3, "invoice number {i} total 12 EUR")
+    with run_simulator(SimConfig(seed=1, fenced_rate=1.0)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    store = open_store(store_url)
+    try:
+        rows = store.db.execute("SELECT outcome, error_class, repaired, provider_calls FROM attempts "
+                                "WHERE run_id = ?", (done.run_id,))
+    finally:
+        store.close()
+    assert sorted(tuple(r) for r in rows) == [("succeeded", None, 1, 1)] * 3
+    assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 3}
+
+
 EXTERNAL = """
     import json, os
     from conveyor import Pipeline, Retry

@@ -20,9 +20,9 @@ extract  a chat call asking for a JSON record {"names", "summary", "keywords", "
 publish  the accepted record, its full-text entry and its chunk vectors into the built-in target's
          collection "manuals", in one transaction, as a new version of the page's publication
 
-Why the prompt asks for JSON and the call does not use the provider's JSON mode: a JSON-mode client refuses an
-answer that is not strict JSON before the acceptance boundary sees it (a provider `malformed_output`, retried),
-whereas the boundary repairs what is broken only in its format and records that it did.
+The call uses the provider's JSON mode: behind an acceptance boundary, an answer that is not strict JSON (fenced,
+chatty, cut off) is handed to the boundary as it is (``ctx.chat`` returns it with ``data`` None), which repairs
+what is broken only in its format and records that it did, or refuses it as `invalid_format`.
 
 MANPAGES_PROMPT_VERSION picks the prompt (enrich.PROMPTS): it is part of the extract stage's config, so a bump
 makes new tasks, new answers and, once accepted, new versions of the publications.
@@ -136,7 +136,7 @@ async def extract(ctx, embedded: dict) -> Answer:
         text = ManualRecord(names=[name], summary=f"An alias of {target}.", confidence=1.0).model_dump_json()
         return Answer(text, known={**known, "alias_of": target})
     answer = await ctx.chat(messages(page, PROMPT_VERSION), model=ctx.config["model"], max_tokens=MAX_TOKENS,
-                            prompt_version=PROMPT_VERSION, timeout=CHAT_TIMEOUT)
+                            json_mode=True, prompt_version=PROMPT_VERSION, timeout=CHAT_TIMEOUT)
     return Answer(answer.text, known={**known, "model": answer.model})
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.main import Db, Json, _emit, _store, app
+from conveyor.cli.common import Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing
 from conveyor.store import DEFAULT_DB
 
@@ -25,11 +25,11 @@ def publications(
     from conveyor.service.publications import publications as versions
 
     try:
-        with _store(db, create=False) as store:
+        with store_for(db, create=False) as store:
             data = versions(store, item_key, collection)
     except StoreMissing as exc:
         raise NotFound(f"item {item_key!r} has never been published: {exc}") from None
-    _emit(data, as_json, _render_versions)
+    emit(data, as_json, _render_versions)
 
 
 @app.command()
@@ -46,11 +46,11 @@ def rollback(
     from conveyor.service.publications import rollback as roll_back
 
     try:
-        with _store(db, create=False) as store:
+        with store_for(db, create=False) as store:
             data = roll_back(store, item_key, run_id, collection, by, reason)
     except StoreMissing as exc:
         raise NotFound(f"nothing has been published: {exc}") from None
-    _emit(data, as_json, _render_rolled_back)
+    emit(data, as_json, _render_rolled_back)
 
 
 @app.command()
@@ -66,11 +66,11 @@ def search(
 
     check_search(query, limit)  # a bad query is an error even where nothing is published yet
     try:
-        with _store(db, create=False) as store:
+        with store_for(db, create=False) as store:
             data = find(store, query, collection, limit)
     except StoreMissing:
         data = {"query": query, "collection": collection, "results": []}
-    _emit(data, as_json, _render_hits)
+    emit(data, as_json, _render_hits)
 
 
 def _render_versions(data: dict[str, Any]) -> None:

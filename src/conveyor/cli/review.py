@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.main import DEFAULT_BLOBS, Blobs, Db, Json, _emit, _store
+from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import StoreMissing
 from conveyor.store import DEFAULT_DB
 
@@ -30,11 +30,11 @@ def review_list(
     from conveyor.service.review import review_list as listing
 
     try:
-        with _store(db, create=False) as store:
+        with store_for(db, create=False) as store:
             data = listing(store, run, stage, all_, limit)
     except StoreMissing:
         data = {"reviews": [], "expired": {}}
-    _emit(data, as_json, _render_list)
+    emit(data, as_json, _render_list)
 
 
 @review_app.command("show")
@@ -44,9 +44,9 @@ def review_show(review_id: Annotated[int, typer.Argument(help="review id")], db:
     from conveyor.blobs import open_blobs
     from conveyor.service.review import review_show as show
 
-    with _store(db, create=False) as store:
+    with store_for(db, create=False) as store:
         data = show(store, open_blobs(blobs), review_id)
-    _emit(data, as_json, _render_entry)
+    emit(data, as_json, _render_entry)
 
 
 @review_app.command("approve")
@@ -56,9 +56,9 @@ def review_approve(ids: Ids, by: By = None, why: Why = None, db: Db = DEFAULT_DB
     from conveyor.blobs import open_blobs
     from conveyor.service.review import approve
 
-    with _store(db, create=False) as store:
+    with store_for(db, create=False) as store:
         data = approve(store, open_blobs(blobs), ids, by, why)
-    _emit(data, as_json, _render_decided)
+    emit(data, as_json, _render_decided)
 
 
 @review_app.command("edit")
@@ -71,9 +71,9 @@ def review_edit(
     from conveyor.blobs import open_blobs
     from conveyor.service.review import edit
 
-    with _store(db, create=False) as store:
+    with store_for(db, create=False) as store:
         data = edit(store, open_blobs(blobs), review_id, fields, by, why)
-    _emit(data, as_json, _render_decided)
+    emit(data, as_json, _render_decided)
 
 
 @review_app.command("reject")
@@ -82,9 +82,9 @@ def review_reject(ids: Ids, why: Annotated[str, typer.Option("--why", help="why;
     """Refuse answers: their items end rejected."""
     from conveyor.service.review import reject
 
-    with _store(db, create=False) as store:
+    with store_for(db, create=False) as store:
         data = reject(store, ids, why, by)
-    _emit(data, as_json, _render_decided)
+    emit(data, as_json, _render_decided)
 
 
 def _render_list(data: dict[str, Any]) -> None:
@@ -113,3 +113,6 @@ def _render_decided(data: dict[str, Any]) -> None:
     if any(d["queued"] for d in data["decided"]):
         runs = sorted({d["run_id"] for d in data["decided"]})
         typer.echo(f"carry them on with: conveyor resume {' '.join(runs[:1])}")
+
+
+app.add_typer(review_app, name="review")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,23 +117,24 @@ class AnthropicProvider(AsyncClosing):
         text = "".join(getattr(b, "text", "") for b in done.content if getattr(b, "type", "") == "text")
         stop = done.stop_reason
 
-        def fail(error_class: str, message: str) -> ProviderError:
+        def fail(error_class: str, message: str, answer: Completion | None = None) -> ProviderError:
             return ProviderError(error_class, message, provider=NAME, model=reported, request_id=request_id,
                                  prompt_tokens=prompt, completion_tokens=completion, cost=cost,
-                                 priced=priced)
+                                 priced=priced, answer=answer)
 
         if stop == "refusal":
             raise fail("content_policy", "the model refused to answer (stop_reason=refusal)")
-        data = None
-        if json_mode:
-            if stop == "max_tokens":
-                raise fail("malformed_output", f"JSON cut off at max_tokens after {completion} tokens")
-            data = parse_json_object(text, lenient=True)
-            if data is None:
-                raise fail("malformed_output", f"JSON mode answer is not a JSON object: {text[:120]!r}")
-        return Completion(text=text, data=data, model=reported, prompt_tokens=prompt, completion_tokens=completion,
-                          cost=cost, request_id=request_id, prompt_version=prompt_version, latency=latency,
-                          finish_reason=stop, priced=priced, limits=rate_limits(headers))
+        answer = Completion(text=text, data=None, model=reported, prompt_tokens=prompt, completion_tokens=completion,
+                            cost=cost, request_id=request_id, prompt_version=prompt_version, latency=latency,
+                            finish_reason=stop, priced=priced, limits=rate_limits(headers))
+        if not json_mode:
+            return answer
+        if stop == "max_tokens":
+            raise fail("malformed_output", f"JSON cut off at max_tokens after {completion} tokens", answer)
+        data = parse_json_object(text, lenient=True)
+        if data is None:
+            raise fail("malformed_output", f"JSON mode answer is not a JSON object: {text[:120]!r}", answer)
+        return replace(answer, data=data)
 
     async def embed(self, texts: Sequence[str], *, model: str) -> Embeddings:
         """Always fails: Anthropic has no embeddings endpoint."""

@@ -109,7 +109,8 @@ class ProviderError(Exception):
     malformed_output. Terminal: bad_request, auth, content_policy,
     context_length, not_found. An attempt that was answered (a malformed or
     truncated completion) still carries its usage and cost for accounting, and
-    ``priced`` is False when its model had no price (its ``cost`` is then 0.0)::
+    ``priced`` is False when its model had no price (its ``cost`` is then 0.0);
+    a malformed JSON-mode answer carries the ``answer`` itself (``data`` None)::
 
         raise ProviderError("rate_limited", "429 from openai", retry_after=2.0, status_code=429)
     """
@@ -129,6 +130,7 @@ class ProviderError(Exception):
         completion_tokens: int = 0,
         cost: float = 0.0,
         priced: bool = True,
+        answer: Completion | None = None,
     ) -> None:
         self.error_class = error_class
         self.retryable = error_class in RETRYABLE if retryable is None else retryable
@@ -141,6 +143,9 @@ class ProviderError(Exception):
         self.completion_tokens = completion_tokens
         self.cost = cost
         self.priced = priced
+        # A JSON-mode answer that was answered but is not one JSON object (cut off, fenced, chatty): its text,
+        # so a stage behind an acceptance boundary can hand it to the judge, which may repair its format.
+        self.answer = answer
         self.detail = " ".join(str(message).split())[:500]
         super().__init__(self._line())
 

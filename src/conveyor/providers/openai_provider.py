@@ -7,6 +7,7 @@ SDK exception becomes a ``ProviderError`` (see ``errormap`` for the table).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,24 +111,25 @@ class OpenAIProvider(AsyncClosing):
         finish = choice.finish_reason if choice is not None else None
         refusal = getattr(choice.message, "refusal", None) if choice is not None else None
 
-        def fail(error_class: str, message: str) -> ProviderError:
+        def fail(error_class: str, message: str, answer: Completion | None = None) -> ProviderError:
             return ProviderError(error_class, message, provider=NAME, model=reported, request_id=request_id,
                                  prompt_tokens=prompt, completion_tokens=completion, cost=cost,
-                                 priced=priced)
+                                 priced=priced, answer=answer)
 
         if finish == "content_filter" or refusal:
             raise fail("content_policy", f"the completion was refused or filtered: {refusal or finish}")
-        data = None
-        if json_mode:
-            if finish == "length":
-                raise fail("malformed_output", f"JSON cut off at max_tokens after {completion} tokens")
-            data = parse_json_object(text)
-            if data is None:
-                raise fail("malformed_output", f"JSON mode answer is not a JSON object: {text[:120]!r}")
-        return Completion(text=text, data=data, model=reported, prompt_tokens=prompt, completion_tokens=completion,
-                          cost=cost, request_id=request_id, prompt_version=prompt_version, latency=latency,
-                          finish_reason=finish, revision=getattr(done, "system_fingerprint", None),
-                          priced=priced, limits=rate_limits(headers))
+        answer = Completion(text=text, data=None, model=reported, prompt_tokens=prompt, completion_tokens=completion,
+                            cost=cost, request_id=request_id, prompt_version=prompt_version, latency=latency,
+                            finish_reason=finish, revision=getattr(done, "system_fingerprint", None),
+                            priced=priced, limits=rate_limits(headers))
+        if not json_mode:
+            return answer
+        if finish == "length":
+            raise fail("malformed_output", f"JSON cut off at max_tokens after {completion} tokens", answer)
+        data = parse_json_object(text)
+        if data is None:
+            raise fail("malformed_output", f"JSON mode answer is not a JSON object: {text[:120]!r}", answer)
+        return replace(answer, data=data)
 
     async def embed(self, texts: Sequence[str], *, model: str) -> Embeddings:
         """Vectors for ``texts`` (one request; batch upstream for very large inputs)."""

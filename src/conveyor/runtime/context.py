@@ -23,12 +23,13 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "config", "input_digest", "item_key", "lane", "pipeline",
-                 "run_id", "stage", "task_key", "tier", "usage")
+    __slots__ = ("__dict__", "_services", "attempt", "config", "input_digest", "item_key", "judged", "lane",
+                 "pipeline", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
-                 lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None) -> None:
+                 lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
+                 judged: bool = False) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -43,6 +44,9 @@ class Context:
         # read the model and prompt from ``ctx.config`` so an escalated try uses the stronger ones.
         self.tier = tier
         self.config: dict[str, Any] = dict(config or {})
+        # The stage declares an acceptance boundary: a malformed JSON-mode answer is the judge's to repair or
+        # refuse (invalid_format), so ctx.chat returns it (``data`` None) instead of raising malformed_output.
+        self.judged = judged
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
 
@@ -62,8 +66,18 @@ class Context:
             answer = await ctx.chat([{"role": "user", "content": text}], model="gpt-4o-mini",
                                     json_mode=True, prompt_version="extract-v3")
             return answer.data
+
+        Behind an acceptance boundary (``accept=`` on the stage), a JSON-mode answer that is not one JSON
+        object (fenced, chatty, cut off) comes back as it is, with ``data`` None: return its ``text`` and
+        the judge repairs its format or refuses it as ``invalid_format``.
         """
-        return await self._call("chat", messages, options)
+        try:
+            return await self._call("chat", messages, options)
+        except Exception as exc:
+            answer = getattr(exc, "answer", None)
+            if self.judged and answer is not None and getattr(exc, "error_class", None) == "malformed_output":
+                return answer
+            raise
 
     async def embed(self, texts: Any, **options: Any) -> Any:
         """Embeddings from the pipeline's provider, counted in ``ctx.usage``."""
@@ -80,6 +94,7 @@ class Context:
             "run_id": self.run_id, "item_key": self.item_key, "stage": self.stage, "attempt": self.attempt,
             "task_key": self.task_key, "pipeline": self.pipeline, "input_digest": self.input_digest,
             "idempotency_key": self.idempotency_key, "tier": self.tier, "config": self.config,
+            "judged": self.judged,
         }
 
     def __repr__(self) -> str:

@@ -199,4 +199,4 @@ class Executor:
         config = stage.config if stage.accept is None else stage.accept.config_at(stage.config, task.tier)
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
-                       tier=task.tier, config=dict(config))
+                       tier=task.tier, config=dict(config), judged=stage.accept is not None)

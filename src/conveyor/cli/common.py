@@ -1,0 +1,143 @@
+"""What the command modules share: the app, option types, opening the store, printing, run endings."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from conveyor.blobs import open_blobs
+from conveyor.store import DEFAULT_DB, SqlStore, open_store
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
+
+DEFAULT_BLOBS = ".conveyor/blobs"
+INTERRUPTED = 130
+F = TypeVar("F", bound=Callable[..., Any])
+
+Db = Annotated[str, typer.Option("--db", envvar="CONVEYOR_DB", help="sqlite:///file.db or postgresql://...")]
+Blobs = Annotated[str, typer.Option("--blobs", envvar="CONVEYOR_BLOBS", help="blob folder or file:// URL")]
+Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
+Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:pipeline")]
+Input = Annotated[str, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
+Lane = Annotated[str, typer.Option("--lane", help="bulk, or interactive: claimed first, with a reserved share "
+                                   "of every provider quota")]
+Workers = Annotated[int, typer.Option("--workers", "-w", help="worker processes (default: one per CPU core); "
+                                      "0 runs in this process")]
+SkipBadLines = Annotated[bool, typer.Option(
+    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key becomes a bad_input item "
+    "(keyed MANIFEST:LINE) instead of refusing the submission")]
+StrictInputs = Annotated[bool, typer.Option(
+    "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
+    "item fail with bad_input")]
+ACCEPT_CODE = "--accept-code-change"
+AcceptCode = Annotated[list[str] | None, typer.Option(
+    ACCEPT_CODE, metavar="[STAGE]", help="keep outputs that other code of STAGE made under its current "
+    "version (silences stale_code for it); repeat for more stages; without STAGE, every stage")]
+
+
+@contextmanager
+def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
+    store = open_store(db or DEFAULT_DB, create=create)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        render(data)
+
+
+@contextmanager
+def stage_output_to_stderr() -> Iterator[None]:
+    """While stages run in this process (and its children), file descriptor 1 points at stderr,
+    so whatever stage code prints cannot corrupt the one JSON object on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def check_limits_env() -> None:
+    from conveyor.pipeline import parse_limits
+    from conveyor.pipeline.limits import ENV_VAR
+
+    parse_limits(os.environ.get(ENV_VAR))
+
+
+def writable_blobs(url: str) -> Any:
+    blobs = open_blobs(url)
+    check = getattr(blobs, "check_writable", None)
+    if check is not None:
+        check()
+    return blobs
+
+
+def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None) -> None:
+    """Warnings on stderr, the summary, and the exit code a script can read."""
+    from conveyor.cli import render
+    from conveyor.service.report import exit_code, stale_code_warnings
+
+    if input_label is not None and not summary["expected"]:
+        typer.echo(f"warning: --input {input_label} holds no items; the run expects 0", err=True)
+    if summary.get("resumed"):
+        typer.echo(f"note: finished the submission of run {summary['run_id']}, which had stopped part way "
+                   "(items already submitted were kept, none twice)", err=True)
+    for line in stale_code_warnings(summary.get("stale_code") or []):
+        typer.echo(line, err=True)
+    emit(summary, as_json, render.summary)
+    code = exit_code(summary)
+    if code:
+        raise typer.Exit(code)
+
+
+def resume_hint(run_id: str, db: str, blobs: str) -> str:
+    parts = ["conveyor", "resume", run_id]
+    if db != DEFAULT_DB:
+        parts += ["--db", db]
+    if blobs != DEFAULT_BLOBS:
+        parts += ["--blobs", blobs]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) -> None:
+    hint = command or resume_hint(run_id, db, blobs)
+    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {hint}", err=True)
+    raise typer.Exit(INTERRUPTED)
+
+
+def submit_options(skip_bad_lines: bool, strict_inputs: bool, accept: list[str] | None,
+                    resume: str | None = None) -> Any:
+    from conveyor.service.submit import SubmitOptions
+
+    return SubmitOptions(skip_bad_lines=skip_bad_lines, strict_inputs=strict_inputs, resume=resume,
+                         accept_code_change=tuple(accept or ()))
+
+
+def stages_progress(as_json: bool) -> Any:
+    from conveyor.cli import render
+
+    return render.progress(bars=not as_json)
+
+
+def default_workers() -> int:
+    from conveyor.service.runs import default_workers as one_per_core
+
+    return one_per_core()

@@ -1,0 +1,106 @@
+"""``conveyor status``, ``quota``, ``reconcile`` and ``diff``: what runs did (they only read)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from conveyor.blobs import open_blobs
+from conveyor.cli.common import (
+    DEFAULT_BLOBS,
+    Blobs,
+    Db,
+    Json,
+    app,
+    emit,
+    store_for,
+)
+from conveyor.errors import NotFound, StoreMissing
+from conveyor.store import DEFAULT_DB
+
+
+@app.command()
+def status(
+    run_id: Annotated[str | None, typer.Argument(help="a run id; default: the recent runs")] = None,
+    db: Db = DEFAULT_DB, as_json: Json = False,
+) -> None:
+    """Per-stage progress of one run, or a list of recent runs."""
+    from conveyor.cli import render
+    from conveyor.service.report import find_run, list_status, status_report
+
+    try:
+        with store_for(db, create=False) as store:
+            data = status_report(store, find_run(store, run_id)) if run_id else list_status(store)
+    except StoreMissing as exc:
+        if run_id:
+            raise NotFound(f"no run {run_id!r}: {exc}") from None
+        data = {"runs": []}
+    emit(data, as_json, render.status)
+
+
+@app.command()
+def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+    """What the fleet holds of each provider model's limit in the current window, and any pause."""
+    from conveyor.cli import render
+    from conveyor.runtime.quota import window_seconds
+    from conveyor.service.report import quota_report
+
+    try:
+        with store_for(db, create=False) as store:
+            data = quota_report(store)
+    except StoreMissing:
+        data = {"window_s": window_seconds(), "models": []}
+    emit(data, as_json, render.quota)
+
+
+@app.command()
+def reconcile(
+    run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
+    as_json: Json = False,
+    sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
+                                        "quality sample (0: none)")] = 3,
+    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
+                                                     "this field of the accepted record (dotted path); repeat "
+                                                     "for more")] = None,
+    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
+) -> None:
+    """Every expected item with its outcome, cost per accepted item and a quality sample; exits 3 when items
+    are unaccounted or not done, 4 when some failed or were rejected, 5 when some await review."""
+    from conveyor.cli import render
+    from conveyor.service.records import SampleOptions
+    from conveyor.service.report import exit_code, find_run
+    from conveyor.service.report import reconcile as reconcile_run
+
+    options = SampleOptions(sample, tuple(slices or ()), seed)
+    try:
+        with store_for(db, create=False) as store:
+            data = reconcile_run(store, find_run(store, run_id), blobs=open_blobs(blobs), sample=options)
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_id!r}: {exc}") from None
+    emit(data, as_json, render.reconciliation)
+    code = exit_code(data)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def diff(
+    run_a: Annotated[str, typer.Argument(help="the earlier run")],
+    run_b: Annotated[str, typer.Argument(help="the later run (a reprocess)")],
+    limit: Annotated[int, typer.Option("--limit", min=0, help="items listed (counts cover every item)")] = 1000,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+) -> None:
+    """What a reprocess changed, per item: new, removed, changed (field by field), unchanged, newly failing,
+    newly accepted."""
+    from conveyor.cli import render
+    from conveyor.service.diff import diff_runs
+
+    try:
+        with store_for(db, create=False) as store:
+            data = diff_runs(store, open_blobs(blobs), run_a, run_b, limit)
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_a!r}: {exc}") from None
+    emit(data, as_json, render.diff)
+
+

@@ -1,0 +1,161 @@
+"""``conveyor run``, ``resume``, ``submit`` and ``worker``: processing runs."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+
+from conveyor.cli.common import (
+    DEFAULT_BLOBS,
+    AcceptCode,
+    Blobs,
+    Db,
+    Input,
+    Json,
+    Lane,
+    SkipBadLines,
+    StrictInputs,
+    Target,
+    Workers,
+    app,
+    check_limits_env,
+    default_workers,
+    emit,
+    finish_run,
+    interrupted,
+    stage_output_to_stderr,
+    stages_progress,
+    store_for,
+    submit_options,
+    writable_blobs,
+)
+from conveyor.errors import NotFound, StoreMissing, UserError
+from conveyor.store import DEFAULT_DB, open_store
+
+
+@app.command()
+def run(
+    target: Target, input: Input, workers: Workers = default_workers(),
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+) -> None:
+    """Submit INPUT and process it to completion; print the reconciliation."""
+    from conveyor.runtime.target import load_target
+    from conveyor.service.runs import Interrupted, RunOptions, run_pipeline
+
+    pipeline = load_target(target)
+    check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
+    blob_store = writable_blobs(blobs)
+    options = RunOptions(workers=workers, lane=lane,
+                         submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+    with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
+        try:
+            summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
+        except Interrupted as exc:
+            interrupted(exc.run_id, db, blobs)
+    finish_run(summary, as_json, input)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="the run to finish")], workers: Workers = default_workers(),
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+) -> None:
+    """Finish a run: its submission, if that stopped part way, then its tasks; print the reconciliation."""
+    from conveyor.service.runs import Interrupted, RunOptions, resume_run
+
+    check_limits_env()
+    options = RunOptions(workers=workers, submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+    try:
+        store = open_store(db or DEFAULT_DB, create=False)
+    except StoreMissing as exc:
+        raise NotFound(f"no run {run_id!r}: {exc}") from None
+    store.close()
+    with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
+        blob_store = writable_blobs(blobs)  # after the store: resuming in a folder with no store creates nothing
+        try:
+            summary = resume_run(run_id, store, blob_store, options, progress)
+        except Interrupted as exc:
+            interrupted(exc.run_id, db, blobs)
+    finish_run(summary, as_json)
+
+
+@app.command()
+def submit(
+    target: Target,
+    input: Annotated[str | None, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
+    = None,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
+    skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+    resume_run: Annotated[str | None, typer.Option("--resume", metavar="RUN", help="finish the submission of "
+                                                   "RUN, which stopped part way (its input is read again)")] = None,
+) -> None:
+    """Create a run without processing it; print its id."""
+    from conveyor.runtime.target import load_target
+    from conveyor.service.report import stale_code_warnings
+    from conveyor.service.runs import sigterm_as_interrupt
+    from conveyor.service.submit import submit as submit_run
+
+    pipeline = load_target(target)
+    blob_store = writable_blobs(blobs)
+    options = submit_options(skip_bad_lines, strict_inputs, accept_code_change, resume_run)
+    with store_for(db) as store:
+        source = input
+        if resume_run is not None:
+            from conveyor.service.report import find_run
+
+            source = source or find_run(store, resume_run).input
+        if source is None:
+            raise UserError("give --input PATH (or --resume RUN to finish a submission that stopped)")
+        started: list[str] = []
+        try:
+            with sigterm_as_interrupt():
+                done = submit_run(pipeline, target, source, store, blob_store, lane=lane, options=options,
+                                  on_run=started.append)
+        except KeyboardInterrupt:
+            if started and store.get_run(started[-1]) is not None:
+                again = [a for a in sys.argv[1:] if a != "--json"]
+                if "--resume" not in again:
+                    again += ["--resume", started[-1]]
+                interrupted(started[-1], db, blobs, " ".join(shlex.quote(a) for a in ["conveyor", *again]))
+            raise
+    if not done.expected:
+        typer.echo(f"warning: --input {source} holds no items; the run expects 0", err=True)
+    for line in stale_code_warnings(done.stale_code):
+        typer.echo(line, err=True)
+    data = {"run_id": done.run_id, "expected": done.expected, "cached": done.cached, "resumed": done.resumed,
+            "stale_code": done.stale_code}
+    emit(data, as_json, lambda d: typer.echo(d["run_id"]))
+
+
+@app.command()
+def worker(
+    target: Target,
+    until_idle: Annotated[bool, typer.Option("--until-idle", help="exit when no task is left")] = False,
+    run_id: Annotated[str | None, typer.Option("--run", help="only this run's tasks")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 1000,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Process tasks from the shared store; run as many as you like, anywhere."""
+    from conveyor.runtime.target import load_target
+    from conveyor.runtime.worker import Worker, WorkerOptions
+
+    pipeline = load_target(target)
+    open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
+    blob_store = writable_blobs(blobs)
+    # A fleet started by `run` is --quiet: the run itself says what its workers found, once.
+    options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size, warn_stale_code=not quiet)
+    with stage_output_to_stderr():
+        stats = Worker(pipeline, target, db, blob_store, options).run()
+    data = {"worker": "done", **dict(stats)}
+    if as_json:
+        emit(data, True, lambda d: None)
+    elif not quiet:
+        typer.echo(" ".join(f"{k}={v}" for k, v in sorted(stats.items())), err=True)
+
+
