@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import anthropic

@@ -7,8 +7,8 @@ SDK exception becomes a ``ProviderError`` (see ``errormap`` for the table).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import openai
