@@ -316,7 +316,8 @@ def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: 
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from conveyor.runtime import target as target_module
     from conveyor.runtime.target import load_target
-    from conveyor.service.report import requeue
+    from conveyor.blobs import open_blobs
+    from conveyor.service.replay import requeue
 
     sink = tmp_path / "sink.log"
     monkeypatch.setenv("SINK", str(sink))
@@ -334,8 +335,8 @@ def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: 
     fixed = write_pipeline(tmp_path, REQUEUE, name="pipe_fixed.py")
     store = open_store(store_url)
     try:
-        done = requeue(load_target(fixed), store, run.run_id, "parse", "parser fixed in v2", ("failed",),
-                       "unparseable", "1")
+        done = requeue(load_target(fixed), store, open_blobs(str(tmp_path / "blobs")), run.run_id, "parse",
+                       "parser fixed in v2", ("failed",), "unparseable", "1")
     finally:
         store.close()
     assert done["requeued"] == 2

@@ -69,7 +69,8 @@ STATE_CHANGES = ("claim", "claim_suspect", "renew_leases", "release", "mark_succ
                  "requeue_crashed", "insert_tasks", "insert_items", "insert_outputs", "insert_dead_letters",
                  "insert_attempts", "requeue", "replay_dead_letters", "copy_settled", "add_notices",
                  "note_lost_workers", "mark_escalated", "mark_awaiting_review", "insert_reviews", "decide_review",
-                 "accept_reviewed", "reject_reviewed", "escalate_reviewed", "set_item_meta")
+                 "accept_reviewed", "reject_reviewed", "escalate_reviewed", "set_item_meta", "insert_provenance",
+                 "forget_provenance", "copy_provenance")
 
 
 def test_one_module_owns_every_task_state_change() -> None:

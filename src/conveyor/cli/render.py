@@ -278,3 +278,56 @@ def quota(data: dict[str, Any]) -> None:
         table.add_row(m["key"], f"{m['tokens']:,}", str(m["requests"]), str(m["in_flight"]),
                       "yes" if m.get("interactive_active") else "", paused)
     out.print(table)
+
+
+def selection(data: dict[str, Any]) -> None:
+    """The selected tasks as a table, then the counts."""
+    table = Table(title=f"{data['count']:,} task(s)" + (f", the first {len(data['items']):,}" if data["truncated"]
+                                                         else ""))
+    for column in ("run", "item", "stage", "status", "error class", "provenance"):
+        table.add_column(column)
+    for t in data["items"]:
+        shown = {k: v for k, v in t["provenance"].items() if k not in ("config_hash", "code", "source") and v}
+        table.add_row(t["run_id"], escape(t["item_key"]), t["stage"], t["status"], t["error_class"] or "",
+                      escape(", ".join(f"{k}={v}" for k, v in shown.items())))
+    out.print(table)
+    counts = data.get("counts")
+    if counts:
+        out.print("by stage: " + (", ".join(f"{k} {v:,}" for k, v in counts["stages"].items()) or "none"))
+        out.print(f"items: {counts['items']:,}; by outcome: "
+                  + (", ".join(f"{k} {v:,}" for k, v in counts["outcomes"].items()) or "none"))
+
+
+def replay(data: dict[str, Any]) -> None:
+    """What a replay re-opened (or would), per stage, and what processing it came to."""
+    head = "dry run: would re-open" if data["dry_run"] else f"replay {data['replay_id']} re-opened"
+    out.print(f"[bold]{head} {data['reopened']:,} task(s)[/] of {data['selected']:,} selected ({data['reason']}"
+              + (f": {escape(data['note'])}" if data["note"] else "") + ")"
+              + (f", superseding {data['superseded']:,} downstream" if data["superseded"] else ""))
+    table = Table()
+    for column in ("stage", "re-open", "memo answers", "will run", "superseded"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for stage, c in data["stages"].items():
+        table.add_row(stage, f"{c['reopen']:,}", f"{c['memo']:,}", f"{c['run']:,}", f"{c['superseded']:,}")
+    if data["stages"]:
+        out.print(table)
+    if data["skipped"]:
+        out.print("left as they are: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in data["skipped"].items()))
+    forecast = data.get("forecast")
+    if forecast:
+        _forecast(forecast)
+    for summary_ in data.get("processed") or []:
+        reconciliation(summary_)
+
+
+def _forecast(forecast: dict[str, Any]) -> None:
+    cost = forecast.get("cost")
+    seconds = forecast.get("seconds")
+    line = (f"forecast: {forecast['tokens']:,.0f} tokens" if forecast.get("tokens") is not None else "forecast:")
+    if cost is not None:
+        line += f", ${cost:.4f}"
+        if forecast.get("cost_margin") is not None:
+            line += f" (± ${forecast['cost_margin']:.4f})"
+    if seconds is not None:
+        line += f", about {_clock(seconds)}"
+    out.print(line + f" ({forecast['basis']})")

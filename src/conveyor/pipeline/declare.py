@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,6 +43,9 @@ class Stage:
     # A publish stage's destination: a collection of the built-in target (its function returns a Record),
     # or an external Target (published once per idempotency key).
     into: str | Target | None = None
+    # Versions of what makes its output that are not its code (a parser library, a schema): recorded as the
+    # output's provenance and part of its identity, so a new value runs the stage again.
+    provenance: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def guarded(self) -> bool:
@@ -57,6 +61,8 @@ class Stage:
             identity["\u00a7accept"] = self.accept.identity()
         if self.into is not None:
             identity["\u00a7into"] = self.into if isinstance(self.into, str) else type(self.into).__qualname__
+        if self.provenance:
+            identity["\u00a7provenance"] = dict(self.provenance)
         object.__setattr__(self, "config_hash", config_hash(self.name, identity))
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
@@ -123,6 +129,7 @@ class Pipeline:
         name: str | None = None,
         accept: Accept | None = None,
         into: str | Target | None = None,
+        provenance: Mapping[str, Any] | None = None,
     ) -> Any:
         """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``."""
 
@@ -141,6 +148,7 @@ class Pipeline:
                 config=dict(config or {}),
                 accept=_accept(accept),
                 into=_collection(into, kind),
+                provenance=declared_provenance(name or func.__name__, provenance),
             )
             self._add(stage)
             return stage
@@ -242,6 +250,36 @@ def _check_json_like(stage: str, where: str, value: Any) -> None:
     raise PipelineError(f"stage {stage!r}: {where} is a {type(value).__name__}; config values must be JSON-like "
                         "(str, number, bool, None, lists and dicts with str keys) so that their hash is the same in "
                         "every process")
+
+
+# Provenance names conveyor records itself (or reads from a task's columns): a stage cannot declare them.
+BUILTIN_PROVENANCE = frozenset({"stage_version", "version", "config_hash", "code", "source", "model", "revision",
+                                "prompt_version"})
+PROVENANCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def provenance_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a provenance value, or None."""
+    if not isinstance(name, str) or not PROVENANCE_NAME.fullmatch(name):
+        return f"{name!r} is not a provenance name (a letter or _, then letters, digits, _ . -; at most 64)"
+    if name in BUILTIN_PROVENANCE:
+        return f"{name!r} is recorded by conveyor itself ({', '.join(sorted(BUILTIN_PROVENANCE))})"
+    return None
+
+
+def declared_provenance(stage: str, provenance: Mapping[str, Any] | None) -> dict[str, str]:
+    """``provenance={"parser": "1.24.9"}`` checked: names as ``provenance_name_problem`` allows, values
+    strings or numbers (kept as text; they compare as versions)."""
+    checked: dict[str, str] = {}
+    for name, value in (provenance or {}).items():
+        problem = provenance_name_problem(name)
+        if problem:
+            raise PipelineError(f"stage {stage!r}: provenance {problem}")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value) == "":
+            raise PipelineError(f"stage {stage!r}: provenance[{name!r}] is {value!r}; give a version as a "
+                                "non-empty string (\"1.24.9\") or a number")
+        checked[name] = str(value)
+    return checked
 
 
 def _accept(accept: Accept | None) -> Accept | None:

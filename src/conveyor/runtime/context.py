@@ -24,7 +24,7 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "config", "input_digest", "item_key", "judged", "lane",
-                 "pipeline", "run_id", "stage", "task_key", "tier", "usage")
+                 "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
@@ -47,6 +47,11 @@ class Context:
         # The stage declares an acceptance boundary: a malformed JSON-mode answer is the judge's to repair or
         # refuse (invalid_format), so ctx.chat returns it (``data`` None) instead of raising malformed_output.
         self.judged = judged
+        # Versions of what made this output that the stage learns as it runs (a parser library's, a schema's):
+        # ``ctx.provenance["parser"] = pdfparser.__version__``. Recorded with the attempt and the output, and
+        # selectable (`conveyor select --where "parser < 1.24.10"`); declare fixed ones with provenance= on the
+        # stage instead, which also makes a new value run the stage again.
+        self.provenance: dict[str, Any] = {}
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
 

@@ -27,6 +27,7 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
 from conveyor.runtime.guard import GuardedPool
+from conveyor.runtime.provenance import document
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
@@ -50,6 +51,13 @@ async def _contained(call: Awaitable[Any]) -> Any:
         raise
     except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
         raise StageExit(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _made_by(outcome: Outcome, stage: Stage, runtime: dict[str, Any] | None) -> Outcome:
+    """``outcome`` with the provenance of what made it: the stage's declared versions, the ones it set in
+    ``ctx.provenance`` and the models it called."""
+    outcome.provenance = document(stage, runtime, outcome.usage)
+    return outcome
 
 
 def _guarded_failure(stage: Stage, failure: Failure | None) -> Failure:
@@ -96,12 +104,14 @@ class Executor:
             value = self.load(task)
         except Exception as exc:  # any failure to read input is the task's failure
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
+        ctx = self.context(task)
         try:
-            result = stage.fn(self.context(task), value)
-            return self.settle(task, stage, value, result, started, time.perf_counter() - t0)
+            result = stage.fn(ctx, value)
+            outcome = self.settle(task, stage, value, result, started, time.perf_counter() - t0)
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            return Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
+            outcome = Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
+        return _made_by(outcome, stage, ctx.provenance)
 
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0, invoked = self.clock(), time.perf_counter(), False
@@ -113,8 +123,8 @@ class Executor:
                     return
                 invoked, t0 = True, time.perf_counter()
                 result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
-            finish(await asyncio.to_thread(self.settle, task, stage, value, result, started,
-                                           time.perf_counter() - t0, ctx.usage))
+            finish(_made_by(await asyncio.to_thread(self.settle, task, stage, value, result, started,
+                                                    time.perf_counter() - t0, ctx.usage), stage, ctx.provenance))
         except asyncio.CancelledError:
             raise
         except ProviderUnavailable as exc:
@@ -125,7 +135,8 @@ class Executor:
             failure = classify(cause, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
                 failure = Failure("timeout", True, f"stage {stage.name} exceeded its {stage.timeout:g}s timeout")
-            finish(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure, usage=ctx.usage))
+            finish(_made_by(Outcome(task, started, time.perf_counter() - t0, invoked, failure=failure,
+                                    usage=ctx.usage), stage, ctx.provenance))
 
     async def run_guarded(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0 = self.clock(), time.perf_counter()
@@ -139,15 +150,15 @@ class Executor:
         result = await self._guarded_pool().call(stage.name, value, self.context(task).fields(),
                                                  timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
         if not result.ok:
-            finish(Outcome(task, started, result.duration, True, failure=_guarded_failure(stage, result.failure)))
+            finish(_made_by(Outcome(task, started, result.duration, True,
+                                    failure=_guarded_failure(stage, result.failure)), stage, None))
             return
         try:
             outcome = await asyncio.to_thread(self.settle, task, stage, value, result.value, started, result.duration)
         except Exception as exc:
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
-            finish(Outcome(task, started, result.duration, True, failure=failure))
-            return
-        finish(outcome)
+            outcome = Outcome(task, started, result.duration, True, failure=failure)
+        finish(_made_by(outcome, stage, result.provenance))
 
     def _guarded_pool(self) -> GuardedPool:
         if self._pool is None:

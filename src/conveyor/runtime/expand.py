@@ -16,9 +16,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime import provenance
 from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.values import Ref, parse_fanout
 from conveyor.store import CHILD_MARK, NewItem, NewTasks, SqlStore
+from conveyor.store.provenance import rows_for
 
 # Lanes, by claim order: an interactive run's tasks are claimed before any bulk task.
 LANE_RANKS = {"interactive": 0, "bulk": 1}
@@ -94,6 +96,7 @@ class Expander:
         self._lane_ranks: dict[str, int] = {}
         self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
         self.has_fanout = any(s.kind == "fanout" for s in pipeline)
+        self._provenance_bases: dict[str, bool] = {}
 
     @property
     def memos(self) -> dict[str, StageMemo]:
@@ -151,6 +154,12 @@ class Expander:
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
         return self._bases[run_id]
 
+    def base_has_provenance(self, base: str) -> bool:
+        """Whether a run copied from holds provenance rows to copy with its tasks (asked once per base run)."""
+        if base not in self._provenance_bases:
+            self._provenance_bases[base] = self.store.has_provenance(base)
+        return self._provenance_bases[base]
+
     def plan(
         self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
     ) -> tuple[NewTasks, list[NewItem], int]:
@@ -184,9 +193,11 @@ class Expander:
                                    ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
                     continue
                 cached += 1
-                _, kind, digest, inline, size, code = hit
+                _, kind, digest, inline, size, code, made_by = hit
                 if code is not None and code != p.memo.code:
                     self.stale[run_id, stage] += 1
+                if made_by is not None:  # the answer is the output of a call with a provenance: the task has it
+                    tasks.provenance += rows_for(run_id, root_key, item_key, stage, provenance.decode(made_by) or {})
                 if failure is not None:
                     # A memoised refusal keeps its input: `conveyor requeue` may run it again.
                     refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,

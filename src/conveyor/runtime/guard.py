@@ -48,6 +48,7 @@ class GuardedResult:
     value: Any
     failure: Failure | None
     duration: float
+    provenance: dict[str, Any] | None = None  # what the stage set in the child's ``ctx.provenance``
 
 
 def _child_main(conn: Connection, target: str) -> None:
@@ -78,8 +79,10 @@ def _serve(pipeline: Pipeline, raw: bytes) -> tuple[str, Any]:
     except PipelineError as exc:
         return "error", classify(exc, (PipelineError,), traceback.format_exc())
     try:
+        ctx = Context(**ctx_fields)
         with _address_space_limit(max_memory_bytes):
-            return "ok", stage.fn(Context(**ctx_fields), value)
+            result = stage.fn(ctx, value)
+        return "ok", (result, dict(ctx.provenance))
     except BaseException as exc:  # SystemExit too: it must not end the child
         return "error", classify(exc, stage.retry.terminal, traceback.format_exc())
 
@@ -201,7 +204,8 @@ class GuardedPool:
             else:
                 child.reap()
         if status == "ok":
-            return GuardedResult(True, payload, None, duration)
+            result, provenance = payload
+            return GuardedResult(True, result, None, duration, provenance)
         return GuardedResult(False, None, payload, duration)
 
     async def close(self) -> None:

@@ -75,13 +75,15 @@ class Services:
 
     @staticmethod
     async def _counted(provider: Any, method: str, payload: Any, options: dict[str, Any], usage: Usage) -> Any:
+        asked = options.get("model")
         try:
             result = await getattr(provider, method)(payload, **options)
         except Exception as exc:
             if getattr(exc, "error_class", None) is not None:
-                usage.add(exc, options.get("prompt_version"))  # a rejected answer still cost tokens
+                # A rejected answer still cost tokens (and a malformed one is an answer: its revision counts).
+                usage.add(getattr(exc, "answer", None) or exc, options.get("prompt_version"), asked)
             raise
-        usage.add(result, options.get("prompt_version"))
+        usage.add(result, options.get("prompt_version"), asked)
         return result
 
     async def close(self) -> None:
@@ -148,8 +150,10 @@ class Usage:
     models: set[str] = field(default_factory=set)
     prompt_versions: set[str] = field(default_factory=set)
     unpriced_calls: int = 0
+    requested: set[str] = field(default_factory=set)  # the models the stage asked for (their names in its code)
+    revisions: set[str] = field(default_factory=set)  # what the provider said answered: model, and fingerprint
 
-    def add(self, result: Any, prompt_version: str | None = None) -> None:
+    def add(self, result: Any, prompt_version: str | None = None, requested: Any = None) -> None:
         self.calls += 1
         self.prompt_tokens += int(getattr(result, "prompt_tokens", 0) or 0)
         self.completion_tokens += int(getattr(result, "completion_tokens", 0) or 0)
@@ -159,5 +163,9 @@ class Usage:
         model = getattr(result, "model", None)
         if model:
             self.models.add(str(model))
+            fingerprint = getattr(result, "revision", None)
+            self.revisions.add(f"{model}/{fingerprint}" if fingerprint else str(model))
+        if requested:
+            self.requested.add(str(requested))
         if prompt_version:
             self.prompt_versions.add(prompt_version)

@@ -409,5 +409,6 @@ class Worker:
 def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:
     """``task`` answered by ``done``, the outcome of another task with the same key."""
     if done.verdict is not None and done.failure is not None:  # a refused answer: routed for each task
-        return Outcome(task, now, 0.0, False, failure=done.failure, verdict=done.verdict, candidate=done.candidate)
-    return Outcome(task, now, 0.0, False, done.output, cached=True, failure=done.failure)
+        return Outcome(task, now, 0.0, False, failure=done.failure, verdict=done.verdict, candidate=done.candidate,
+                       provenance=done.provenance)
+    return Outcome(task, now, 0.0, False, done.output, cached=True, failure=done.failure, provenance=done.provenance)

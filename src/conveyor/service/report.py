@@ -9,7 +9,6 @@ from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
-from conveyor.pipeline import Pipeline
 from conveyor.runtime import transitions
 from conveyor.runtime.heartbeat import stopped
 from conveyor.service.records import RunGraph, SampleOptions, quality_sample
@@ -239,36 +238,6 @@ def dlq_show(store: SqlStore, dead_letter_id: int) -> dict[str, Any]:
     if entry is None:
         raise NotFound(f"no dead letter {dead_letter_id}; `conveyor dlq list` shows their ids")
     return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
-
-
-def requeue(
-    pipeline: Pipeline, store: SqlStore, run_id: str, stage: str, reason: str,
-    statuses: Sequence[str] = ("failed", "dead_lettered"), error_class: str | None = None,
-    stage_version: str | None = None,
-) -> dict[str, Any]:
-    """Run a selection of ended tasks again under the stage's current version and config.
-
-    "re-run extract where it failed with http_400 under version 3" is::
-
-        requeue(pipe, store, run_id, "extract", "prompt fixed", ("failed",), "http_400", "3")
-
-    Each task gets a fresh attempt budget and a task key for the current code; its memoised
-    refusal is forgotten; the reason is recorded in its attempt history.
-    """
-    if not reason.strip():
-        raise UserError("a requeue needs --reason \"why\"; it is recorded with each task")
-    run = find_run(store, run_id)
-    if run.pipeline != pipeline.name:
-        raise UserError(f"run {run_id} belongs to pipeline {run.pipeline!r}, not {pipeline.name!r}; "
-                        "give the TARGET that declares it")
-    spec = pipeline[stage]
-    wrong = sorted(set(statuses) - {"failed", "dead_lettered"})
-    if wrong:
-        raise UserError(f"--status {wrong[0]!r}: only failed and dead_lettered tasks can be requeued")
-    requeued, unreadable = transitions.requeue(store, pipeline, run_id, stage, reason, statuses, error_class,
-                                               stage_version, store.clock())
-    return {"run_id": run_id, "stage": stage, "requeued": requeued, "stage_version": spec.version, "reason": reason,
-            "bad_input_skipped": unreadable}
 
 
 def dlq_replay(

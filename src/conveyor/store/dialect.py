@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +43,11 @@ class Dialect(Protocol):
     max_params: int
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def glob(self, pattern: str) -> tuple[str, str]:
+        """The operator and the parameter that match a text column against a shell-style ``pattern`` (``*``,
+        ``?``, ``[abc]``, ``[!abc]``; case-sensitive): ``f"item_key {op} ?"``."""
+        ...
 
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
@@ -127,11 +133,16 @@ class SqliteDialect:
     name = "sqlite"
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
-        "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX}
+        "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
+        "bytes_order": ""}
     skip_locked = ""
     max_params = 30000
     local_clock = True
     wakes_on_notify = False
+
+    @staticmethod
+    def glob(pattern: str) -> tuple[str, str]:
+        return "GLOB", pattern.replace("[!", "[^")  # SQLite's GLOB is the shell's, but a set's complement is [^abc]
 
     def __init__(self, path: str) -> None:
         import sqlite3
@@ -231,7 +242,7 @@ class PostgresDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
-        "publication_text_index": POSTGRES_TEXT_INDEX}
+        "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"'}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     max_params = 60000
     local_clock = False
@@ -246,6 +257,10 @@ class PostgresDialect:
         self._listener: Any = None
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
+
+    @staticmethod
+    def glob(pattern: str) -> tuple[str, str]:
+        return "~", glob_regex(pattern)
 
     def _sql(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -336,3 +351,33 @@ class PostgresDialect:
         if self._listener is not None:
             self._listener.close()
         self.conn.close()
+
+
+def glob_regex(pattern: str) -> str:
+    """A shell-style pattern as an anchored regular expression (PostgreSQL's ``~``): ``*`` any run, ``?`` one
+    character, ``[abc]`` / ``[!abc]`` a set or its complement; everything else literal."""
+    out, i, n = ["^"], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[" and (end := _set_end(pattern, i)) > 0:
+            body = pattern[i:end]
+            negate = body[:1] in ("!", "^")
+            body = body[1:] if negate else body
+            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+    return "".join(out) + "$"
+
+
+def _set_end(pattern: str, start: int) -> int:
+    """Where the set opened before ``start`` closes (a ``]`` first in the set is a member), or -1."""
+    i = start + (1 if pattern[start:start + 1] in ("!", "^") else 0)
+    i += 1 if pattern[i:i + 1] == "]" else 0
+    end = pattern.find("]", i)
+    return end

@@ -15,6 +15,9 @@ class TaskStatus(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     AWAITING_REVIEW = "awaiting_review"  # its answer waits for people; no lease is held
     REJECTED = "rejected"  # a reviewer (or a review deadline) refused its answer
+    # Replaced: a replay re-opened a task before it on its item, so it waits to be made again from the new
+    # input (the successor that commit creates takes its row); it is no part of the item's outcome until then.
+    SUPERSEDED = "superseded"
 
 
 OPEN_STATUSES = (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
@@ -50,7 +53,7 @@ class NewTasks:
       the root task of an item whose source could not be read (bad_input), failed without an attempt
     """
 
-    __slots__ = ("bad", "cached", "failed", "queued", "running")
+    __slots__ = ("bad", "cached", "failed", "provenance", "queued", "running")
 
     def __init__(self) -> None:
         self.queued: list[tuple[Any, ...]] = []
@@ -58,6 +61,9 @@ class NewTasks:
         self.cached: list[tuple[Any, ...]] = []
         self.failed: list[tuple[Any, ...]] = []
         self.bad: list[tuple[Any, ...]] = []
+        # Provenance rows (store/provenance.py ProvenanceRow) of the tasks answered from the memo: the
+        # provenance of the output they reuse.
+        self.provenance: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
         return len(self.queued) + len(self.running) + len(self.cached) + len(self.failed) + len(self.bad)
@@ -149,9 +155,10 @@ class PlainAttempt(NamedTuple):
     worker: str
     lease_token: int
     stage_version: str
-    code_version: str
+    code_version: str  # the fingerprint of the stage's code (runtime/fingerprint.py)
     started_at: float
     duration: float
+    config_hash: str
 
 
 class Notice(NamedTuple):
@@ -184,6 +191,7 @@ class StoredOutput(NamedTuple):
     inline: bytes | None
     size: int
     code: str | None = None  # the fingerprint of the stage code that made it
+    provenance: str | None = None  # its provenance document, JSON (runtime/provenance.py)
 
 
 class NewOutput(NamedTuple):
@@ -198,6 +206,7 @@ class NewOutput(NamedTuple):
     run_id: str
     created_at: float
     code: str | None = None  # the fingerprint of the stage code that made it
+    provenance: str | None = None  # its provenance document, JSON (runtime/provenance.py)
 
 
 class NewPublication(NamedTuple):
@@ -257,6 +266,8 @@ class AttemptRecord(NamedTuple):
     tier: int | None = None  # the escalation tier of an attempt judged by an acceptance boundary
     repaired: int | None = None  # 1: its answer's format was repaired before it was judged
     confidence: float | None = None  # the answer's confidence, when the stage declares one
+    config_hash: str | None = None  # the stage's config hash when it ran (a replay may re-key the task)
+    provenance: str | None = None  # its provenance document, JSON (runtime/provenance.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ Types are spelled with placeholders that each dialect fills in:
 ``{byte_ordered_keys}`` makes item keys compare byte by byte (PostgreSQL's
 ``COLLATE "C"``; SQLite compares bytes already), so a root's fan-out
 descendants are one index range whatever the database's locale;
+``{bytes_order}`` after a column's type makes it compare byte by byte too (for new tables);
 ``{publication_text_index}`` is the full-text index of the live publications
 (an FTS5 table on SQLite, a tsvector column with a GIN index on PostgreSQL).
 Timestamps are epoch seconds (float) so the clock can be passed in.
@@ -329,6 +330,55 @@ CREATE TABLE publication_vectors (
     PRIMARY KEY (publication_id, n)
 );
 {publication_text_index}
+""",
+    ),
+    (
+        9,
+        "provenance as indexed rows, replays, budgets and pauses, an index of the tasks that did not succeed",
+        """
+-- What made each task's output, beyond its stage_version and config_hash columns and its item's source digest:
+-- the model asked for and the revision the provider reported, the prompt version, the versions a stage
+-- declares or sets. One row per (task, name, value); sort_key orders values as versions (1.24.9 < 1.24.10).
+CREATE TABLE provenance (
+    run_id TEXT NOT NULL,
+    root_key TEXT{bytes_order} NOT NULL,
+    item_key TEXT{bytes_order} NOT NULL,
+    stage TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    sort_key TEXT{bytes_order} NOT NULL,
+    PRIMARY KEY (run_id, root_key, item_key, stage, name, value)
+);
+CREATE INDEX provenance_values ON provenance (run_id, name, sort_key);
+-- An attempt's config hash (the task's may change when a replay runs it under new config) and its provenance
+-- document (JSON, NULL when it has nothing beyond its columns); a memoised output's document, which a memo
+-- answer carries over to the task it answers.
+ALTER TABLE attempts ADD COLUMN config_hash TEXT;
+ALTER TABLE attempts ADD COLUMN provenance TEXT;
+ALTER TABLE outputs ADD COLUMN provenance TEXT;
+-- Replays: selections of tasks run again, with their reason; each task a replay re-opened names it.
+CREATE TABLE replays (
+    id {id},
+    reason TEXT NOT NULL,
+    note TEXT,
+    selection TEXT NOT NULL,
+    downstream INTEGER NOT NULL,
+    reopened INTEGER NOT NULL,
+    superseded INTEGER NOT NULL,
+    runs TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    created_by TEXT NOT NULL
+);
+ALTER TABLE tasks ADD COLUMN replay_id BIGINT;
+-- The tasks that did not succeed, so a selection of failures is an index range at any run size.
+CREATE INDEX tasks_unsettled ON tasks (run_id, stage, error_class)
+    WHERE status IN ('failed', 'dead_lettered', 'rejected', 'awaiting_review');
+-- A run's ceiling on provider spending (USD), what its settled calls cost and what its calls in flight reserve;
+-- and why it is paused ('budget' or 'breaker'; its note says more): no task of a paused run is claimed.
+ALTER TABLE runs ADD COLUMN budget_usd {real};
+ALTER TABLE runs ADD COLUMN spent_usd {real} NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN reserved_usd {real} NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN paused TEXT;
 """,
     ),
 ]

@@ -9,18 +9,21 @@ from typing import Any
 from conveyor.errors import StoreError
 from conveyor.store.dialect import Dialect
 from conveyor.store.diffs import DiffQueries
+from conveyor.store.provenance import ProvenanceQueries
 from conveyor.store.publications import PublicationQueries
 from conveyor.store.quota import QuotaQueries
+from conveyor.store.reopen import ReopenQueries
 from conveyor.store.replay import ReplayQueries
 from conveyor.store.reports import ReportQueries
 from conveyor.store.reviews import ReviewQueries
 from conveyor.store.runs import RunQueries
 from conveyor.store.schema import MIGRATIONS
+from conveyor.store.selection import SelectionQueries
 from conveyor.store.tasks import TaskQueries
 
 
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
-               PublicationQueries, DiffQueries):
+               PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

@@ -30,6 +30,7 @@ from conveyor.store.records import (
 )
 
 T = TypeVar("T")
+MemoRow = tuple[str, str, str, bytes | None, int, str | None, str | None]
 
 CLAIM_COLUMNS = (
     "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
@@ -39,22 +40,54 @@ CLAIM_COLUMNS = (
 _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
     config_hash, input_digest, input_kind"""
 _NEW_TASK_TAIL = "ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING"
+
+
+def _revives(sets: str) -> str:
+    """A new task whose (run, item, stage) is taken by a superseded row (store/reopen.py) takes that row: the
+    successor of a task a replay re-opened, made again from its new input. Any other row is left as it is."""
+    return (f"""ON CONFLICT (run_id, root_key, item_key, stage) DO UPDATE SET task_key = excluded.task_key,
+    stage_version = excluded.stage_version, config_hash = excluded.config_hash, input_digest = excluded.input_digest,
+    input_kind = excluded.input_kind, input_size = excluded.input_size, max_attempts = excluded.max_attempts,
+    lane_rank = excluded.lane_rank, available_at = excluded.available_at, status = excluded.status,
+    cached = excluded.cached, crashes = 0, tier = 0, {sets}
+    WHERE tasks.status = 'superseded'""")
+
+
+_FRESH = ("attempts = 0, input_inline = excluded.input_inline, output_digest = NULL, output_kind = NULL, "
+          "error_class = NULL, last_error = NULL, finished_at = NULL, started_at = NULL, lease_owner = NULL, "
+          "lease_expires_at = NULL")
 # One statement per shape of NewTasks (see there); NULL columns are written by the statement, not bound.
 INSERT_QUEUED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
-    status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0) {_NEW_TASK_TAIL}"""
+    status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0) {_revives(_FRESH)}"""
 INSERT_RUNNING = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
     lease_owner, lease_expires_at, started_at, status, cached, attempts, lease_token)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_NEW_TASK_TAIL}"""
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_revives(
+    "attempts = 1, lease_token = tasks.lease_token + 1, input_inline = excluded.input_inline, output_digest = NULL, "
+    "output_kind = NULL, error_class = NULL, last_error = NULL, finished_at = NULL, "
+    "started_at = excluded.started_at, lease_owner = excluded.lease_owner, "
+    "lease_expires_at = excluded.lease_expires_at")}"""
 INSERT_CACHED = f"""{_NEW_TASK_HEAD}, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
     created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    'succeeded', 1) {_NEW_TASK_TAIL}"""
+    'succeeded', 1) {_revives(
+    "attempts = 0, input_inline = NULL, output_digest = excluded.output_digest, output_kind = excluded.output_kind, "
+    "error_class = NULL, last_error = NULL, finished_at = excluded.finished_at, lease_owner = NULL, "
+    "lease_expires_at = NULL")}"""
 INSERT_FAILED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
     available_at, created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?, ?, ?, 'failed', 1) {_NEW_TASK_TAIL}"""
+    ?, ?, ?, 'failed', 1) {_revives(
+    "attempts = 0, input_inline = excluded.input_inline, output_digest = NULL, output_kind = NULL, "
+    "error_class = excluded.error_class, last_error = excluded.last_error, finished_at = excluded.finished_at, "
+    "lease_owner = NULL, lease_expires_at = NULL")}"""
 
 INSERT_BAD = f"""{_NEW_TASK_HEAD}, input_size, error_class, last_error, max_attempts, lane_rank, available_at,
     created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'failed', 0)
     {_NEW_TASK_TAIL}"""
+
+# A task's provenance, one row per (name, value) (store/provenance.py); a row already there is kept.
+INSERT_PROVENANCE = """
+INSERT INTO provenance (run_id, root_key, item_key, stage, name, value, sort_key) VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run_id, root_key, item_key, stage, name, value) DO NOTHING
+"""
 
 INSERT_ITEM = """
 INSERT INTO items (run_id, item_key, parent_key, root_key, source_digest, source_size, created_at)
@@ -69,20 +102,21 @@ VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, item_key) DO NOTHING
 # replaced (by the same key's output or a newer refusal): it is consulted only while its guard still holds
 # (a refusal under max_input_bytes=N is not an answer once the limit is raised), and requeue forgets it.
 INSERT_OUTPUT = """
-INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at, code)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO UPDATE SET kind = excluded.kind,
+INSERT INTO outputs (key64, task_key, stage, kind, digest, inline, size, run_id, created_at, code, provenance)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key64) DO UPDATE SET kind = excluded.kind,
     digest = excluded.digest, inline = excluded.inline, size = excluded.size, run_id = excluded.run_id,
-    created_at = excluded.created_at, code = excluded.code
+    created_at = excluded.created_at, code = excluded.code, provenance = excluded.provenance
 WHERE outputs.kind = 'failed' AND outputs.task_key = excluded.task_key
 """
 
 ATTEMPT_COLUMNS = (
     "task_id", "run_id", "attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
     "stage_version", "code_version", "started_at", "duration", "provider_calls", "prompt_tokens",
-    "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls", "tier", "repaired", "confidence")
+    "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls", "tier", "repaired", "confidence",
+    "config_hash", "provenance")
 # The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
 PLAIN_ATTEMPT_COLUMNS = ("task_id", "run_id", "attempt", "outcome", "invoked", "worker", "lease_token",
-                         "stage_version", "code_version", "started_at", "duration")
+                         "stage_version", "code_version", "started_at", "duration", "config_hash")
 
 # Every transition of a leased task is fenced: it applies only while the caller's
 # lease token still holds, so a worker that lost its lease changes nothing.
@@ -171,6 +205,8 @@ class TaskQueries:
                 self.db.executemany("UPDATE tasks SET status = 'rejected' WHERE run_id = ? AND root_key = ? "
                                     "AND item_key = ? AND stage = ? AND status = 'failed'", rejected)
             self.db.executemany(INSERT_BAD, tasks.bad)
+            if tasks.provenance:
+                self.db.executemany(INSERT_PROVENANCE, tasks.provenance)
             claimed = self._insert_running(tasks.running) if tasks.running else []
             if tasks.queued:
                 self.db.notify()
@@ -184,14 +220,16 @@ class TaskQueries:
         """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""
         return {key: StoredOutput(key, *row) for key, row in self.memo_rows(task_keys).items()}
 
-    def memo_rows(self, task_keys: Iterable[str]) -> dict[str, tuple[str, str, str, bytes | None, int, str | None]]:
-        """lookup_outputs as plain tuples (stage, kind, digest, inline, size, code), for the planner's hot loop."""
+    def memo_rows(self, task_keys: Iterable[str]) -> dict[str, MemoRow]:
+        """lookup_outputs as plain tuples (stage, kind, digest, inline, size, code, provenance), for the
+        planner's hot loop."""
         wanted = set(task_keys)
-        found: dict[str, tuple[str, str, str, bytes | None, int, str | None]] = {}
+        found: dict[str, MemoRow] = {}
         for part in chunks([key64(k) for k in wanted], 900):
             marks = ",".join("?" * len(part))
             for key, *row in self.db.execute(
-                f"SELECT task_key, stage, kind, digest, inline, size, code FROM outputs WHERE key64 IN ({marks})",
+                "SELECT task_key, stage, kind, digest, inline, size, code, provenance FROM outputs "
+                f"WHERE key64 IN ({marks})",
                 part,
             ):
                 if key in wanted:

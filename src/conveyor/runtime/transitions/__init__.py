@@ -5,12 +5,12 @@ backoff (retry) | failed (terminal) | dead_lettered (attempts exhausted).
 A running task whose lease expired goes back to queued, or to the dead-letter
 list when that was its last attempt. Nothing else changes a task's state: the
 worker claims, renews, releases and asks for memo answers here; a submission
-admits its items here; requeue and dead-letter replay happen here; so do the
+admits its items here; replays (requeue among them) and dead-letter replay happen here; so do the
 acceptance boundary's escalations, reviews and review decisions.
 
 The parts: ``leases`` (claims, renewals, memo answers, expired leases), ``admission``
 (a submission's items), ``commits`` (outcomes, in fenced batches), ``reviews`` (decisions on
-answers waiting for people), ``operator`` (requeue, dead-letter replay).
+answers waiting for people), ``operator`` (replays and requeues re-open tasks; dead-letter replay).
 
 A commit is prepared first (rows built, memo lookups for the successors done:
 reads only) and then written in one short transaction of plain statements, so
@@ -25,12 +25,12 @@ from __future__ import annotations
 from conveyor.runtime.transitions.admission import Admission
 from conveyor.runtime.transitions.commits import Commits
 from conveyor.runtime.transitions.leases import Leases
-from conveyor.runtime.transitions.operator import replay_dead_letters, requeue
+from conveyor.runtime.transitions.operator import reopen, replay_dead_letters
 from conveyor.runtime.transitions.outcome import Claim, LeaseLost, MemoTaken, Outcome, ReviewTaken, Writes
 from conveyor.runtime.transitions.reviews import Reviews
 
-__all__ = ["Claim", "LeaseLost", "MemoTaken", "Outcome", "ReviewTaken", "Transitions", "Writes",
-           "replay_dead_letters", "requeue"]
+__all__ = ["Claim", "LeaseLost", "MemoTaken", "Outcome", "ReviewTaken", "Transitions", "Writes", "reopen",
+           "replay_dead_letters"]
 
 
 class Transitions(Leases, Admission, Commits, Reviews):

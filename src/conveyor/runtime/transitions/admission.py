@@ -35,8 +35,10 @@ class Admission(Base):
             if metas:
                 self.store.set_item_meta(run_id, {key: json.dumps(meta, sort_keys=True) for key, meta in metas.items()})
             if base and replayed:
-                cached += self.store.copy_settled(base, run_id, [key for key, _ in sources if key in replayed], now,
-                                                  x.lane_rank(run_id), x.has_fanout)
+                copied = [key for key, _ in sources if key in replayed]
+                cached += self.store.copy_settled(base, run_id, copied, now, x.lane_rank(run_id), x.has_fanout)
+                if x.base_has_provenance(base):
+                    self.store.copy_provenance(base, run_id, copied)
                 self.store.copy_notices(base, run_id)
             if tasks:
                 self.store.insert_tasks(tasks)

@@ -7,9 +7,9 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from conveyor import __version__
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
+from conveyor.runtime.provenance import decode, encode
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.transitions.outcome import (
     Claim,
@@ -35,6 +35,7 @@ from conveyor.store import (
     Succeeded,
     TaskStatus,
 )
+from conveyor.store.provenance import rows_for
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
 log = logging.getLogger("conveyor.transitions")
@@ -89,10 +90,12 @@ class Commits(Base):
                 failure = self.memos[o.task.stage].failure(hit.inline)
                 if failure is None:
                     continue  # a refusal under another guard value: this outcome replaces it
-                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, failure=failure, usage=o.usage)
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, failure=failure, usage=o.usage,
+                                             provenance=decode(hit.provenance))
             else:
                 output = Ref(hit.kind, hit.digest, hit.size, hit.inline)
-                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, output, usage=o.usage)
+                adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, output, usage=o.usage,
+                                             provenance=decode(hit.provenance))
         return [adopted.get(o.task.id, o) for o in outcomes]
 
     def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
@@ -135,6 +138,8 @@ class Commits(Base):
             w.counts["published_versions"] = self.store.publish(w.publications)
         if w.reviews:
             self.store.insert_reviews(w.reviews)
+        if w.provenance:
+            self.store.insert_provenance(w.provenance)
         self.store.insert_dead_letters(w.dead)
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
@@ -162,7 +167,9 @@ class Commits(Base):
             assert out is not None
             if not o.cached:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
-                                           task.run_id, now, self.memos[task.stage].code))
+                                           task.run_id, now, self.memos[task.stage].code, encode(o.provenance)))
+            if o.provenance:
+                w.provenance += rows_for(task.run_id, task.root_key, task.item_key, task.stage, o.provenance)
             w.succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
             if o.value is not None and not o.cached:
                 w.publications.append(self._publication(o, now))
@@ -170,11 +177,12 @@ class Commits(Base):
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
             seeds += more
             w.items += items
-            if (o.usage is None or not o.usage.calls) and o.verdict is None:
+            if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None:
+                stage = self.pipeline[task.stage]
                 w.plain_attempts.append(PlainAttempt(
                     task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
-                    self.worker, task.lease_token, self.pipeline[task.stage].version, __version__, o.started,
-                    o.duration))
+                    self.worker, task.lease_token, stage.version, self.memos[task.stage].code, o.started,
+                    o.duration, stage.config_hash))
             else:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
@@ -192,13 +200,17 @@ class Commits(Base):
             f, task = o.failure, o.task
             assert f is not None
             full = _full(f)
+            if o.provenance and not (f.retryable and task.attempts < self.pipeline[task.stage].retry.attempts_for(
+                    f.error_class)):  # the task ends here (or waits for review): it keeps what made its refusal
+                w.provenance += rows_for(task.run_id, task.root_key, task.item_key, task.stage, o.provenance)
             if o.verdict is not None and self._refused(w, o, f, now):
                 continue
             if not f.retryable:
                 status = TaskStatus.REJECTED if f.error_class == "rejected" else TaskStatus.FAILED
                 w.ended.append(Ended(status, f.error_class, full, now, int(o.cached), task.id, task.lease_token))
                 if f.deterministic and not o.cached:
-                    w.outputs.append(self.refusal(task, Failure(f.error_class, False, full, guard=f.guard), now))
+                    w.outputs.append(self.refusal(task, Failure(f.error_class, False, full, guard=f.guard), now,
+                                                  o.provenance))
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "failed", f))
                 w.counts.update(failed=1, cached=int(o.cached))
             elif task.attempts >= self.pipeline[task.stage].retry.attempts_for(f.error_class):
@@ -243,7 +255,7 @@ class Commits(Base):
             w.counts["awaiting_review"] += 1
         else:  # settled for this input under this version: memoised, so a re-run does not pay for it again
             w.ended.append(Ended(TaskStatus.FAILED, f.error_class, f.message, now, 0, task.id, task.lease_token))
-            w.outputs.append(self.refusal(task, Failure(f.error_class, False, f.message), now))
+            w.outputs.append(self.refusal(task, Failure(f.error_class, False, f.message), now, o.provenance))
             w.attempts.append(self._attempt(o, "failed", f))
             w.counts["failed"] += 1
         return True
@@ -262,7 +274,8 @@ class Commits(Base):
         record = AttemptRecord(
             o.task.id, o.task.run_id, o.task.attempts, outcome, int(o.invoked),
             f.error_class if f else None, f.message if f else None, self.worker, o.task.lease_token,
-            stage.version, __version__, o.started, o.duration,
+            stage.version, self.memos[o.task.stage].code, o.started, o.duration,
+            config_hash=stage.config_hash, provenance=encode(o.provenance),
         )
         if o.verdict is not None:
             record = record._replace(tier=o.task.tier, repaired=int(o.verdict.repaired),

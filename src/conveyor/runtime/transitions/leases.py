@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from conveyor import __version__
 from conveyor.errors import PipelineError
 from conveyor.runtime.classify import Failure
+from conveyor.runtime.provenance import decode
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.transitions.outcome import (
     Outcome,
@@ -73,10 +73,11 @@ class Leases(Base):
         if hit is not None and hit.kind == "failed":
             failure = memo.failure(hit.inline)
             if failure is not None:
-                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code))
+                return Outcome(task, now, 0.0, False, cached=True, failure=failure, stale=memo.stale(hit.code),
+                               provenance=decode(hit.provenance))
         elif hit is not None:
             return Outcome(task, now, 0.0, False, Ref(hit.kind, hit.digest, hit.size, hit.inline), cached=True,
-                           stale=memo.stale(hit.code))
+                           stale=memo.stale(hit.code), provenance=decode(hit.provenance))
         if stage.max_input_bytes is not None and task.input_size > stage.max_input_bytes:
             message = (f"input of {task.input_size:,} bytes exceeds max_input_bytes={stage.max_input_bytes:,} "
                        f"of stage {stage.name!r}; it was not read")
@@ -122,7 +123,7 @@ class Leases(Base):
                                    "item": lease.item_key, "attempt": lease.attempts})
                 w.attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
-                    lease.lease_owner, lease.lease_token, None, __version__, None, None))
+                    lease.lease_owner, lease.lease_token, None, self._code(lease.stage), None, None))
                 if alone and lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
                     w.ended.append(Ended(TaskStatus.DEAD_LETTERED, "lease_expired", message, now, 0, lease.id,
                                          lease.lease_token))

@@ -1,36 +1,25 @@
-"""What an operator does: requeue a selection, replay dead letters."""
+"""What an operator does: re-open a selection of tasks (replay; requeue is one), replay dead letters."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from conveyor.pipeline import Pipeline
-from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
-from conveyor.runtime.values import Ref
-from conveyor.store import (
-    Requeued,
-    SqlStore,
-)
+from conveyor.runtime.reopen import Plan
+from conveyor.store import SqlStore
 
 
-def requeue(store: SqlStore, pipeline: Pipeline, run_id: str, stage: str, reason: str, statuses: Sequence[str],
-            error_class: str | None, stage_version: str | None, now: float) -> tuple[int, int]:
-    """Queue ended tasks of ``stage`` again under its current version and config, with a fresh attempt
-    budget; their memoised refusals are forgotten and ``reason`` is recorded in each one's history.
-    Returns (requeued, skipped): a ``bad_input`` task has no source to run again."""
-    spec = pipeline[stage]
-    rows: list[Requeued] = []
-    forget: list[str] = []
-    skipped = 0
-    for task_id, item_key, old_key, kind, digest, inline, size in store.tasks_to_requeue(
-            run_id, stage, statuses, error_class, stage_version):
-        if kind == BAD_INPUT_KIND:
-            skipped += 1
-            continue
-        key = task_key(pipeline.name, spec, Ref(kind, digest, size, inline), item_key)
-        rows.append(Requeued(key, spec.version, spec.config_hash, now, task_id))
-        forget += [old_key, key]
-    return store.requeue(rows, forget, reason, now, run_id), skipped
+def reopen(store: SqlStore, plan: Plan, replay_id: int, run_id: str, message: str, worker: str,
+           now: float) -> tuple[list[int], dict[str, int]]:
+    """Write one page of a replay in one transaction: the planned tasks queued again (their memoised refusals
+    forgotten, open reviews and dead letters closed, the reason recorded as an attempt of each), what lies
+    downstream of them superseded, corrected sources recorded. Returns (ids re-opened, superseded by stage)."""
+    with store.transaction():
+        reopened = store.reopen(plan.reopen, plan.forget, message, worker, now, plan.run_of)
+        superseded = store.supersede(plan.downstream, replay_id, message, worker, now) if plan.downstream else {}
+        if plan.corrected:
+            store.correct_sources(run_id, plan.corrected)
+        store.notify()
+    return reopened, superseded
 
 
 def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: float) -> int:

@@ -25,6 +25,7 @@ from conveyor.store import (
     Retried,
     Succeeded,
 )
+from conveyor.store.provenance import ProvenanceRow
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
 
@@ -44,6 +45,7 @@ class Outcome:
     value: Any = None  # a publish stage's staged record (stages with ``into``), published as it commits
     verdict: Verdict | None = None  # what the acceptance boundary made of the answer (stages with ``accept``)
     candidate: Ref | None = None  # a refused answer, stored for a reviewer
+    provenance: dict[str, list[str]] | None = None  # what made the output (runtime/provenance.py)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Writes:
     escalated: list[Escalated] = field(default_factory=list)
     awaiting: list[AwaitingReview] = field(default_factory=list)
     reviews: list[NewReview] = field(default_factory=list)
+    provenance: list[ProvenanceRow] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -112,7 +115,7 @@ def _first_per_key(outcomes: Sequence[Outcome]) -> Sequence[Outcome]:
             continue
         result = result if result is not None else list(outcomes)
         result[index] = Outcome(o.task, o.started, o.duration, o.invoked, winner.output, cached=True,
-                                failure=winner.failure, usage=o.usage)
+                                failure=winner.failure, usage=o.usage, provenance=winner.provenance)
     return outcomes if result is None else result
 
 

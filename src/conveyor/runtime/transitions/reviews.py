@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conveyor import __version__
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.transitions.base import Base
@@ -49,7 +48,7 @@ class Reviews(Base):
                 raise ReviewTaken(entry.id)
             self.store.insert_attempts([AttemptRecord(
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
-                __version__, now, 0.0, tier=task.tier)])
+                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)])
             self.store.notify()
         return queued
 
