@@ -314,9 +314,9 @@ REQUEUE = """
 
 def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.blobs import open_blobs
     from conveyor.runtime import target as target_module
     from conveyor.runtime.target import load_target
-    from conveyor.blobs import open_blobs
     from conveyor.service.replay import requeue
 
     sink = tmp_path / "sink.log"

@@ -37,6 +37,10 @@ SkipBadLines = Annotated[bool, typer.Option(
 StrictInputs = Annotated[bool, typer.Option(
     "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
     "item fail with bad_input")]
+BudgetUsd = Annotated[float | None, typer.Option(
+    "--budget-usd", metavar="USD", help="the run's ceiling on provider spending: no model call is granted once spent "
+    "plus reserved would pass it; the run pauses (paused_budget) and `conveyor resume RUN --budget-usd MORE` carries "
+    "on")]
 ACCEPT_CODE = "--accept-code-change"
 AcceptCode = Annotated[list[str] | None, typer.Option(
     ACCEPT_CODE, metavar="[STAGE]", help="keep outputs that other code of STAGE made under its current "
@@ -124,11 +128,22 @@ def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) ->
 
 
 def submit_options(skip_bad_lines: bool, strict_inputs: bool, accept: list[str] | None,
-                    resume: str | None = None) -> Any:
+                   resume: str | None = None, budget_usd: float | None = None) -> Any:
     from conveyor.service.submit import SubmitOptions
 
     return SubmitOptions(skip_bad_lines=skip_bad_lines, strict_inputs=strict_inputs, resume=resume,
-                         accept_code_change=tuple(accept or ()))
+                         accept_code_change=tuple(accept or ()), budget_usd=checked_budget(budget_usd))
+
+
+def checked_budget(value: float | None) -> float | None:
+    """``--budget-usd`` as a budget, or a one-line error."""
+    from conveyor.errors import PipelineError, UserError
+    from conveyor.pipeline.budget import budget
+
+    try:
+        return budget(value, "--budget-usd")
+    except PipelineError as exc:
+        raise UserError(str(exc)) from None
 
 
 def stages_progress(as_json: bool) -> Any:

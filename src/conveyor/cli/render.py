@@ -215,8 +215,17 @@ def status(data: dict[str, Any]) -> None:
     out.print(table)
     if data.get("outcomes"):
         out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
+    if data.get("note"):
+        out.print(f"note: {escape(data['note'])}")
+    budget = data.get("budget")
+    if budget:
+        out.print(f"budget ${budget['usd']:.4f}: ${budget['spent']:.4f} spent, ${budget['reserved']:.4f} reserved")
     _usage(data.get("usage"))
     _errors(data.get("attempt_errors"))
+    for r in data.get("replays") or []:
+        note = f": {escape(r['note'])}" if r["note"] else ""
+        out.print(f"replay {r['id']} by {escape(r['by'])} ({r['reason']}{note}): {r['reopened']} re-opened, "
+                  f"{r['superseded']} superseded")
 
 
 def _errors(errors: dict[str, int] | None) -> None:
@@ -246,13 +255,16 @@ def _runs(runs: list[dict[str, Any]]) -> None:
 
 
 def dlq(data: dict[str, Any]) -> None:
+    """The dead letters; ``replayed`` says when (UTC) and why an entry was queued again (``--all`` lists those)."""
     table = Table(title=f"{len(data['entries'])} dead letter(s)")
-    for column in ("id", "run", "item", "stage", "error class", "attempts", "error"):
+    for column in ("id", "run", "item", "stage", "error class", "attempts", "error", "replayed"):
         table.add_column(column)
     for e in data["entries"]:
         first = (e["error"] or "").splitlines()[0][:80] if e["error"] else ""
-        table.add_row(str(e["id"]), e["run_id"], e["item_key"], e["stage"], e["error_class"] or "",
-                      str(e["attempts"]), first)
+        replayed = "" if e["replayed_at"] is None else (
+            f"{time.strftime('%Y-%m-%d %H:%MZ', time.gmtime(e['replayed_at']))}: {e['replay_reason'] or ''}".strip())
+        table.add_row(str(e["id"]), e["run_id"], escape(e["item_key"]), e["stage"], e["error_class"] or "",
+                      str(e["attempts"]), escape(first), escape(replayed))
     out.print(table)
 
 
@@ -331,3 +343,21 @@ def _forecast(forecast: dict[str, Any]) -> None:
     if seconds is not None:
         line += f", about {_clock(seconds)}"
     out.print(line + f" ({forecast['basis']})")
+
+
+def dry_run(data: dict[str, Any]) -> None:
+    """What a run would do: per stage, the tasks, what the memo answers and what would run; the forecast."""
+    out.print(f"[bold]dry run[/]: {data['items']:,} item(s) of {escape(str(data['input']))}"
+              + (f", {data['bad_input']:,} without a readable source" if data["bad_input"] else ""))
+    table = Table()
+    for column in ("stage", "tasks", "memo answers", "would run"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for stage, c in data["stages"].items():
+        estimated = " (estimated)" if c["estimated"] else ""
+        table.add_row(stage, f"{c['tasks']:,}", f"{c['memo']:,}", f"{c['run']:,}{estimated}")
+    out.print(table)
+    if data.get("sampled"):
+        s = data["sampled"]
+        out.print(f"measured on a sample of {s['items']} item(s) run for real: {s['provider_calls']} model call(s), "
+                  f"{s['tokens']:,} tokens, ${s['cost']:.4f}")
+    _forecast(data["forecast"])

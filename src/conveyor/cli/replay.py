@@ -9,11 +9,13 @@ import typer
 from conveyor.cli.common import (
     DEFAULT_BLOBS,
     Blobs,
+    BudgetUsd,
     Db,
     Json,
     Target,
     Workers,
     app,
+    checked_budget,
     default_workers,
     emit,
     interrupted,
@@ -102,6 +104,7 @@ def replay(
     target: Annotated[str | None, typer.Option("--target", help="the pipeline (file.py:pipeline) to run them "
                                                "under; default: the TARGET each run recorded")] = None,
     by: Annotated[str | None, typer.Option("--by", help="who (default: CONVEYOR_REVIEWER, else your login)")] = None,
+    budget_usd: BudgetUsd = None,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
 ) -> None:
     """Re-open the tasks a filter names (succeeded ones too) under their stages' current code, with a reason;
@@ -110,7 +113,7 @@ def replay(
     from conveyor.service.replay import ReplayOptions, process_replay
     from conveyor.service.replay import replay as reopen
 
-    options = ReplayOptions(reason, note, downstream, dry_run, by, target)
+    options = ReplayOptions(reason, note, downstream, dry_run, by, target, workers=max(1, workers))
     try:
         with store_for(db, create=False) as store, stages_progress(as_json) as progress:
             selection = _selection(run, stage, status, error_class, item, items, where, model, since, until,
@@ -122,7 +125,8 @@ def replay(
 
                 try:
                     with stage_output_to_stderr():
-                        data["processed"] = process_replay(store, blob_store, data["runs"], workers, progress)
+                        data["processed"] = process_replay(store, blob_store, data["runs"], workers, progress,
+                                                           checked_budget(budget_usd))
                 except Interrupted as exc:
                     interrupted(exc.run_id, db, blobs)
     except StoreMissing as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,6 +12,7 @@ from conveyor.cli.common import (
     DEFAULT_BLOBS,
     AcceptCode,
     Blobs,
+    BudgetUsd,
     Db,
     Input,
     Json,
@@ -41,6 +42,12 @@ def run(
     target: Target, input: Input, workers: Workers = default_workers(),
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
     skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="create nothing: say what would run, what the memo "
+                                          "would answer, and the forecast tokens, cost and wall time")] = False,
+    sample: Annotated[int, typer.Option("--sample", min=0, help="with --dry-run, for stages with no past attempts: "
+                                        "run this many items for real in a scratch store to measure them (paid "
+                                        "for; 0: no sample)")] = 3,
+    budget_usd: BudgetUsd = None,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.runtime.target import load_target
@@ -48,9 +55,13 @@ def run(
 
     pipeline = load_target(target)
     check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
+    if dry_run:
+        _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json)
+        return
     blob_store = writable_blobs(blobs)
     options = RunOptions(workers=workers, lane=lane,
-                         submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+                         submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
+                                               budget_usd=budget_usd))
     with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
         try:
             summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
@@ -59,17 +70,39 @@ def run(
     finish_run(summary, as_json, input)
 
 
+def _dry_run(pipeline: Any, target: str, input: str, db: str, blobs: str, workers: int, sample: int,
+             skip_bad_lines: bool, as_json: bool) -> None:
+    """``run --dry-run``: reads the store when there is one, creates nothing either way."""
+    from conveyor.blobs import open_blobs
+    from conveyor.cli import render
+    from conveyor.service.dryrun import dry_run
+
+    try:
+        store = open_store(db or DEFAULT_DB, create=False)
+    except StoreMissing:
+        store = open_store("sqlite:///:memory:")  # no history, no memo: everything would run
+    try:
+        with stage_output_to_stderr():
+            data = dry_run(pipeline, target, input, store, open_blobs(blobs), max(1, workers), sample, skip_bad_lines)
+    finally:
+        store.close()
+    emit(data, as_json, render.dry_run)
+
+
 @app.command()
 def resume(
     run_id: Annotated[str, typer.Argument(help="the run to finish")], workers: Workers = default_workers(),
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
     skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
+    budget_usd: BudgetUsd = None,
 ) -> None:
-    """Finish a run: its submission, if that stopped part way, then its tasks; print the reconciliation."""
+    """Finish a run: its submission, if that stopped part way, then its tasks (a paused run carries on, with a
+    new --budget-usd when its budget is spent); print the reconciliation."""
     from conveyor.service.runs import Interrupted, RunOptions, resume_run
 
     check_limits_env()
-    options = RunOptions(workers=workers, submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change))
+    options = RunOptions(workers=workers, submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
+                                                                budget_usd=budget_usd))
     try:
         store = open_store(db or DEFAULT_DB, create=False)
     except StoreMissing as exc:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from conveyor.acceptance.declare import Accept
 from conveyor.acceptance.record import Target
 from conveyor.errors import PipelineError
+from conveyor.pipeline.budget import Breaker, budget
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.retry import Retry
 
@@ -95,7 +96,7 @@ class Pipeline:
     def __init__(
         self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0,
         provider: Callable[[], Any] | None = None, limits: Mapping[str, RateLimit] | None = None,
-        max_backlog: int = 20_000,
+        max_backlog: int = 20_000, budget_usd: float | None = None, breaker: Breaker | None = Breaker(),
     ) -> None:
         if not name or not isinstance(name, str):
             raise PipelineError("Pipeline(name) needs a non-empty name")
@@ -111,6 +112,12 @@ class Pipeline:
         self.limits: dict[str, RateLimit] = parse_limits(limits or {}, f"Pipeline({name!r}, limits=...)")
         # Backpressure: a stage is not claimed while a stage after it has this many tasks queued.
         self.max_backlog = _positive_int("max_backlog", max_backlog) or 1
+        # The default ceiling on a run's provider spending (`conveyor run --budget-usd` overrides it), and when a
+        # run whose calls all fail one systemic way is paused instead of failing every item.
+        self.budget_usd = budget(budget_usd, f"Pipeline({name!r}, budget_usd=...)")
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise PipelineError(f"Pipeline({name!r}, breaker={breaker!r}): pass conveyor.Breaker(...) or None")
+        self.breaker = breaker
         self._stages: dict[str, Stage] = {}
 
     def stage(
@@ -209,6 +216,14 @@ class Pipeline:
         while stage.after is not None:
             depth, stage = depth + 1, self[stage.after]
         return depth
+
+    def without_publish(self) -> Pipeline:
+        """This pipeline without its publish stages (same name, the other stages as they are): what may run
+        where nothing must be published, such as a dry run's sample. Publish stages are leaves of the graph."""
+        copy = object.__new__(Pipeline)
+        copy.__dict__.update(self.__dict__)
+        copy._stages = {name: s for name, s in self._stages.items() if s.kind != "publish"}
+        return copy
 
     @property
     def has_publish(self) -> bool:

@@ -91,7 +91,7 @@ class Context:
     async def _call(self, method: str, payload: Any, options: dict[str, Any]) -> Any:
         if self._services is None:
             raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
-        return await self._services.call(method, payload, options, self.lane, self.usage)
+        return await self._services.call(method, payload, options, self.lane, self.usage, self.run_id)
 
     def fields(self) -> dict[str, Any]:
         """The picklable part, to rebuild the context in a child process."""

@@ -24,6 +24,7 @@ from conveyor.acceptance.record import publish_once, staged
 from conveyor.blobs import Blobs
 from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
 from conveyor.runtime.guard import GuardedPool
@@ -130,6 +131,10 @@ class Executor:
         except ProviderUnavailable as exc:
             # Not this task's fault: the worker stops and releases it, attempt refunded (see Worker).
             self.fatal = self.fatal or exc
+        except RunPaused as exc:  # its run's budget is spent, or its breaker tripped: give the task back
+            paused = Failure("paused", True, str(exc))
+            finish(_made_by(Outcome(task, started, time.perf_counter() - t0, invoked, failure=paused, usage=ctx.usage,
+                                    released=True), stage, ctx.provenance))
         except Exception as exc:  # stage code may raise anything
             cause = exc.__cause__ if isinstance(exc, StageExit) and exc.__cause__ is not None else exc
             failure = classify(cause, stage.retry.terminal, traceback.format_exc())

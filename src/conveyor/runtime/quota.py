@@ -226,6 +226,10 @@ class QuotaGate:
 
     # --- the store, on a thread and connection of its own -------------------
 
+    async def on_store(self, fn: Callable[[SqlStore], T]) -> T:
+        """Run ``fn(store)`` on the gate's own store connection (budgets use it too)."""
+        return await self._db(fn)
+
     async def _db(self, fn: Callable[[SqlStore], T]) -> T:
         def call() -> T:
             if self._store is None:

@@ -14,6 +14,7 @@ from conveyor.errors import ProviderUnavailable, UserError
 from conveyor.pipeline import Pipeline, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
 from conveyor.providers.estimate import chat_tokens, embed_tokens
+from conveyor.runtime.budget import BreakerWatch, BudgetKeeper, RunPaused
 from conveyor.runtime.quota import QuotaGate
 
 LOCAL = "local"
@@ -33,6 +34,9 @@ class Services:
         self._provider: Any = None
         self.limits = {**pipeline.limits, **parse_limits(os.environ.get(LIMITS_ENV))}
         self.gate = QuotaGate(store_url, self.limits, worker) if store_url else None
+        self.budgets = BudgetKeeper(self.gate.on_store) if self.gate is not None else None
+        self.breaker = BreakerWatch(pipeline.breaker)
+        self._tripped: dict[str, str] = {}  # run -> why its breaker tripped here
 
     def provider(self) -> Any:
         """The provider, made on first use; ProviderUnavailable when it is not configured."""
@@ -54,24 +58,56 @@ class Services:
         if pipeline.provider_factory is not None or uses_models(pipeline):
             self.provider()
 
-    async def call(self, method: str, payload: Any, options: dict[str, Any], lane: str, usage: Usage) -> Any:
-        """One provider call, admitted by the quota gate and settled with what it used."""
+    async def call(self, method: str, payload: Any, options: dict[str, Any], lane: str, usage: Usage,
+                   run_id: str | None = None) -> Any:
+        """One provider call: within the run's budget (reserved first, settled after), admitted by the quota
+        gate and settled with what it used, and watched by the run's breaker. RunPaused when the run is
+        paused, or this call would pass its budget, or its breaker trips."""
         provider = self.provider()
         backend = _backend(provider, method)
         name = str(getattr(backend, "name", type(backend).__name__))
-        if self.gate is None or name == LOCAL:  # a local model has no quota to keep
+        if self.gate is None or name == LOCAL:  # a local model has no quota to keep, and costs nothing
             return await self._counted(provider, method, payload, options, usage)
+        if run_id is not None and run_id in self._tripped:
+            raise RunPaused(run_id, self._tripped[run_id])
         model = str(options.get("model") or getattr(backend, "model_name", None) or "default")
-        estimate = (chat_tokens(payload, int(options.get("max_tokens", DEFAULT_MAX_TOKENS))) if method == "chat"
-                    else embed_tokens(payload))
+        max_tokens = int(options.get("max_tokens", DEFAULT_MAX_TOKENS))
+        estimate = chat_tokens(payload, max_tokens) if method == "chat" else embed_tokens(payload)
+        reserved = 0.0
+        if run_id is not None and self.budgets is not None:
+            completion = max_tokens if method == "chat" else 0
+            reserved = await self.budgets.reserve(run_id, _price(backend, model, estimate - completion, completion),
+                                                  model)
         ticket = await self.gate.acquire(f"{name}/{model}", find_limit(self.limits, name, model), estimate, lane)
         try:
             result = await self._counted(provider, method, payload, options, usage)
         except BaseException as exc:
             await self.gate.release(ticket, _charged(exc), exc)
+            await self._after(run_id, reserved, exc)
             raise
         await self.gate.release(ticket, _charged(result))
+        await self._after(run_id, reserved, result)
         return result
+
+    async def _after(self, run_id: str | None, reserved: float, outcome: Any) -> None:
+        """Settle the call's reservation and tell the breaker; trip it when the run's calls fail systemically."""
+        if run_id is None:
+            return
+        if self.budgets is not None:
+            await self.budgets.settle(run_id, reserved, float(getattr(outcome, "cost", 0.0) or 0.0))
+        if isinstance(outcome, BaseException) and getattr(outcome, "error_class", None) is None:
+            return  # cancelled, or not the provider's answer: nothing the breaker counts
+        why = self.breaker.record(run_id, getattr(outcome, "error_class", None))
+        if why is not None and self.gate is not None:
+            self._tripped[run_id] = why
+            error_class = getattr(outcome, "error_class", "")
+            await self.gate.on_store(lambda s: s.pause_run(run_id, f"breaker:{error_class}", why))
+            raise RunPaused(run_id, why) from (outcome if isinstance(outcome, BaseException) else None)
+
+    def unpaused(self, paused: tuple[str, ...]) -> None:
+        """Runs resumed since their breaker tripped here are called for again."""
+        for run_id in [r for r in self._tripped if r not in paused]:
+            del self._tripped[run_id]
 
     @staticmethod
     async def _counted(provider: Any, method: str, payload: Any, options: dict[str, Any], usage: Usage) -> Any:
@@ -117,6 +153,15 @@ def _names_models(code: types.CodeType, ctx: str) -> bool:
             return True
         previous = ins
     return any(_names_models(const, ctx) for const in code.co_consts if isinstance(const, types.CodeType))
+
+
+def _price(backend: Any, model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """What a call is estimated to cost at the model's price; None when the provider has no price for it."""
+    prices = getattr(backend, "prices", None)
+    if prices is None:
+        return None
+    cost, priced = prices.cost_for(model, model, prompt_tokens, completion_tokens)
+    return float(cost) if priced else None
 
 
 def _backend(provider: Any, method: str) -> Any:

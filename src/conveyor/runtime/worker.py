@@ -36,6 +36,7 @@ from conveyor.store import ClaimedTask, Lease, SqlStore, open_store
 
 log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
+PAUSED_READ_S = 1.0
 T = TypeVar("T")
 
 
@@ -91,6 +92,8 @@ class Worker:
         self._watched = sorted({c for children in self._downstream.values() for c in children})
         self._held_back: set[str] = set()
         self._depths_read = float("-inf")
+        self._paused: tuple[str, ...] = ()
+        self._paused_read = float("-inf")
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -184,10 +187,12 @@ class Worker:
             idle_sleep, claim_again = min(idle_sleep * 2, self.opts.poll_interval), True
 
     def _idle_for_good(self) -> bool:
-        """No open task, and no live submission that could add some (a submission whose submitter
-        stopped beating is marked abandoned on the way)."""
+        """No open task (of a run that is not paused), and no live submission that could add some (a
+        submission whose submitter stopped beating is marked abandoned on the way)."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
-        if self.store.open_tasks(pipeline, run_id):
+        paused = self.store.paused_runs(pipeline)
+        if self.store.open_tasks_outside(pipeline, paused, run_id) if paused else self.store.open_tasks(pipeline,
+                                                                                                          run_id):
             return False
         return not submission_alive(self.store, pipeline, run_id, self.clock())
 
@@ -205,13 +210,14 @@ class Worker:
     async def _claim(self, room: int) -> list[ClaimedTask]:
         await self._read_backlog()
         claimed = await self._call(self.transitions.claim, self._stages, room, self.clock(), self.lease,
-                                   self.opts.run_id, self._caps(self._in_flight))
+                                   self.opts.run_id, self._caps(self._in_flight), self._paused)
         self._track(claimed)
         return claimed
 
     async def _claim_suspect(self) -> bool:
         """With nothing in flight, take one task that was in flight when a worker died, and run it alone."""
-        claimed = await self._call(self.transitions.claim_suspect, self.clock(), self.lease, self.opts.run_id)
+        claimed = await self._call(self.transitions.claim_suspect, self.clock(), self.lease, self.opts.run_id,
+                                   self._paused)
         if claimed:
             self._alone = True
             self._track(claimed)
@@ -225,7 +231,12 @@ class Worker:
         return caps
 
     async def _read_backlog(self) -> None:
-        """Every BACKLOG_READ_S: which stages wait because a stage after them is backed up."""
+        """Every BACKLOG_READ_S: which stages wait because a stage after them is backed up; every PAUSED_READ_S,
+        which runs are paused (their budget spent, their breaker tripped): their tasks are not claimed."""
+        if time.monotonic() - self._paused_read >= PAUSED_READ_S:
+            self._paused_read = time.monotonic()
+            self._paused = tuple(await self._call(self.store.paused_runs, self.pipeline.name))
+            self.executor.services.unpaused(self._paused)
         if time.monotonic() - self._depths_read < BACKLOG_READ_S:
             return
         self._depths_read = time.monotonic()
@@ -267,7 +278,8 @@ class Worker:
         if claim:
             await self._read_backlog()
             caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
-            claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps)
+            claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps,
+                               self._paused)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()

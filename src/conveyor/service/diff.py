@@ -43,7 +43,7 @@ def diff_runs(store: SqlStore, blobs: Blobs, run_a: str, run_b: str, limit: int 
                         "diff compares two runs of one pipeline")
     counts = dict.fromkeys(CHANGES, 0)
     items: list[dict[str, Any]] = []
-    for batch in _batched(_merge(_items(store, a, chunk), _items(store, b, chunk)), chunk):
+    for batch in batched(merge_walks(walk_items(store, a, chunk), walk_items(store, b, chunk)), chunk):
         for entry in _compare(store, blobs, batch):
             counts[entry["change"]] += 1
             if entry["change"] != "unchanged" and len(items) < limit:
@@ -51,7 +51,7 @@ def diff_runs(store: SqlStore, blobs: Blobs, run_a: str, run_b: str, limit: int 
     return {"run_a": a.run_id, "run_b": b.run_id, "pipeline": a.pipeline, "counts": counts, "items": items}
 
 
-def _items(store: SqlStore, run: RunRecord, chunk: int) -> Iterator[tuple[str, Side]]:
+def walk_items(store: SqlStore, run: RunRecord, chunk: int) -> Iterator[tuple[str, Side]]:
     """(key, Side) of every root item of ``run``, in key order, ``chunk`` items per read."""
     graph = RunGraph.of(run)
     after: str | None = None
@@ -67,7 +67,7 @@ def _items(store: SqlStore, run: RunRecord, chunk: int) -> Iterator[tuple[str, S
         after = rows[-1][0]
 
 
-def _merge(left: Iterator[tuple[str, Side]], right: Iterator[tuple[str, Side]]) -> Iterator[Pair]:
+def merge_walks(left: Iterator[tuple[str, Side]], right: Iterator[tuple[str, Side]]) -> Iterator[Pair]:
     """Two key-ordered streams as one, an item of both runs as one pair (keys compare as the store orders
     them: by code point, which is UTF-8 byte order)."""
     a, b = next(left, None), next(right, None)
@@ -84,7 +84,7 @@ def _merge(left: Iterator[tuple[str, Side]], right: Iterator[tuple[str, Side]]) 
             a, b = next(left, None), next(right, None)
 
 
-def _batched(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
+def batched(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
     batch: list[Pair] = []
     for pair in pairs:
         batch.append(pair)

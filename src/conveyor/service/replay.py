@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ from conveyor.runtime import transitions
 from conveyor.runtime.reopen import Plan, ReopenPlanner, Sources
 from conveyor.runtime.target import load_target
 from conveyor.runtime.values import INLINE_MAX, Ref
+from conveyor.service.forecast import forecast, history, limits_of
 from conveyor.service.inputs import iter_items
 from conveyor.service.report import find_run
 from conveyor.service.review import reviewer
@@ -46,6 +47,7 @@ class ReplayOptions:
     by: str | None = None
     target: str | None = None  # the pipeline to load (default: the TARGET each run recorded)
     pipeline: Pipeline | None = None  # ... or the pipeline itself
+    workers: int = 1  # worker processes the forecast of a dry run assumes
 
     @property
     def corrected(self) -> bool:
@@ -77,9 +79,11 @@ def replay(store: SqlStore, blobs: Blobs, selection: Selection, options: ReplayO
             totals.selected += len(page)
             selected = _selected_on(store, selection, run_id, page) if options.downstream else None
             plan = planner.plan(page, selected, sources, store.clock())
-            totals.add(plan)
+            totals.add(plan, run.pipeline)
             if options.dry_run:
-                totals.superseded.update(store.downstream_counts(plan.downstream))
+                downstream = store.downstream_counts(plan.downstream)
+                totals.superseded.update(downstream)
+                totals.to_run[run.pipeline].update(downstream)
                 if plan.reopen:
                     totals.runs.add(run_id)
                 continue
@@ -90,7 +94,21 @@ def replay(store: SqlStore, blobs: Blobs, selection: Selection, options: ReplayO
                 totals.runs.add(run_id)
     if not options.dry_run:
         store.finish_replay(replay_id)
-    return totals.report(replay_id, options, selection)
+    report = totals.report(replay_id, options, selection)
+    if options.dry_run:
+        report["forecast"] = _forecast(store, pipelines, totals, options.workers)
+    return report
+
+
+def _forecast(store: SqlStore, pipelines: dict[str, Pipeline], totals: _Totals, workers: int) -> dict[str, Any]:
+    """The forecast of what the dry run says would run (downstream tasks counted as if the memo answered none
+    of them: an upper bound), from each pipeline's history."""
+    by_name = {p.name: p for p in pipelines.values()}
+    forecasts = {name: forecast(by_name[name], history(store, by_name[name]), to_run, workers, limits_of(by_name[name]))
+                 for name, to_run in totals.to_run.items() if name in by_name}
+    if len(forecasts) == 1:
+        return next(iter(forecasts.values()))
+    return {"pipelines": forecasts, "basis": "per pipeline"}
 
 
 def _pipeline(run: RunRecord, options: ReplayOptions) -> Pipeline:
@@ -195,12 +213,16 @@ class _Totals:
         self.skipped: Counter[str] = Counter()
         self.runs: set[str] = set()
         self.corrected = 0
+        self.to_run: defaultdict[str, Counter[str]] = defaultdict(Counter)  # pipeline -> stage -> tasks to run
 
-    def add(self, plan: Plan) -> None:
+    def add(self, plan: Plan, pipeline: str) -> None:
         self.skipped.update(plan.skipped)
         for task_id, stage in plan.stage_of.items():
+            answered = plan.answered.get(task_id, False)
             self.reopen[stage] += 1
-            self.memo[stage] += int(plan.answered.get(task_id, False))
+            self.memo[stage] += int(answered)
+            if not answered:
+                self.to_run[pipeline][stage] += 1
         self.corrected += len(plan.corrected)
 
     def written(self, plan: Plan, done: Sequence[int], superseded: dict[str, int]) -> None:
@@ -263,9 +285,11 @@ def requeue(
 
 
 def process_replay(store: SqlStore, blobs: Blobs, run_ids: Sequence[str], workers: int,
-                   progress: Any = None) -> list[dict[str, Any]]:
-    """Process the runs a replay re-opened work in, to the end (as ``conveyor resume`` does), in this one
-    command; returns each run's reconciliation."""
+                   progress: Any = None, budget_usd: float | None = None) -> list[dict[str, Any]]:
+    """Process the runs a replay re-opened work in, to the end (as ``conveyor resume`` does, ``budget_usd``
+    their new budget when given), in this one command; returns each run's reconciliation."""
     from conveyor.service.runs import RunOptions, resume_run
+    from conveyor.service.submit import SubmitOptions
 
-    return [resume_run(run_id, store, blobs, RunOptions(workers=workers), progress) for run_id in run_ids]
+    options = RunOptions(workers=workers, submit=SubmitOptions(budget_usd=budget_usd))
+    return [resume_run(run_id, store, blobs, options, progress) for run_id in run_ids]

@@ -59,7 +59,7 @@ def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None 
         "retries": attempts.get("retry", 0), "lease_lost": attempts.get("lease_lost", 0),
         "usage": {k: attempts.get(k, 0) for k in USAGE_FIELDS},
         "attempt_errors": store.attempt_errors(run.run_id),
-        "stale_code": stale_code(store, run.run_id), "note": run.note,
+        "stale_code": stale_code(store, run.run_id), "note": run.note, "budget": budget_of(store, run),
     }
 
 
@@ -75,13 +75,24 @@ def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:
 
 
 def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
-    """submitting | abandoned (the submission stopped; resumable) | submitted (tasks open) | finished."""
+    """submitting | abandoned (the submission stopped; resumable) | paused_budget | paused_breaker (tasks open,
+    none claimed: `conveyor resume`) | submitted (tasks open) | finished."""
     if run.status == "submitting":
         return "abandoned" if stopped(run.submitter, run.heartbeat_at or run.created_at, store.clock()) \
             else "submitting"
     if run.status == "abandoned":
         return "abandoned"
+    if run.paused and open_tasks:
+        return f"paused_{run.paused.split(':')[0]}"
     return run.status if open_tasks else "finished"
+
+
+def budget_of(store: SqlStore, run: RunRecord) -> dict[str, Any] | None:
+    """``{"usd", "spent", "reserved"}`` of a run with a budget, else None."""
+    if run.budget_usd is None:
+        return None
+    spent, reserved = store.spent(run.run_id)
+    return {"usd": run.budget_usd, "spent": spent, "reserved": reserved}
 
 
 def expected_items(store: SqlStore, run: RunRecord) -> int:
@@ -103,10 +114,11 @@ def stale_code_warnings(stale: Sequence[dict[str, Any]]) -> list[str]:
 
 def exit_code(summary: dict[str, Any]) -> int:
     """0: every item published or completed; 3: items unaccounted or not at an end yet (in progress, or
-    accepted and not yet published), or the submission unfinished; 4: items failed, dead-lettered or
-    rejected; 5: none of those, but items await review."""
+    accepted and not yet published), the submission unfinished, or the run paused; 4: items failed,
+    dead-lettered or rejected; 5: none of those, but items await review."""
     outcomes = summary["outcomes"]
-    if summary["unaccounted"] or summary.get("status") in UNFINISHED_RUNS or _some(outcomes, NOT_ENDED):
+    if (summary["unaccounted"] or summary.get("status") in UNFINISHED_RUNS or _some(outcomes, NOT_ENDED)
+            or str(summary.get("status", "")).startswith("paused")):
         return 3
     if _some(outcomes, REFUSED):
         return 4
@@ -135,7 +147,7 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs
         "run_id": run.run_id, "pipeline": run.pipeline, "expected": status["expected"], "status": status["status"],
         "outcomes": outcomes, "unaccounted": status["expected"] - sum(outcomes.values()),
         "not_done": _not_done(store, run.run_id, limit, settled, missing),
-        "stale_code": status["stale_code"],
+        "stale_code": status["stale_code"], "note": status["note"], "budget": status["budget"],
         "stage_calls": status["stage_calls"], "cached": status["cached"], "retries": status["retries"],
         "usage": status["usage"] | _per_accepted_item(status["usage"], outcomes),
         "per_accepted_item": per_accepted_item(attempts, outcomes),
@@ -186,6 +198,9 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     status["outcomes"] = outcomes
     status["unaccounted"] = status["expected"] - sum(outcomes.values())
     status["usage"] = status["usage"] | _per_accepted_item(status["usage"], outcomes)
+    status["replays"] = [{"id": i, "reason": reason, "note": note, "at": at, "by": by, "reopened": reopened,
+                          "superseded": superseded}
+                         for i, reason, note, at, by, reopened, superseded in store.replays_of(run.run_id)]
     return status
 
 

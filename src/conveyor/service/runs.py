@@ -20,7 +20,7 @@ from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
-from conveyor.store import UNFINISHED_RUNS, SqlStore
+from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 
 # Called every poll with a function that reads the run's status: the status is read (a count over the
 # run's tasks) only when the caller is about to show it.
@@ -75,10 +75,13 @@ def run_pipeline(
 
 def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
                progress: Progress | None = None) -> dict[str, Any]:
-    """Finish a run: its submission, when that stopped part way, and then its tasks."""
+    """Finish a run: its submission, when that stopped part way, and then its tasks. A paused run carries on
+    (with ``options.submit.budget_usd`` as its new budget, when given): one paused by its breaker first
+    re-opens the tasks that failed the way that tripped it."""
     run = find_run(store, run_id)
     pipeline = load_target(run.target)
     require_provider(pipeline)
+    carry_on(store, blobs, run, pipeline, options.submit.budget_usd)
     unfinished = run.status in UNFINISHED_RUNS
 
     def submission(on_work: Callable[[str], None] | None) -> Submitted:
@@ -92,6 +95,30 @@ def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
 
     fleet = Fleet(pipeline.name, run.target, store, blobs, options)
     return _process(pipeline, fleet, progress, submission)
+
+
+def carry_on(store: SqlStore, blobs: Blobs, run: RunRecord, pipeline: Pipeline, budget: float | None) -> None:
+    """Unpause ``run`` (setting ``budget`` when given); a run paused on its budget needs a larger one."""
+    if run.paused is None:
+        if budget is not None:
+            store.resume_paused(run.run_id, budget, keep_budget=False)
+        return
+    spent, _ = store.spent(run.run_id)
+    if run.paused == "budget" and budget is None and run.budget_usd is not None:
+        raise UserError(f"run {run.run_id} is paused: it spent ${spent:.4f} of its ${run.budget_usd:.4f} budget; "
+                        f"carry on with `conveyor resume {run.run_id} --budget-usd MORE`")
+    if budget is not None and budget <= spent:
+        raise UserError(f"--budget-usd {budget:g} is not more than the ${spent:.4f} run {run.run_id} has spent; "
+                        "give a larger budget")
+    store.resume_paused(run.run_id, budget, keep_budget=budget is None)
+    if run.paused.startswith("breaker:"):
+        from conveyor.service.replay import ReplayOptions, replay
+        from conveyor.service.selection import Selection
+
+        tripped = run.paused.split(":", 1)[1]
+        again = Selection(runs=(run.run_id,), statuses=("failed", "dead_lettered"), error_classes=(tripped,))
+        replay(store, blobs, again, ReplayOptions("retry", note=f"the run's breaker had tripped on {tripped}",
+                                                   pipeline=pipeline))
 
 
 def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
@@ -178,7 +205,9 @@ class Fleet:
             crashed = [i for i in exited if self.procs[i].returncode != 0]
             if len(exited) < len(self.procs) and not crashed:
                 continue
-            open_tasks = self.store.open_tasks(self.pipeline, self.run_id)
+            run = self.store.get_run(self.run_id)
+            paused = run is not None and run.paused is not None  # its tasks wait for `conveyor resume`
+            open_tasks = 0 if paused else self.store.open_tasks(self.pipeline, self.run_id)
             for index in exited if open_tasks else []:
                 if self.restarts < self.options.max_restarts:
                     # A stage that kills its process must not stop the run: start a new worker.

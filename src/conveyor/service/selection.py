@@ -100,7 +100,7 @@ def parse_where(text: str | None) -> tuple[Condition, ...]:
     conditions = []
     for part in re.split(r"\s+and\s+", text.strip(), flags=re.IGNORECASE):
         found = _CONDITION.fullmatch(part)
-        if found is None or not found.group(3):
+        if found is None or not found.group(3) or found.group(3)[0] in "<>=!":
             raise UserError(f"--where {part!r}: write NAME OP VALUE with OP one of = != < <= > >=, joined by "
                             "'and' (e.g. --where \"parser < 1.24.10 and schema = 3\")")
         name, op, value = found.groups()

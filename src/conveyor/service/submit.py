@@ -57,7 +57,7 @@ class SubmitOptions:
     ``resume_same``: finish the latest unfinished run of the same pipeline, graph and input instead
     of starting a new one (running the same command again). ``accept_code_change``: stages whose
     memoised outputs, made by other code under the same version, are accepted for the current code
-    (``"*"``: every stage).
+    (``"*"``: every stage). ``budget_usd``: the new run's ceiling on provider spending.
     """
 
     skip_bad_lines: bool = False
@@ -65,6 +65,7 @@ class SubmitOptions:
     resume: str | None = None
     resume_same: bool = True
     accept_code_change: Sequence[str] = ()
+    budget_usd: float | None = None  # the run's ceiling on provider spending (default: the pipeline's budget_usd)
 
 
 def new_run_id(now: float) -> str:
@@ -171,8 +172,9 @@ def _hold_run(
         if unfinished is not None and store.take_submission(unfinished.run_id, me, clock(), _quiet(unfinished)):
             return unfinished, True
     now = clock()
+    budget = options.budget_usd if options.budget_usd is not None else pipeline.budget_usd
     run = RunRecord(new_run_id(now), pipeline.name, absolute_target(target), source, "submitting", 0,
-                    pipeline.has_publish, graph, now, None, None, lane, me, now)
+                    pipeline.has_publish, graph, now, None, None, lane, me, now, budget_usd=budget)
     store.create_run(run)
     return run, False
 

@@ -23,7 +23,6 @@ from conveyor.store.records import (
     NewTasks,
     Notice,
     PlainAttempt,
-    Requeued,
     Retried,
     RunRecord,
     StoredOutput,
@@ -37,7 +36,7 @@ DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 __all__ = [
     "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
     "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice",
-    "PlainAttempt", "Requeued", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus",
+    "PlainAttempt", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus",
     "open_store", "sqlite_path",
 ]
 

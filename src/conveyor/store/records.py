@@ -173,15 +173,6 @@ class Notice(NamedTuple):
     created_at: float
 
 
-class Requeued(NamedTuple):
-    """An ended task queued again under its stage's current version and config."""
-
-    task_key: str
-    stage_version: str
-    config_hash: str
-    available_at: float
-    task_id: int
-
 
 class StoredOutput(NamedTuple):
     task_key: str
@@ -299,7 +290,11 @@ class RunRecord:
     lane: str = "bulk"
     submitter: str | None = None  # who holds the submission, while it is under way
     heartbeat_at: float | None = None  # the submitter's last sign of life (the store's clock)
-    note: str | None = None  # why a submission stopped (status "abandoned")
+    note: str | None = None  # why a submission stopped (status "abandoned"), or why the run is paused
+    budget_usd: float | None = None  # the ceiling on its provider spending (None: none)
+    spent_usd: float = 0.0  # what its settled provider calls cost (kept only while it has a budget)
+    reserved_usd: float = 0.0  # what its calls in flight reserve
+    paused: str | None = None  # "budget" or "breaker": none of its tasks is claimed until it is resumed
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,13 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.memokey import key64
-from conveyor.store.records import DeadLetter, Requeued
+from conveyor.store.records import DeadLetter
 from conveyor.store.tasks import chunks
 
 DLQ_COLUMNS = (
     "id, task_id, run_id, item_key, stage, error_class, error, attempts, created_at, replayed_at, replay_reason"
 )
 
-REQUEUE = """
-UPDATE tasks SET status = 'queued', task_key = ?, stage_version = ?, config_hash = ?, available_at = ?,
-    attempts = 0, crashes = 0, cached = 0, finished_at = NULL, output_digest = NULL, output_kind = NULL
-WHERE id = ? AND status IN ('failed', 'dead_lettered')
-"""
 
 OPEN = "t.status IN ('queued', 'running')"
 
@@ -272,39 +266,6 @@ class ReportQueries:
         return replayed
 
     # --- re-running a selection -------------------------------------------
-
-    def tasks_to_requeue(
-        self, run_id: str, stage: str, statuses: Sequence[str], error_class: str | None,
-        stage_version: str | None,
-    ) -> list[tuple[int, str, str, str, str, bytes | None, int]]:
-        """(id, item key, task key, input kind, input digest, input bytes, input size) of the selection."""
-        clauses = ["run_id = ?", "stage = ?", f"status IN ({','.join('?' * len(statuses))})"]
-        params: list[Any] = [run_id, stage, *statuses]
-        for column, value in (("error_class", error_class), ("stage_version", stage_version)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        return self.db.execute(
-            "SELECT id, item_key, task_key, input_kind, input_digest, input_inline, input_size FROM tasks"
-            f" WHERE {' AND '.join(clauses)} ORDER BY id", params)
-
-    def requeue(self, rows: Sequence[Requeued], forget: Sequence[str], reason: str, now: float, run_id: str) -> int:
-        """Queue ended tasks again with a fresh attempt budget, forget the settled failures in ``forget``
-        (task keys), record ``reason`` as an attempt of each."""
-        with self.db.transaction():
-            for part in chunks(list(forget), 900):
-                marks = ",".join("?" * len(part))
-                self.db.execute(f"DELETE FROM outputs WHERE kind = 'failed' AND key64 IN ({marks})"
-                                f" AND task_key IN ({marks})", [*map(key64, part), *part])
-            changed = self.db.executemany_count(REQUEUE, rows)
-            self.db.executemany(
-                "UPDATE dead_letters SET replayed_at = ?, replay_reason = ? WHERE task_id = ? AND replayed_at IS NULL",
-                [(now, reason, row.task_id) for row in rows])
-            self.db.executemany(
-                "INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, message, started_at)"
-                " VALUES (?, ?, 0, 'requeued', 0, ?, ?)", [(row.task_id, run_id, reason, now) for row in rows])
-            self.db.notify()
-        return changed
 
 
 def _scope(run_id: str | None, pipeline: str | None) -> tuple[str, tuple[Any, ...]]:

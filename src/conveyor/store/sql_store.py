@@ -7,8 +7,11 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from conveyor.errors import StoreError
+from conveyor.store.budget import BudgetQueries
+from conveyor.store.compare import CompareQueries
 from conveyor.store.dialect import Dialect
 from conveyor.store.diffs import DiffQueries
+from conveyor.store.forecast import ForecastQueries
 from conveyor.store.provenance import ProvenanceQueries
 from conveyor.store.publications import PublicationQueries
 from conveyor.store.quota import QuotaQueries
@@ -19,11 +22,13 @@ from conveyor.store.reviews import ReviewQueries
 from conveyor.store.runs import RunQueries
 from conveyor.store.schema import MIGRATIONS
 from conveyor.store.selection import SelectionQueries
+from conveyor.store.show import ShowQueries
 from conveyor.store.tasks import TaskQueries
 
 
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
-               PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries):
+               PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
+               ShowQueries, ForecastQueries, BudgetQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

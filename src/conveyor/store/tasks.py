@@ -157,6 +157,11 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
+def _not_paused(paused: Sequence[str]) -> str:
+    """A claim's condition that leaves paused runs' tasks alone (none in the common case: no condition)."""
+    return f" AND run_id NOT IN ({','.join('?' * len(paused))})" if paused else ""
+
+
 def chunks(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
@@ -245,11 +250,12 @@ class TaskQueries:
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
         lease_seconds: float, run_id: str | None = None, caps: Mapping[str, int] | None = None,
+        paused: Sequence[str] = (),
     ) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages
-        first; count the attempt now."""
+        first, none of a ``paused`` run; count the attempt now."""
         claimed: list[ClaimedTask] = []
-        run_filter = "AND run_id = ?" if run_id else ""
+        run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(paused)
         with self.db.transaction():
             for stage in stages:
                 if len(claimed) >= limit:
@@ -260,7 +266,7 @@ class TaskQueries:
                 params: list[Any] = [owner, now + lease_seconds, now, pipeline, stage, now]
                 if run_id:
                     params.append(run_id)
-                params.append(want)
+                params += [*paused, want]
                 rows = self.db.execute(
                     f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
                         lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
@@ -275,10 +281,12 @@ class TaskQueries:
 
     def claim_suspect(
         self, pipeline: str, owner: str, now: float, lease_seconds: float, run_id: str | None = None,
+        paused: Sequence[str] = (),
     ) -> list[ClaimedTask]:
-        """Lease one task that was in flight when a worker died; the caller runs it alone."""
-        run_filter = "AND run_id = ?" if run_id else ""
-        params: list[Any] = [owner, now + lease_seconds, now, pipeline, now, *([run_id] if run_id else [])]
+        """Lease one task that was in flight when a worker died (none of a ``paused`` run); the caller runs it
+        alone."""
+        run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(paused)
+        params: list[Any] = [owner, now + lease_seconds, now, pipeline, now, *([run_id] if run_id else []), *paused]
         with self.db.transaction():
             rows = self.db.execute(
                 f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
@@ -338,6 +346,10 @@ class TaskQueries:
         with self.db.transaction():
             self.db.executemany(RELEASE, list(tokens))
             self.db.notify()
+
+    def release_leases(self, tokens: Sequence[Lease]) -> int:
+        """``release`` inside the caller's transaction (a commit): returns the rows changed."""
+        return self.db.executemany_count(RELEASE, list(tokens))
 
     def requeue_crashed(self, rows: Sequence[Crashed]) -> int:
         """The tasks become suspects (run alone); returns the rows changed."""

@@ -107,7 +107,8 @@ class Commits(Base):
         expires = now + claim.lease_seconds
         for row in w.tasks.queued:
             stage = row[2]
-            if room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id):
+            if (room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id)
+                    and row[0] not in claim.paused):
                 running.append((*row, claim.owner, expires, now))
                 room -= 1
                 taken[stage] += 1
@@ -121,11 +122,13 @@ class Commits(Base):
         taken = Counter(t.stage for t in fresh)
         caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
-                                claim.lease_seconds, claim.run_id, caps)
+                                claim.lease_seconds, claim.run_id, caps, claim.paused)
 
     def _write(self, w: Writes, memo_checked: bool = True) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
+        if w.released:
+            changed += self.store.release_leases(w.released)
         if w.escalated or w.awaiting:
             changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
         if changed != w.fenced:
@@ -151,6 +154,8 @@ class Commits(Base):
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
         w = Writes()
         outcomes = _first_per_key(outcomes)
+        self._release(w, [o for o in outcomes if o.released])
+        outcomes = [o for o in outcomes if not o.released]
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
         self._fail(w, [o for o in outcomes if o.failure is not None], now)
         stale = self.expander.take_stale()
@@ -187,6 +192,15 @@ class Commits(Base):
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
         w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
+
+    def _release(self, w: Writes, paused: Sequence[Outcome]) -> None:
+        """Tasks whose run was paused during the attempt (its budget, its breaker): given back untouched, the
+        attempt refunded; what the attempt spent is recorded (outcome ``paused``)."""
+        for o in paused:
+            w.released.append(Lease(o.task.id, o.task.lease_token))
+            w.attempts.append(self._attempt(o, "paused", o.failure))
+        if paused:
+            w.counts["paused"] += len(paused)
 
     def _publication(self, o: Outcome, now: float) -> NewPublication:
         task, staged, into = o.task, o.value, self.pipeline[o.task.stage].into

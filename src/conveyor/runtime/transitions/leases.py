@@ -31,17 +31,18 @@ from conveyor.store import (
 log = logging.getLogger("conveyor.transitions")
 
 
-
 class Leases(Base):
     def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
-              caps: Mapping[str, int] | None = None) -> list[ClaimedTask]:
-        """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first;
-        the attempt is counted now."""
-        return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps)
+              caps: Mapping[str, int] | None = None, paused: Sequence[str] = ()) -> list[ClaimedTask]:
+        """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first, none of
+        a ``paused`` run; the attempt is counted now."""
+        return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps,
+                                paused)
 
-    def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None) -> list[ClaimedTask]:
+    def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None,
+                      paused: Sequence[str] = ()) -> list[ClaimedTask]:
         """Lease one task that was in flight when a worker died; the worker runs it alone."""
-        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id)
+        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id, paused)
 
     def renew(self, leases: Sequence[Lease], expires_at: float) -> int:
         """Extend the leases still held; returns how many were."""

@@ -15,6 +15,7 @@ from conveyor.store import (
     AttemptRecord,
     ClaimedTask,
     Ended,
+    Lease,
     NewDeadLetter,
     NewItem,
     NewOutput,
@@ -46,6 +47,7 @@ class Outcome:
     verdict: Verdict | None = None  # what the acceptance boundary made of the answer (stages with ``accept``)
     candidate: Ref | None = None  # a refused answer, stored for a reviewer
     provenance: dict[str, list[str]] | None = None  # what made the output (runtime/provenance.py)
+    released: bool = False  # its run was paused mid-attempt (budget, breaker): given back, attempt refunded
 
 
 @dataclass
@@ -67,11 +69,13 @@ class Writes:
     awaiting: list[AwaitingReview] = field(default_factory=list)
     reviews: list[NewReview] = field(default_factory=list)
     provenance: list[ProvenanceRow] = field(default_factory=list)
+    released: list[Lease] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
     def fenced(self) -> int:
-        return len(self.succeeded) + len(self.retry) + len(self.ended) + len(self.escalated) + len(self.awaiting)
+        return (len(self.succeeded) + len(self.retry) + len(self.ended) + len(self.escalated) + len(self.awaiting)
+                + len(self.released))
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class Claim:
     lease_seconds: float
     run_id: str | None = None
     caps: Mapping[str, int] | None = None  # at most this many of a stage
+    paused: tuple[str, ...] = ()  # runs none of whose tasks may be claimed
 
     def cap(self, stage: str) -> int:
         return self.limit if self.caps is None else self.caps.get(stage, self.limit)

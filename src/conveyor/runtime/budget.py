@@ -1,0 +1,108 @@
+"""Keeping a run's budget and its circuit breaker, seen from one worker process.
+
+Before a provider call of a run with a budget, its estimated cost (the quota's token estimate at the model's
+price: prompt tokens in, ``max_tokens`` out) is reserved in the store (store/budget.py); after it, the
+reservation is settled to the real cost. A reservation that does not fit pauses the run, and the call raises
+``RunPaused``: the task is given back untouched (its attempt refunded), nothing in flight is lost, and no
+worker claims the run's tasks until `conveyor resume RUN --budget-usd MORE`. The breaker pauses a run the
+same way when its calls all fail one systemic way (pipeline/budget.py ``Breaker``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from conveyor.pipeline import Breaker
+from conveyor.store import SqlStore
+from conveyor.store.budget import EXHAUSTED, GRANTED, NO_BUDGET, PAUSED
+
+T = TypeVar("T")
+BUDGET_READ_S = 5.0  # how long a run's "has no budget" is believed before it is read again
+SYSTEMIC = ("auth",)
+
+
+class RunPaused(BaseException):
+    """The run this call belongs to is paused (its budget is spent, or its breaker tripped): the task is given
+    back untouched. A BaseException, like cancellation, so a stage's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        self.run_id = run_id
+        self.why = why
+        super().__init__(f"run {run_id} is paused: {why}")
+
+
+Db = Callable[[Callable[[SqlStore], T]], Awaitable[T]]
+
+
+class BudgetKeeper:
+    """Reservations against run budgets, for one worker process (calls the store through ``db``)."""
+
+    def __init__(self, db: Db[Any], clock: Callable[[], float] = time.monotonic) -> None:
+        self._db = db
+        self._clock = clock
+        self._unbudgeted: dict[str, float] = {}  # run -> when it was last seen to have no budget
+
+    async def reserve(self, run_id: str, usd: float | None, model: str) -> float:
+        """Reserve ``usd`` (None: the model has no price) for a call of ``run_id``; returns what was reserved
+        (0 for a run without a budget). Raises RunPaused when the run is paused or its budget would pass."""
+        seen = self._unbudgeted.get(run_id)
+        if seen is not None and self._clock() - seen < BUDGET_READ_S:
+            return 0.0
+        if usd is None:
+            budget, paused = await self._db(lambda s: s.run_budget(run_id))
+            if budget is None and paused is None:
+                self._unbudgeted[run_id] = self._clock()
+                return 0.0
+            why = f"model {model!r} has no price, so the run's budget cannot be kept; add it to CONVEYOR_PRICES"
+            await self._db(lambda s: s.pause_run(run_id, "budget", why))
+            raise RunPaused(run_id, paused or why)
+        note = f"its budget would pass: a call to {model} needs ${usd:.4f} more"
+        answer = await self._db(lambda s: s.reserve_budget(run_id, usd, note))
+        if answer == GRANTED:
+            return usd
+        if answer == NO_BUDGET:
+            self._unbudgeted[run_id] = self._clock()
+            return 0.0
+        assert answer in (PAUSED, EXHAUSTED)
+        spent, reserved = await self._db(lambda s: s.spent(run_id))
+        raise RunPaused(run_id, f"budget: ${spent:.4f} spent, ${reserved:.4f} reserved by calls in flight")
+
+    async def settle(self, run_id: str, reserved: float, cost: float) -> None:
+        """Settle a granted reservation to what the call cost (a run without a budget reserved nothing)."""
+        if reserved:
+            await self._db(lambda s: s.settle_budget([(reserved, cost, run_id)]))
+
+
+class BreakerWatch:
+    """The breaker's view from one worker: each run's provider calls over the last window."""
+
+    def __init__(self, breaker: Breaker | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.breaker = breaker
+        self._clock = clock
+        self._calls: dict[str, deque[tuple[float, str | None]]] = {}
+
+    def record(self, run_id: str, error_class: str | None) -> str | None:
+        """Note a call's outcome; return why the run's breaker trips now, or None."""
+        b = self.breaker
+        if b is None:
+            return None
+        now = self._clock()
+        calls = self._calls.setdefault(run_id, deque())
+        calls.append((now, error_class))
+        while calls and calls[0][0] < now - b.window_s:
+            calls.popleft()
+        if error_class is None or len(calls) < b.min_calls:
+            return None
+        classes = [c for _, c in calls]
+        for systemic in SYSTEMIC:
+            if all(c == systemic for c in classes):
+                return (f"breaker: every one of the last {len(calls)} provider calls failed with {systemic} "
+                        f"(a bad key, or no credit left?)")
+        limited = sum(1 for c in classes if c == "rate_limited")
+        if limited >= b.rate_limited_share * len(classes):
+            return (f"breaker: {limited} of the last {len(calls)} provider calls were answered 429, more than "
+                    f"{b.rate_limited_share:.0%}: is the declared limit above the account's?")
+        return None

@@ -1,0 +1,143 @@
+"""`conveyor run --dry-run`: what a run of an input would do and cost, before anything is created.
+
+The input is read and hashed as a submission would (nothing is stored), each item's first tasks are looked up
+in the memo and followed through its answers as the planner does, so the counts of what the memo answers are
+exact; what lies after a task that would run is estimated (one task per stage, a fan-out's children at the
+ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py) or, for a stage
+with none, from a sample of ``sample`` items run for real in a scratch store that is thrown away (those calls
+are paid for, and say so; publish stages are left out of the sample: nothing is published).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from conveyor.blobs import Blobs, FilesystemBlobs
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.expand import Expander
+from conveyor.runtime.values import Ref
+from conveyor.service.forecast import History, forecast, history, limits_of
+from conveyor.service.inputs import SourceItem, check_input, iter_items
+from conveyor.service.replay import _digest_only
+from conveyor.service.submit import _own
+from conveyor.store import SqlStore, open_store
+
+BATCH = 1000
+DRY_RUN_ID = "dry-run"
+
+
+def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs, workers: int,
+            sample: int = 3, skip_bad_lines: bool = False) -> dict[str, Any]:
+    """What ``conveyor run TARGET --input INPUT`` would run, what the memo would answer, and the forecast."""
+    check_input(input_path, skip_bad_lines)
+    expander = Expander(pipeline, store)
+    stages: dict[str, Counter[str]] = {s.name: Counter() for s in pipeline}
+    items = bad = 0
+    samples: list[SourceItem] = []
+    for batch in _batches(iter_items(input_path, skip_bad_lines=skip_bad_lines, own=_own(store, blobs))):
+        good: list[tuple[SourceItem, Ref]] = []
+        for item in batch:
+            items += 1
+            ref = _ref(item)
+            if isinstance(ref, str):
+                bad += 1
+                continue
+            good.append((item, ref))
+        seeds = [seed for item, ref in good for seed in expander.roots(DRY_RUN_ID, item.key, ref)]
+        tasks, _, _ = expander.plan(seeds, store.clock())
+        for row in tasks.cached:
+            stages[row[2]]["memo"] += 1
+        for row in tasks.failed:
+            stages[row[2]]["memo"] += 1
+        running = Counter(row[2] for row in tasks.queued)
+        for stage, count in running.items():
+            stages[stage]["run"] += count
+        starts = {row[3] for row in tasks.queued if row[2] in {s.name for s in pipeline.roots}}
+        samples += [item for item, _ in good if item.key in starts][: max(0, sample - len(samples))]
+    past = history(store, pipeline)
+    _estimate_below(pipeline, stages, past)
+    to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
+    sampled = None
+    missing = [name for name, count in to_run.items() if count and name not in past.stages
+               and pipeline[name].kind != "publish"]
+    if missing and sample > 0 and samples:
+        measured, sampled = _sample(pipeline, target, samples)
+        past = _merged(past, measured)
+        _estimate_below(pipeline, stages, past)
+        to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
+    return {
+        "dry_run": True, "pipeline": pipeline.name, "input": input_path, "items": items, "bad_input": bad,
+        "stages": {name: {"tasks": c["memo"] + c["run"] + c["estimated"], "memo": c["memo"],
+                          "run": c["run"] + c["estimated"], "estimated": c["estimated"]}
+                   for name, c in stages.items()},
+        "forecast": forecast(pipeline, past, to_run, workers, limits_of(pipeline)),
+        "sampled": sampled,
+    }
+
+
+def _batches(items: Iterator[SourceItem]) -> Iterator[list[SourceItem]]:
+    batch: list[SourceItem] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _ref(item: SourceItem) -> Ref | str:
+    if item.problem is not None:
+        return item.problem
+    try:
+        return _digest_only(item)
+    except OSError as exc:
+        return f"{item.path} could not be read: {exc.strerror or exc}"
+
+
+def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: History) -> None:
+    """Tasks after the ones that would run: one per stage after a map, a fan-out's children at its past ratio
+    (one each when it has no past)."""
+    for stage in pipeline:  # declaration order runs parents first
+        stages[stage.name]["estimated"] = 0
+    for stage in pipeline:
+        if stage.after is None:
+            continue
+        parent = stages[stage.after]
+        upstream = parent["run"] + parent["estimated"]
+        ratio = past.fanout.get(stage.name, 1.0) if pipeline[stage.after].kind == "fanout" else 1.0
+        stages[stage.name]["estimated"] = round(upstream * ratio)
+
+
+def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem]) -> tuple[History, dict[str, Any]]:
+    """Run ``items`` for real in a scratch store (publish stages left out) and measure them."""
+    from conveyor.runtime.worker import Worker, WorkerOptions
+    from conveyor.service.report import find_run, reconcile
+    from conveyor.service.submit import submit
+
+    scratch_pipeline = pipeline.without_publish()
+    with tempfile.TemporaryDirectory(prefix="conveyor-sample-") as scratch:
+        url = f"sqlite:///{Path(scratch) / 'sample.db'}"
+        blobs = FilesystemBlobs(Path(scratch) / "blobs")
+        store = open_store(url)
+        try:
+            done = submit(scratch_pipeline, target, "sample", store, blobs, items=list(items))
+            Worker(scratch_pipeline, target, url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
+            measured = history(store, scratch_pipeline, 1, basis="sample")
+            usage = reconcile(store, find_run(store, done.run_id))["usage"]
+        finally:
+            store.close()
+    return measured, {"items": len(items), "provider_calls": usage["provider_calls"],
+                      "tokens": usage["prompt_tokens"] + usage["completion_tokens"], "cost": usage["cost"]}
+
+
+def _merged(past: History, measured: History) -> History:
+    """The history, with the sample's measures for the stages it has none for."""
+    stages = {**measured.stages, **past.stages}
+    fanout = {**measured.fanout, **past.fanout}
+    basis = "sample" if not past.stages else "history"
+    return History(stages, past.runs or measured.runs, basis, fanout)

@@ -1,0 +1,91 @@
+"""Budgets and pauses: a run's ceiling on provider spending, kept by reservations, and runs paused whole.
+
+A provider call of a run with a budget first reserves its estimated cost; the reservation is granted only
+while what the run spent plus what its calls in flight reserve plus this one fit the budget, in one
+conditional UPDATE, so however many workers reserve at once the run never passes its budget by more than the
+difference between one call's estimate and its real cost. After the call the reservation is settled to the
+real cost. A run whose reservation no longer fits is paused (``paused = 'budget'``); so is one whose calls all
+fail the same systemic way (``'breaker'``). No task of a paused run is claimed until it is resumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor.store.dialect import Dialect
+
+GRANTED, NO_BUDGET, PAUSED, EXHAUSTED = "granted", "no_budget", "paused", "exhausted"
+
+
+class BudgetQueries:
+    db: Dialect
+
+    def run_budget(self, run_id: str) -> tuple[float | None, str | None]:
+        """(budget in USD or None, why it is paused or None)."""
+        rows = self.db.execute("SELECT budget_usd, paused FROM runs WHERE run_id = ?", (run_id,))
+        if not rows:
+            return None, None
+        return (None if rows[0][0] is None else float(rows[0][0])), rows[0][1]
+
+    def reserve_budget(self, run_id: str, usd: float, note: str) -> str:
+        """Reserve ``usd`` of the run's budget: GRANTED, NO_BUDGET, PAUSED (it was), or EXHAUSTED (it did not
+        fit: the run is paused now, with ``note``)."""
+        with self.db.transaction():
+            if self.db.execute_rowcount(
+                    "UPDATE runs SET reserved_usd = reserved_usd + ? WHERE run_id = ? AND paused IS NULL AND "
+                    "budget_usd IS NOT NULL AND spent_usd + reserved_usd + ? <= budget_usd", (usd, run_id, usd)):
+                return GRANTED
+            budget, paused = self.run_budget(run_id)
+            if budget is None and paused is None:
+                return NO_BUDGET
+            if paused is not None:
+                return PAUSED
+            self.db.execute("UPDATE runs SET paused = 'budget', note = ? WHERE run_id = ? AND paused IS NULL",
+                            (note, run_id))
+            return EXHAUSTED
+
+    def settle_budget(self, rows: Sequence[tuple[float, float, str]]) -> None:
+        """(reserved, spent, run): a call's reservation settled to what it cost."""
+        with self.db.transaction():
+            self.db.executemany(
+                "UPDATE runs SET reserved_usd = CASE WHEN reserved_usd > ? THEN reserved_usd - ? ELSE 0 END, "
+                "spent_usd = spent_usd + ? WHERE run_id = ?", [(r, r, s, run) for r, s, run in rows])
+
+    def spent(self, run_id: str) -> tuple[float, float]:
+        """(spent, reserved) of a run with a budget."""
+        rows = self.db.execute("SELECT spent_usd, reserved_usd FROM runs WHERE run_id = ?", (run_id,))
+        return (float(rows[0][0]), float(rows[0][1])) if rows else (0.0, 0.0)
+
+    def pause_run(self, run_id: str, why: str, note: str) -> bool:
+        """Pause a run (``why``: 'budget' or 'breaker'); False when it was paused already."""
+        with self.db.transaction():
+            return bool(self.db.execute_rowcount(
+                "UPDATE runs SET paused = ?, note = ? WHERE run_id = ? AND paused IS NULL", (why, note, run_id)))
+
+    def paused_runs(self, pipeline: str) -> list[str]:
+        return [str(r[0]) for r in self.db.execute(
+            "SELECT run_id FROM runs WHERE pipeline = ? AND paused IS NOT NULL", (pipeline,))]
+
+    def resume_paused(self, run_id: str, budget: float | None, keep_budget: bool) -> None:
+        """Carry on a paused run: unpaused, with ``budget`` (or its old one when ``keep_budget``); what it
+        spent is counted again from its attempts and nothing is reserved (no call of it is in flight)."""
+        with self.db.transaction():
+            if keep_budget:
+                self.db.execute("UPDATE runs SET paused = NULL, note = NULL WHERE run_id = ?", (run_id,))
+            else:
+                self.db.execute("UPDATE runs SET paused = NULL, note = NULL, budget_usd = ? WHERE run_id = ?",
+                                (budget, run_id))
+            self.db.execute("UPDATE runs SET reserved_usd = 0, spent_usd = (SELECT COALESCE(SUM(cost), 0) FROM "
+                            "attempts WHERE attempts.run_id = runs.run_id) WHERE run_id = ?", (run_id,))
+
+    def open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None) -> int:
+        """Open tasks of the pipeline (of ``run_id``) in runs not in ``runs`` (the paused ones)."""
+        where = "AND run_id = ?" if run_id else ""
+        params: list[object] = [pipeline, *([run_id] if run_id else [])]
+        skip = f"AND run_id NOT IN ({','.join('?' * len(runs))})" if runs else ""
+        total = 0
+        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", "status = 'running'"):
+            rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where} {skip}",
+                                   [*params, *runs])
+            total += int(rows[0][0])
+        return total

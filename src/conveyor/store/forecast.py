@@ -1,0 +1,70 @@
+"""What past attempts of a pipeline's stages cost: the history a dry run forecasts from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from conveyor.store.dialect import Dialect
+
+
+class StageCosts(NamedTuple):
+    """Sums over the invoked attempts of one stage (squares too, for the spread)."""
+
+    stage: str
+    attempts: int
+    tasks: int
+    tokens: float
+    tokens_sq: float
+    cost: float
+    cost_sq: float
+    seconds: float
+    seconds_sq: float
+    calls: int
+    unpriced: int
+
+
+class ForecastQueries:
+    db: Dialect
+
+    def recent_runs(self, pipeline: str, limit: int = 5) -> list[str]:
+        """The latest runs of a pipeline, newest first."""
+        return [str(r[0]) for r in self.db.execute(
+            "SELECT run_id FROM runs WHERE pipeline = ? ORDER BY created_at DESC LIMIT ?", (pipeline, limit))]
+
+    def stage_costs(self, run_ids: Sequence[str]) -> list[StageCosts]:
+        """Per stage, the sums over these runs' invoked attempts (a stage call each)."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT t.stage, COUNT(*), COUNT(DISTINCT a.task_id),
+                SUM(a.prompt_tokens + a.completion_tokens),
+                SUM((a.prompt_tokens + a.completion_tokens) * (a.prompt_tokens + a.completion_tokens)),
+                SUM(a.cost), SUM(a.cost * a.cost), SUM(COALESCE(a.duration, 0)),
+                SUM(COALESCE(a.duration, 0) * COALESCE(a.duration, 0)), SUM(a.provider_calls), SUM(a.unpriced_calls)
+            FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id IN ({marks}) AND a.invoked = 1 GROUP BY t.stage""", list(run_ids))
+        return [StageCosts(str(r[0]), int(r[1]), int(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
+                           float(r[6] or 0), float(r[7] or 0), float(r[8] or 0), int(r[9] or 0), int(r[10] or 0))
+                for r in rows]
+
+    def stage_models(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """stage -> the models its tasks asked for, with how many tasks asked each."""
+        found: dict[str, dict[str, int]] = {}
+        for run_id in run_ids:
+            for stage, model, count in self.db.execute(
+                    "SELECT stage, value, COUNT(*) FROM provenance WHERE run_id = ? AND name = 'model' "
+                    "GROUP BY stage, value", (run_id,)):
+                by_model = found.setdefault(str(stage), {})
+                by_model[str(model)] = by_model.get(str(model), 0) + int(count)
+        return found
+
+    def stage_task_counts(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """stage -> tasks over these runs (how many children a fan-out made, per parent task)."""
+        counts: dict[str, int] = {}
+        for run_id in run_ids:
+            for stage, count in self.db.execute("SELECT stage, COUNT(*) FROM tasks WHERE run_id = ? AND status <> "
+                                                "'superseded' GROUP BY stage", (run_id,)):
+                counts[str(stage)] = counts.get(str(stage), 0) + int(count)
+        return counts
