@@ -9,8 +9,8 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,embeddings
 STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha1sum | cut -c1-12)
 # Test processes (pytest-xdist): most tests wait on worker processes, databases and simulated providers, so
-# two of them on the 2-core machine take the suite from 12 to about 7 minutes. TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
+# three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 3
 
 .PHONY: setup test demo check bench bench-providers soak clean
 

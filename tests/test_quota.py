@@ -240,5 +240,6 @@ def test_quota_command_shows_the_window_and_pauses(tmp_path: Path, store_url: st
     assert data["window_s"] == 60.0
     q = models["openai/q"]
     assert (q["tokens"], q["requests"], q["in_flight"], q["interactive_active"]) == (450, 2, 1, True)
-    assert 29 < models["openai/p"]["paused_for_s"] <= 30 and "429" in models["openai/p"]["pause_reason"]
+    # About 30 s less the time the command took to start (seconds on a loaded machine): the pause counts down.
+    assert 15 < models["openai/p"]["paused_for_s"] <= 30 and "429" in models["openai/p"]["pause_reason"]
     assert "openai/q" in cli("quota", "--db", store_url, cwd=tmp_path, check=True).stdout

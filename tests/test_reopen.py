@@ -223,6 +223,8 @@ def test_replay_cli_processes_in_one_step_and_says_what_is_wrong(tmp_path: Path,
 
     data = json.loads(done.stdout)
     assert data["reopened"] == 2 and data["processed"][0]["outcomes"] == {"completed": 4}
+    if not store_url.startswith("sqlite"):
+        return  # the one-line errors below are the command line's, the same on every backend
     for args, words in ((["--reason", "because"], "--reason 'because'"),
                         (["--reason", "retry", "--run", "r-none"], "no run"),
                         (["--reason", "retry", "--target", "nowhere.py:pipe"], "nowhere.py")):

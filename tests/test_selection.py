@@ -188,6 +188,8 @@ def test_select_cli_json_and_its_one_line_errors(tmp_path: Path, store_url: str,
                     cwd=tmp_path)
     assert data["count"] == 2 and data["counts"]["outcomes"] == {"failed": 2}
     assert set(data["items"][0]) >= {"run_id", "item_key", "stage", "status", "error_class", "provenance"}
+    if not store_url.startswith("sqlite"):
+        return  # the one-line errors below are the command line's, the same on every backend
     for args, words in ((["--where", "parser <<"], "--where"), (["--status", "done"], "--status 'done'"),
                         (["--items", str(tmp_path / "nope.txt")], "cannot read"), (["--run", "r-nope"], "no run"),
                         (["--outcome", "lost"], "--outcome"), (["--since", "yesterday"], "--since"),

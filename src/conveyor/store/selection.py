@@ -103,17 +103,21 @@ def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
             raise ValueError(f"not a selectable column: {column}")
         clauses.append(f"t.{column} = ?")
         params.append(value)
-    rows = ("SELECT 1 FROM provenance p WHERE p.run_id = t.run_id AND p.root_key = t.root_key "
-            "AND p.item_key = t.item_key AND p.stage = t.stage AND p.name = ?")
+    # Provenance conditions name the tasks through the provenance rows' index (run, name, sort key): an id list
+    # made once, not a probe per task (SQLite would otherwise scan the index range for every task row).
+    scope = f"p.run_id IN ({','.join('?' * len(f.runs))}) AND " if f.runs else ""
+    ids = ("t.id {negate}IN (SELECT t2.id FROM provenance p JOIN tasks t2 ON t2.run_id = p.run_id AND "
+           "t2.root_key = p.root_key AND t2.item_key = p.item_key AND t2.stage = p.stage WHERE " + scope +
+           "p.name = ? AND {condition})")
     if f.models:
-        clauses.append(f"EXISTS ({rows} AND p.value IN ({','.join('?' * len(f.models))}))")
-        params += ["model", *f.models]
+        clauses.append(ids.format(negate="", condition=f"p.value IN ({','.join('?' * len(f.models))})"))
+        params += [*f.runs, "model", *f.models]
     for term in f.provenance:
         if term.op == "!=":
-            clauses.append(f"NOT EXISTS ({rows} AND p.sort_key = ?)")
+            clauses.append(ids.format(negate="NOT ", condition="p.sort_key = ?"))
         else:
-            clauses.append(f"EXISTS ({rows} AND p.sort_key {OPS[term.op]} ?)")
-        params += [term.name, term.sort_key]
+            clauses.append(ids.format(negate="", condition=f"p.sort_key {OPS[term.op]} ?"))
+        params += [*f.runs, term.name, term.sort_key]
     if f.since is not None:
         clauses.append("COALESCE(t.finished_at, t.created_at) >= ?")
         params.append(f.since)
