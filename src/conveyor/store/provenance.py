@@ -85,18 +85,21 @@ class ProvenanceQueries:
 
     def provenance_of(self, tasks: Iterable[tuple[str, str, str, str]]) -> dict[tuple[str, str, str], dict[str,
                                                                                                            list[str]]]:
-        """The rows of these tasks (run, root key, item key, stage), by (run, item key, stage): name -> values."""
+        """The rows of these tasks (run, root key, item key, stage), by (run, item key, stage): name -> values.
+        Read a few hundred root items at a time."""
         found: dict[tuple[str, str, str], dict[str, list[str]]] = {}
-        by_root: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        wanted: dict[str, set[tuple[str, str, str]]] = {}
         for run_id, root_key, item_key, stage in tasks:
-            by_root.setdefault((run_id, root_key), set()).add((item_key, stage))
-        for (run_id, root_key), wanted in by_root.items():
-            for item_key, stage, name, value in self.db.execute(
-                    "SELECT item_key, stage, name, value FROM provenance WHERE run_id = ? AND root_key = ? "
-                    "ORDER BY item_key, stage, name, sort_key", (run_id, root_key)):
-                if (item_key, stage) in wanted:
-                    found.setdefault((run_id, str(item_key), str(stage)), {}).setdefault(str(name), []).append(
-                        str(value))
+            wanted.setdefault(run_id, set()).add((root_key, item_key, stage))
+        for run_id, keys in wanted.items():
+            for part in chunks(sorted({root for root, _, _ in keys}), 500):
+                for root_key, item_key, stage, name, value in self.db.execute(
+                        "SELECT root_key, item_key, stage, name, value FROM provenance WHERE run_id = ? AND root_key "
+                        f"IN ({','.join('?' * len(part))}) ORDER BY root_key, item_key, stage, name, sort_key",
+                        (run_id, *part)):
+                    if (root_key, item_key, stage) in keys:
+                        found.setdefault((run_id, str(item_key), str(stage)), {}).setdefault(str(name), []).append(
+                            str(value))
         return found
 
     def provenance_names(self, run_ids: Sequence[str]) -> list[str]:

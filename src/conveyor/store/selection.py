@@ -88,7 +88,10 @@ def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
             clauses.append(f"{column} IN ({','.join('?' * len(values))})")
             params.extend(values)
 
-    among("t.run_id", f.runs)
+    # With provenance conditions, the id list they make drives the query: `|| ''` keeps SQLite's planner from
+    # walking every task of the run through the run's index instead (2 s instead of 50 ms at a million tasks).
+    driven = bool(f.provenance or f.models)
+    among("(t.run_id || '')" if driven else "t.run_id", f.runs)
     among("t.stage", f.stages)
     among("t.status", f.statuses)
     if f.statuses and set(f.statuses) <= set(UNSETTLED):
