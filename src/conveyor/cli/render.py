@@ -294,6 +294,9 @@ def quota(data: dict[str, Any]) -> None:
 
 def selection(data: dict[str, Any]) -> None:
     """The selected tasks as a table, then the counts."""
+    if not data["count"]:
+        out.print("no task matches these filters")
+        return
     table = Table(title=f"{data['count']:,} task(s)" + (f", the first {len(data['items']):,}" if data["truncated"]
                                                          else ""))
     for column in ("run", "item", "stage", "status", "error class", "provenance"):
@@ -325,6 +328,10 @@ def replay(data: dict[str, Any]) -> None:
         out.print(table)
     if data["skipped"]:
         out.print("left as they are: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in data["skipped"].items()))
+        if data["skipped"].get("source_changed"):
+            out.print("  (their sources changed since the run read them: replay with --reason source-corrected)")
+    if data.get("hint"):
+        out.print(f"note: {data['hint']}")
     forecast = data.get("forecast")
     if forecast:
         _forecast(forecast)

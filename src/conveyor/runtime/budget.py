@@ -2,7 +2,8 @@
 
 Before a provider call of a run with a budget, its estimated cost (the quota's token estimate at the model's
 price: prompt tokens in, ``max_tokens`` out) is reserved in the store (store/budget.py); after it, the
-reservation is settled to the real cost. A reservation that does not fit pauses the run, and the call raises
+reservation is settled to the real cost. A call that fits only once the calls in flight settle waits for them; one
+that does not fit even then pauses the run, and the call raises
 ``RunPaused``: the task is given back untouched (its attempt refunded), nothing in flight is lost, and no
 worker claims the run's tasks until `conveyor resume RUN --budget-usd MORE`. The breaker pauses a run the
 same way when its calls all fail one systemic way (pipeline/budget.py ``Breaker``).
@@ -10,6 +11,7 @@ same way when its calls all fail one systemic way (pipeline/budget.py ``Breaker`
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -17,10 +19,11 @@ from typing import Any, TypeVar
 
 from conveyor.pipeline import Breaker
 from conveyor.store import SqlStore
-from conveyor.store.budget import EXHAUSTED, GRANTED, NO_BUDGET, PAUSED
+from conveyor.store.budget import EXHAUSTED, GRANTED, NO_BUDGET, PAUSED, WAIT
 
 T = TypeVar("T")
 BUDGET_READ_S = 5.0  # how long a run's "has no budget" is believed before it is read again
+WAIT_S = 0.2  # how often a call that fits only once others settle asks again
 SYSTEMIC = ("auth",)
 
 
@@ -61,6 +64,9 @@ class BudgetKeeper:
             raise RunPaused(run_id, paused or why)
         note = f"its budget would pass: a call to {model} needs ${usd:.4f} more"
         answer = await self._db(lambda s: s.reserve_budget(run_id, usd, note))
+        while answer == WAIT:  # room only once the calls in flight settle (to less than they reserved, mostly)
+            await asyncio.sleep(WAIT_S)
+            answer = await self._db(lambda s: s.reserve_budget(run_id, usd, note))
         if answer == GRANTED:
             return usd
         if answer == NO_BUDGET:

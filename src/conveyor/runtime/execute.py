@@ -89,6 +89,7 @@ class Executor:
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}
+        self.paused: set[str] = set()  # runs a call found paused here (the worker claims none of their tasks)
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -132,6 +133,7 @@ class Executor:
             # Not this task's fault: the worker stops and releases it, attempt refunded (see Worker).
             self.fatal = self.fatal or exc
         except RunPaused as exc:  # its run's budget is spent, or its breaker tripped: give the task back
+            self.paused.add(exc.run_id)  # and claim none of its tasks until the store says it was resumed
             paused = Failure("paused", True, str(exc))
             finish(_made_by(Outcome(task, started, time.perf_counter() - t0, invoked, failure=paused, usage=ctx.usage,
                                     released=True), stage, ctx.provenance))

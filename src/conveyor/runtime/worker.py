@@ -92,7 +92,8 @@ class Worker:
         self._watched = sorted({c for children in self._downstream.values() for c in children})
         self._held_back: set[str] = set()
         self._depths_read = float("-inf")
-        self._paused: tuple[str, ...] = ()
+        self._paused: tuple[str, ...] = ()  # runs none of whose tasks are claimed: paused in the store or found so
+        self._paused_in_store: tuple[str, ...] = ()
         self._paused_read = float("-inf")
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -235,8 +236,11 @@ class Worker:
         which runs are paused (their budget spent, their breaker tripped): their tasks are not claimed."""
         if time.monotonic() - self._paused_read >= PAUSED_READ_S:
             self._paused_read = time.monotonic()
-            self._paused = tuple(await self._call(self.store.paused_runs, self.pipeline.name))
-            self.executor.services.unpaused(self._paused)
+            self._paused_in_store = tuple(await self._call(self.store.paused_runs, self.pipeline.name))
+            self.executor.services.unpaused(self._paused_in_store)
+            # A run a call found paused here is left alone at once, until the store says it was resumed.
+            self.executor.paused.intersection_update(self._paused_in_store)
+        self._paused = tuple(sorted({*self._paused_in_store, *self.executor.paused}))
         if time.monotonic() - self._depths_read < BACKLOG_READ_S:
             return
         self._depths_read = time.monotonic()

@@ -95,6 +95,10 @@ def replay(store: SqlStore, blobs: Blobs, selection: Selection, options: ReplayO
     if not options.dry_run:
         store.finish_replay(replay_id)
     report = totals.report(replay_id, options, selection)
+    firsts = {s.name for p in pipelines.values() for s in p.roots}
+    report["hint"] = (f"first stages ({', '.join(sorted(firsts & set(totals.reopen)))}) run again on the source bytes "
+                      "the run read; if you fixed the files, replay them with --reason source-corrected"
+                      if not options.corrected and firsts & {s for s, n in totals.reopen.items() if n} else None)
     if options.dry_run:
         report["forecast"] = _forecast(store, pipelines, totals, options.workers)
     return report
@@ -112,7 +116,13 @@ def _forecast(store: SqlStore, pipelines: dict[str, Pipeline], totals: _Totals, 
 
 
 def _pipeline(run: RunRecord, options: ReplayOptions) -> Pipeline:
-    pipeline = options.pipeline or load_target(options.target or run.target)
+    try:
+        pipeline = options.pipeline or load_target(options.target or run.target)
+    except UserError as exc:
+        if options.target or options.pipeline:
+            raise
+        raise UserError(f"{exc}; run {run.run_id} was made with {run.target}: if its pipeline file moved, give "
+                        "--target FILE.py:NAME") from None
     if pipeline.name != run.pipeline:
         raise UserError(f"run {run.run_id} belongs to pipeline {run.pipeline!r}, not {pipeline.name!r}; give the "
                         "TARGET that declares it")

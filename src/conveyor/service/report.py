@@ -92,7 +92,7 @@ def budget_of(store: SqlStore, run: RunRecord) -> dict[str, Any] | None:
     if run.budget_usd is None:
         return None
     spent, reserved = store.spent(run.run_id)
-    return {"usd": run.budget_usd, "spent": spent, "reserved": reserved}
+    return {"usd": run.budget_usd, "spent": round(spent, 9), "reserved": round(reserved, 9)}
 
 
 def expected_items(store: SqlStore, run: RunRecord) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
 
-GRANTED, NO_BUDGET, PAUSED, EXHAUSTED = "granted", "no_budget", "paused", "exhausted"
+GRANTED, NO_BUDGET, PAUSED, EXHAUSTED, WAIT = "granted", "no_budget", "paused", "exhausted", "wait"
 
 
 class BudgetQueries:
@@ -28,18 +28,23 @@ class BudgetQueries:
         return (None if rows[0][0] is None else float(rows[0][0])), rows[0][1]
 
     def reserve_budget(self, run_id: str, usd: float, note: str) -> str:
-        """Reserve ``usd`` of the run's budget: GRANTED, NO_BUDGET, PAUSED (it was), or EXHAUSTED (it did not
-        fit: the run is paused now, with ``note``)."""
+        """Reserve ``usd`` of the run's budget: GRANTED, NO_BUDGET, PAUSED (it was), WAIT (it fits only once calls
+        in flight settle: their reservations are estimates, usually above what they cost), or EXHAUSTED (it does
+        not fit even with nothing in flight: the run is paused now, with ``note``)."""
         with self.db.transaction():
             if self.db.execute_rowcount(
                     "UPDATE runs SET reserved_usd = reserved_usd + ? WHERE run_id = ? AND paused IS NULL AND "
                     "budget_usd IS NOT NULL AND spent_usd + reserved_usd + ? <= budget_usd", (usd, run_id, usd)):
                 return GRANTED
-            budget, paused = self.run_budget(run_id)
-            if budget is None and paused is None:
+            rows = self.db.execute("SELECT budget_usd, paused, spent_usd, reserved_usd FROM runs WHERE run_id = ?",
+                                   (run_id,))
+            if not rows or (rows[0][0] is None and rows[0][1] is None):
                 return NO_BUDGET
+            budget, paused, spent, reserved = rows[0]
             if paused is not None:
                 return PAUSED
+            if float(reserved) > 0 and float(spent) + usd <= float(budget):
+                return WAIT
             self.db.execute("UPDATE runs SET paused = 'budget', note = ? WHERE run_id = ? AND paused IS NULL",
                             (note, run_id))
             return EXHAUSTED

@@ -119,9 +119,9 @@ class Leases(Base):
                 alone = held.get(str(lease.lease_owner), 1) <= 1
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
                            f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
-                log.warning("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
-                            extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
-                                   "item": lease.item_key, "attempt": lease.attempts})
+                log.info("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
+                         extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
+                                "item": lease.item_key, "attempt": lease.attempts})
                 w.attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, self._code(lease.stage), None, None))
@@ -132,6 +132,7 @@ class Leases(Base):
                                                 message, lease.attempts, now))
                 else:
                     requeue.append(Crashed(now, message, 0 if alone else 1, lease.id, lease.lease_token))
+            _say_reclaimed(expired)
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
@@ -146,3 +147,17 @@ class Leases(Base):
             return self.pipeline[stage].retry.attempts_for("lease_expired")
         except PipelineError:  # a stage this version of the pipeline no longer declares
             return recorded
+
+
+def _say_reclaimed(expired: Sequence[Any]) -> None:
+    """One warning per dead worker (each task's reclaim is logged at INFO): a worker killed with a thousand
+    tasks in flight is one line, not a thousand."""
+    by_owner: dict[str, list[Any]] = {}
+    for lease in expired:
+        by_owner.setdefault(str(lease.lease_owner), []).append(lease)
+    for owner, leases in by_owner.items():
+        shown = ", ".join(f"{lease.item_key} at {lease.stage}" for lease in leases[:3])
+        more = f" and {len(leases) - 3:,} more" if len(leases) > 3 else ""
+        log.warning("reclaimed %d task(s) from worker %s, which stopped renewing its leases (it died or stalled): "
+                    "%s%s", len(leases), owner, shown, more,
+                    extra={"event": "leases_reclaimed", "run": leases[0].run_id, "stage": leases[0].stage})
