@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from examples.manpages import demo  # noqa: E402
+from results import markers, write_section  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
-BEGIN, END = "<!-- bench/forecast.py:begin -->", "<!-- bench/forecast.py:end -->"
+SCRIPT = "forecast"
+BEGIN, END = markers(f"{SCRIPT}.py")
 
 
 def conveyor(*args: str, env: dict[str, str]) -> tuple[dict[str, Any], float]:
@@ -113,14 +114,7 @@ def main() -> None:
         "within the margin | seconds (forecast) | seconds (real) | error |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |", *rows, "", END])
     if not args.no_write:
-        text = RESULTS.read_text()
-        if BEGIN in text and END in text:
-            head, rest = text.split(BEGIN, 1)
-            text = head + section + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-        RESULTS.write_text(text)
-        print(f"wrote {RESULTS}")
+        write_section(f"{SCRIPT}.py", section)
 
 
 if __name__ == "__main__":

@@ -33,12 +33,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from results import markers, write_section  # noqa: E402
+
 from conveyor.service.selection import Selection, parse_where, select_report  # noqa: E402
 from conveyor.store import SqlStore, open_store  # noqa: E402
 from conveyor.store.provenance import sort_key  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
-BEGIN, END = "<!-- bench/selection.py:begin -->", "<!-- bench/selection.py:end -->"
+SCRIPT = "selection"
+BEGIN, END = markers(f"{SCRIPT}.py")
 STAGES = '[{"name": "parse", "after": null, "kind": "map", "version": "1"}, ' \
          '{"name": "extract", "after": "parse", "kind": "map", "version": "1"}]'
 TASK_COLUMNS = ("run_id", "pipeline", "stage", "item_key", "root_key", "status", "task_key", "stage_version",
@@ -160,14 +162,7 @@ def main() -> None:
         "| backend | selection | tasks | seconds | target | result |", "| --- | --- | ---: | ---: | --- | --- |",
         *rows, "", END])
     if not args.no_write:
-        text = RESULTS.read_text()
-        if BEGIN in text and END in text:
-            head, rest = text.split(BEGIN, 1)
-            text = head + section + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-        RESULTS.write_text(text)
-        print(f"wrote {RESULTS}")
+        write_section(f"{SCRIPT}.py", section)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
 
-# The statuses the partial index tasks_unsettled covers (schema migration 9): a selection of only these says so
-# in the words of the index's predicate, which is how SQLite's planner knows it may use the index.
+# Tasks in these statuses always carry an error class, which the partial index tasks_unsettled covers (schema
+# migration 9): a selection of only these says so in the words of the index's predicate, which is how SQLite's
+# planner knows it may use the index.
 UNSETTLED = ("failed", "dead_lettered", "rejected", "awaiting_review")
-_UNSETTLED_TERM = f"t.status IN ({', '.join(repr(s) for s in UNSETTLED)})"
+_UNSETTLED_TERM = "t.error_class IS NOT NULL"
 
 SELECTED_COLUMNS = """t.id, t.run_id, t.root_key, t.item_key, t.stage, t.status, t.error_class, t.last_error,
     t.attempts, t.stage_version, t.config_hash, t.task_key, t.input_kind, t.input_digest, t.input_inline,
