@@ -132,6 +132,11 @@ def require_provider(pipeline: Pipeline) -> None:
     Services(pipeline).check(pipeline)
 
 
+def model_stages(pipeline: Pipeline) -> list[str]:
+    """The stages that call ``ctx.chat`` or ``ctx.embed`` (as ``uses_models`` finds them)."""
+    return [stage.name for stage in pipeline if _calls_models(stage.fn)]
+
+
 def uses_models(pipeline: Pipeline) -> bool:
     """Whether a stage calls ``ctx.chat`` or ``ctx.embed`` on its first argument (directly, or from a
     function nested in it). A call made through a helper function is found only when it happens."""

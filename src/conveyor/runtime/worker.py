@@ -30,6 +30,7 @@ from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.heartbeat import submission_alive
 from conveyor.runtime.pacing import Pacing
+from conveyor.runtime.services import model_stages
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Claim, Outcome, Transitions
 from conveyor.store import ClaimedTask, Lease, SqlStore, open_store
@@ -92,8 +93,10 @@ class Worker:
         self._watched = sorted({c for children in self._downstream.values() for c in children})
         self._held_back: set[str] = set()
         self._depths_read = float("-inf")
-        self._paused: tuple[str, ...] = ()  # runs none of whose tasks are claimed: paused in the store or found so
+        self._paused: tuple[str, ...] = ()  # runs paused in the store or found so by a call here
         self._paused_in_store: tuple[str, ...] = ()
+        # What a paused run holds back: its tasks at the stages that call models (the rest still run).
+        self._model_stages = frozenset(model_stages(pipeline))
         self._paused_read = float("-inf")
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,8 +195,9 @@ class Worker:
         submission whose submitter stopped beating is marked abandoned on the way)."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
         paused = self.store.paused_runs(pipeline)
-        if self.store.open_tasks_outside(pipeline, paused, run_id) if paused else self.store.open_tasks(pipeline,
-                                                                                                          run_id):
+        open_tasks = (self.store.open_tasks_outside(pipeline, paused, run_id, sorted(self._model_stages)) if paused
+                      else self.store.open_tasks(pipeline, run_id))
+        if open_tasks:
             return False
         return not submission_alive(self.store, pipeline, run_id, self.clock())
 
@@ -211,7 +215,8 @@ class Worker:
     async def _claim(self, room: int) -> list[ClaimedTask]:
         await self._read_backlog()
         claimed = await self._call(self.transitions.claim, self._stages, room, self.clock(), self.lease,
-                                   self.opts.run_id, self._caps(self._in_flight), self._paused)
+                                   self.opts.run_id, self._caps(self._in_flight), self._paused,
+                                   self._model_stages)
         self._track(claimed)
         return claimed
 
@@ -283,7 +288,7 @@ class Worker:
             await self._read_backlog()
             caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
             claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps,
-                               self._paused)
+                               self._paused, self._model_stages)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()

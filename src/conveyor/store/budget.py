@@ -83,14 +83,17 @@ class BudgetQueries:
             self.db.execute("UPDATE runs SET reserved_usd = 0, spent_usd = (SELECT COALESCE(SUM(cost), 0) FROM "
                             "attempts WHERE attempts.run_id = runs.run_id) WHERE run_id = ?", (run_id,))
 
-    def open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None) -> int:
-        """Open tasks of the pipeline (of ``run_id``) in runs not in ``runs`` (the paused ones)."""
+    def open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None,
+                           stages: Sequence[str] = ()) -> int:
+        """Open tasks of the pipeline (of ``run_id``), leaving out those of the paused ``runs`` at ``stages``
+        (the stages that call models: a paused run's other tasks still run)."""
         where = "AND run_id = ?" if run_id else ""
         params: list[object] = [pipeline, *([run_id] if run_id else [])]
-        skip = f"AND run_id NOT IN ({','.join('?' * len(runs))})" if runs else ""
+        skip = (f"AND NOT (run_id IN ({','.join('?' * len(runs))}) AND stage IN ({','.join('?' * len(stages))}))"
+                if runs and stages else "")
         total = 0
         for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", "status = 'running'"):
             rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where} {skip}",
-                                   [*params, *runs])
+                                   [*params, *(runs if skip else ()), *(stages if skip else ())])
             total += int(rows[0][0])
         return total

@@ -6,7 +6,7 @@ Each method runs inside the caller's transaction when there is one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.store.dialect import Dialect
@@ -250,12 +250,11 @@ class TaskQueries:
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
         lease_seconds: float, run_id: str | None = None, caps: Mapping[str, int] | None = None,
-        paused: Sequence[str] = (),
+        paused: Sequence[str] = (), paused_stages: Collection[str] | None = None,
     ) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages
-        first, none of a ``paused`` run; count the attempt now."""
+        first, none of a ``paused`` run at ``paused_stages`` (None: any stage); count the attempt now."""
         claimed: list[ClaimedTask] = []
-        run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(paused)
         with self.db.transaction():
             for stage in stages:
                 if len(claimed) >= limit:
@@ -263,10 +262,12 @@ class TaskQueries:
                 want = min(limit - len(claimed), caps.get(stage, limit) if caps else limit)
                 if want <= 0:
                     continue
+                held = paused if paused_stages is None or stage in paused_stages else ()
+                run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
                 params: list[Any] = [owner, now + lease_seconds, now, pipeline, stage, now]
                 if run_id:
                     params.append(run_id)
-                params += [*paused, want]
+                params += [*held, want]
                 rows = self.db.execute(
                     f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
                         lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?

@@ -108,7 +108,7 @@ class Commits(Base):
         for row in w.tasks.queued:
             stage = row[2]
             if (room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id)
-                    and row[0] not in claim.paused):
+                    and not claim.holds_back(row[0], stage)):
                 running.append((*row, claim.owner, expires, now))
                 room -= 1
                 taken[stage] += 1
@@ -122,7 +122,7 @@ class Commits(Base):
         taken = Counter(t.stage for t in fresh)
         caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
-                                claim.lease_seconds, claim.run_id, caps, claim.paused)
+                                claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages)
 
     def _write(self, w: Writes, memo_checked: bool = True) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)

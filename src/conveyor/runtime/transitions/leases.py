@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from conveyor.errors import PipelineError
@@ -33,11 +33,12 @@ log = logging.getLogger("conveyor.transitions")
 
 class Leases(Base):
     def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
-              caps: Mapping[str, int] | None = None, paused: Sequence[str] = ()) -> list[ClaimedTask]:
+              caps: Mapping[str, int] | None = None, paused: Sequence[str] = (),
+              paused_stages: Collection[str] | None = None) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first, none of
-        a ``paused`` run; the attempt is counted now."""
+        a ``paused`` run at ``paused_stages`` (the stages that call models); the attempt is counted now."""
         return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps,
-                                paused)
+                                paused, paused_stages)
 
     def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None,
                       paused: Sequence[str] = ()) -> list[ClaimedTask]:

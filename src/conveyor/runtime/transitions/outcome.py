@@ -89,7 +89,12 @@ class Claim:
     lease_seconds: float
     run_id: str | None = None
     caps: Mapping[str, int] | None = None  # at most this many of a stage
-    paused: tuple[str, ...] = ()  # runs none of whose tasks may be claimed
+    paused: tuple[str, ...] = ()  # runs whose tasks at ``paused_stages`` may not be claimed
+    paused_stages: frozenset[str] | None = None  # the stages that call models (None: every stage)
+
+    def holds_back(self, run_id: str, stage: str) -> bool:
+        """A task of a paused run at a stage that calls models is left queued."""
+        return run_id in self.paused and (self.paused_stages is None or stage in self.paused_stages)
 
     def cap(self, stage: str) -> int:
         return self.limit if self.caps is None else self.caps.get(stage, self.limit)
