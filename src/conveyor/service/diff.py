@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.errors import UserError
@@ -21,6 +21,8 @@ CHUNK = 1000
 CHANGES = ("new", "removed", "changed", "unchanged", "newly_failing", "newly_accepted")
 MADE_IT = ("accepted", "published", "completed")
 REFUSED = ("failed", "dead_lettered", "rejected")
+
+T = TypeVar("T")
 
 
 class Side(NamedTuple):
@@ -84,10 +86,11 @@ def merge_walks(left: Iterator[tuple[str, Side]], right: Iterator[tuple[str, Sid
             a, b = next(left, None), next(right, None)
 
 
-def batched(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
-    batch: list[Pair] = []
-    for pair in pairs:
-        batch.append(pair)
+def batched(things: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of ``size`` (the last one shorter), streamed."""
+    batch: list[T] = []
+    for thing in things:
+        batch.append(thing)
         if len(batch) >= size:
             yield batch
             batch = []

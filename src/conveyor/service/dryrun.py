@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from conveyor.blobs import Blobs, FilesystemBlobs
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import Expander
 from conveyor.runtime.values import Ref
+from conveyor.service.diff import batched
 from conveyor.service.forecast import History, forecast, history, limits_of
 from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.service.replay import _digest_only
@@ -38,7 +39,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
     stages: dict[str, Counter[str]] = {s.name: Counter() for s in pipeline}
     items = bad = 0
     samples: list[SourceItem] = []
-    for batch in _batches(iter_items(input_path, skip_bad_lines=skip_bad_lines, own=_own(store, blobs))):
+    for batch in batched(iter_items(input_path, skip_bad_lines=skip_bad_lines, own=_own(store, blobs)), BATCH):
         good: list[tuple[SourceItem, Ref]] = []
         for item in batch:
             items += 1
@@ -77,17 +78,6 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
         "forecast": forecast(pipeline, past, to_run, workers, limits_of(pipeline)),
         "sampled": sampled,
     }
-
-
-def _batches(items: Iterator[SourceItem]) -> Iterator[list[SourceItem]]:
-    batch: list[SourceItem] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= BATCH:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _ref(item: SourceItem) -> Ref | str:
