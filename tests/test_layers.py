@@ -13,7 +13,8 @@ SRC = Path(conveyor.__file__).parent
 # Which layers each layer may import (besides itself and the package root's modules, which import no layer).
 ROOT_MODULES = {"errors", "retry_after"}
 ALLOWED = {
-    "cli": {"service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
+    "cli": {"api", "service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
+    "api": {"service", "runtime", "pipeline", "acceptance", "store", "blobs"},
     "service": {"runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
     "runtime": {"pipeline", "acceptance", "store", "blobs", "providers"},
     "providers": set(),

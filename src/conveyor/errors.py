@@ -7,8 +7,11 @@
     │   ├── InputError            unreadable input path or manifest line
     │   ├── UrlError              a --db / --blobs URL that no backend understands
     │   ├── ProviderUnavailable   stages call a model and no provider is configured
-    │   └── NotFound              a run, task or dead letter that does not exist
-    │       └── StoreMissing      a read-only command found no store at all
+    │   ├── NotFound              a run, task, job or dead letter that does not exist
+    │   │   └── StoreMissing      a read-only command found no store at all
+    │   ├── Conflict              a request that contradicts an earlier one (an Idempotency-Key reused)
+    │   ├── TooLarge              a body or document over its size limit
+    │   └── Unauthorized          no API token, or one that is not valid (Forbidden: revoked)
     ├── StoreError                the database refused or lost something
     │   └── BackendUnavailable    the database cannot be reached
     ├── BlobError                 the blob store refused or lost something
@@ -63,6 +66,22 @@ class NotFound(UserError):
 
 class StoreMissing(NotFound):
     code = "store_missing"
+
+
+class Conflict(UserError):
+    code = "conflict"
+
+
+class TooLarge(UserError):
+    code = "too_large"
+
+
+class Unauthorized(UserError):
+    code = "unauthorized"
+
+
+class Forbidden(Unauthorized):
+    code = "forbidden"
 
 
 class StoreError(ConveyorError):

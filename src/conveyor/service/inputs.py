@@ -257,7 +257,7 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
     if type(key) is not str or not key:
         return BadLine('missing or empty "key"')
     if len(key) > MAX_KEY_CHARS or _BAD_KEY_CHAR.search(key) is not None:
-        return BadLine(_key_problem(key) or "bad key")
+        return BadLine(key_problem(key) or "bad key")
     if type(entry.get("text")) is not str and type(entry.get("path")) is not str:
         return BadLine('needs "path" or "text" (a string)')
     if "meta" in entry and type(entry["meta"]) is not dict:
@@ -265,7 +265,8 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
     return key, entry
 
 
-def _key_problem(key: str) -> str | None:
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be an item key, or None."""
     if len(key) > MAX_KEY_CHARS:
         return f"key of {len(key):,} characters; keys may have at most {MAX_KEY_CHARS:,}"
     bad = _BAD_KEY_CHAR.search(key)

@@ -38,6 +38,7 @@ class Dialect(Protocol):
     name: str
     types: dict[str, str]
     local_clock: bool  # the store's clock is this machine's (one machine, one clock)
+    row_lock: str  # appended to a SELECT to hold its rows until the transaction ends
     wakes_on_notify: bool  # wait_for_work returns as soon as another process queues work
     skip_locked: str
     max_params: int
@@ -136,6 +137,7 @@ class SqliteDialect:
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
         "bytes_order": ""}
     skip_locked = ""
+    row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
     local_clock = True
     wakes_on_notify = False
@@ -244,6 +246,7 @@ class PostgresDialect:
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"'}
     skip_locked = "FOR UPDATE SKIP LOCKED"
+    row_lock = " FOR UPDATE"
     max_params = 60000
     local_clock = False
     wakes_on_notify = True

@@ -382,4 +382,72 @@ ALTER TABLE runs ADD COLUMN reserved_usd {real} NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN paused TEXT;
 """,
     ),
+    (
+        10,
+        "the HTTP service: tenants and API tokens, jobs, idempotency keys, the event outbox and its webhooks",
+        """
+-- A tenant owns jobs; its webhook secret (Standard Webhooks, whsec_...) signs every delivery to it.
+CREATE TABLE tenants (
+    tenant TEXT PRIMARY KEY,
+    webhook_secret TEXT NOT NULL,
+    created_at {real} NOT NULL
+);
+-- API tokens, kept as sha256 digests of the token (the token itself is shown once, at creation).
+CREATE TABLE api_tokens (
+    token_id TEXT PRIMARY KEY,
+    token_hash TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL,
+    operator INTEGER NOT NULL DEFAULT 0,
+    label TEXT,
+    created_at {real} NOT NULL,
+    revoked_at {real}
+);
+-- A job is a run the API created: one document (kind 'job', its item item_key) or a manifest (kind 'batch');
+-- its id is the run's.
+-- outcome and finished_at are set when no task of the run is open any more (a replay clears them again).
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    item_key TEXT,
+    pipeline TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    webhook_url TEXT,
+    metadata TEXT,
+    request_hash TEXT NOT NULL,
+    idempotency_key TEXT,
+    created_at {real} NOT NULL,
+    finished_at {real},
+    outcome TEXT
+);
+CREATE INDEX jobs_tenant ON jobs (tenant, created_at);
+-- Idempotency-Key: (tenant, key) names one job while the key is kept (service/jobs.py: IDEMPOTENCY_TTL_S).
+CREATE TABLE idempotency_keys (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+CREATE INDEX idempotency_keys_age ON idempotency_keys (created_at);
+-- The outbox: every event of a job, written in the transaction of the change it tells of. Its id is the
+-- event's identity (SSE's id, the webhook-id). delivery is NULL (no webhook), 'pending', 'delivered' or 'failed'.
+CREATE TABLE events (
+    id {id},
+    job_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    delivery TEXT,
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    next_delivery_at {real},
+    delivery_lease_until {real},
+    delivered_at {real},
+    delivery_error TEXT
+);
+CREATE INDEX events_job ON events (job_id, id);
+CREATE INDEX events_pending ON events (next_delivery_at) WHERE delivery = 'pending';
+""",
+    ),
 ]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.provenance import decode, encode
-from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.events import JobEvents
 from conveyor.runtime.transitions.outcome import (
     Claim,
     LeaseLost,
@@ -42,7 +42,7 @@ log = logging.getLogger("conveyor.transitions")
 
 
 
-class Commits(Base):
+class Commits(JobEvents):
     def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
         """Commit a batch of outcomes in one transaction; return counts by what happened."""
         return self.commit_and_claim(outcomes, now, None)[0]
@@ -147,12 +147,17 @@ class Commits(Base):
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
             self.store.insert_items(w.items)
-        return self.store.insert_tasks(w.tasks) if w.tasks else []
+        fresh = self.store.insert_tasks(w.tasks) if w.tasks else []
+        if w.events:
+            self.store.insert_events(w.events)
+        if w.job_runs:
+            self.settle_jobs(w.job_runs, w.now)
+        return fresh
 
     # --- preparing a commit (reads only) ------------------------------------
 
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
-        w = Writes()
+        w = Writes(now=now)
         outcomes = _first_per_key(outcomes)
         self._release(w, [o for o in outcomes if o.released])
         outcomes = [o for o in outcomes if not o.released]
@@ -163,6 +168,11 @@ class Commits(Base):
         w.notices = self.stale_notices(stale, now)
         if stale:
             w.counts["stale_code"] = sum(stale.values())
+        tasks = {o.task.id: o.task for o in outcomes}
+        w.events, w.job_runs = self.task_events(tasks, [s.task_id for s in w.succeeded],
+                                                [a.task_id for a in w.awaiting],
+                                                [e.task_id for e in w.ended], now)
+        w.now = now
         return w
 
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:

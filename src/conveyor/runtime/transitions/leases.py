@@ -11,7 +11,7 @@ from typing import Any
 from conveyor.errors import PipelineError
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.provenance import decode
-from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.events import JobEvents
 from conveyor.runtime.transitions.outcome import (
     Outcome,
     Writes,
@@ -31,7 +31,7 @@ from conveyor.store import (
 log = logging.getLogger("conveyor.transitions")
 
 
-class Leases(Base):
+class Leases(JobEvents):
     def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
               caps: Mapping[str, int] | None = None, paused: Sequence[str] = (),
               paused_stages: Collection[str] | None = None) -> list[ClaimedTask]:
@@ -138,6 +138,8 @@ class Leases(Base):
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
             self.store.insert_attempts(w.attempts)
+            if w.dead:
+                self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()
         counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
         return counts

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from conveyor.runtime.reopen import Plan
+from conveyor.runtime.transitions.events import event
 from conveyor.store import SqlStore
 
 
@@ -18,10 +19,23 @@ def reopen(store: SqlStore, plan: Plan, replay_id: int, run_id: str, message: st
         superseded = store.supersede(plan.downstream, replay_id, message, worker, now) if plan.downstream else {}
         if plan.corrected:
             store.correct_sources(run_id, plan.corrected)
+        reopen_jobs(store, {run_id, *plan.run_of.values()}, now)
         store.notify()
     return reopened, superseded
 
 
 def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: float) -> int:
     """Queue dead-lettered tasks again with a fresh attempt budget; the reason is recorded with each entry."""
-    return store.replay_dead_letters(ids, reason, now)
+    with store.transaction():
+        replayed = store.replay_dead_letters(ids, reason, now)
+        entries = [store.dead_letter(i) for i in ids]
+        reopen_jobs(store, {d.run_id for d in entries if d is not None}, now)
+    return replayed
+
+
+def reopen_jobs(store: SqlStore, run_ids: Collection[str], now: float) -> None:
+    """Jobs among ``run_ids`` that had ended are open again: ``job.reopened`` tells their clients."""
+    reopened = store.reopen_jobs(sorted(run_ids))
+    if reopened:
+        jobs = store.jobs_of_runs(reopened)
+        store.insert_events([event(jobs[j], "job.reopened", now) for j in reopened])

@@ -26,6 +26,7 @@ from conveyor.store import (
     Retried,
     Succeeded,
 )
+from conveyor.store.jobs import NewEvent
 from conveyor.store.provenance import ProvenanceRow
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
@@ -70,6 +71,9 @@ class Writes:
     reviews: list[NewReview] = field(default_factory=list)
     provenance: list[ProvenanceRow] = field(default_factory=list)
     released: list[Lease] = field(default_factory=list)
+    events: list[NewEvent] = field(default_factory=list)  # of jobs (runtime/transitions/events.py)
+    job_runs: set[str] = field(default_factory=set)  # jobs whose end may come with this commit
+    now: float = 0.0  # when the commit was prepared
     counts: Counter[str] = field(default_factory=Counter)
 
     @property

@@ -6,7 +6,7 @@ from collections import Counter
 
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
-from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.events import JobEvents, event
 from conveyor.runtime.transitions.outcome import ReviewTaken
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -17,7 +17,7 @@ from conveyor.store import (
 from conveyor.store.reviews import ReviewEntry
 
 
-class Reviews(Base):
+class Reviews(JobEvents):
     def decide(self, entry: ReviewEntry, decision: str, by: str, why: str | None, now: float,
                output: Ref | None = None, edits: str | None = None) -> int:
         """Apply a decision on a review entry in one transaction; returns the tasks it queued.
@@ -49,8 +49,20 @@ class Reviews(Base):
             self.store.insert_attempts([AttemptRecord(
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
                 self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)])
+            self._tell_job(task, decision, by, now)
             self.store.notify()
         return queued
+
+    def _tell_job(self, task: ClaimedTask, decision: str, by: str, now: float) -> None:
+        """A job's events for a decision on its answer: the stage done when it was accepted; its end, if this
+        was its last open task."""
+        job = self.jobs_among([task.run_id]).get(task.run_id)
+        if job is None:
+            return
+        if decision in ("approved", "edited", "accepted"):
+            self.store.insert_events([event(job, "job.stage_done", now, stage=task.stage, item_key=task.item_key,
+                                            decision=decision, by=by)])
+        self.settle_jobs([task.run_id], now)
 
     def _accept_reviewed(self, task: ClaimedTask, output: Ref, now: float) -> int:
         if not self.store.accept_reviewed(task.id, output.digest, output.kind, now):

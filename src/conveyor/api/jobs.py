@@ -1,0 +1,207 @@
+"""``/v1/jobs``: submit one document, read its state, follow its events (Server-Sent Events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from conveyor.api.context import Services, base_url, caller, services
+from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, read_small, store_stream
+from conveyor.errors import TooLarge, UserError
+from conveyor.pipeline import Pipeline
+from conveyor.service import jobs as job_service
+from conveyor.service.jobs import JobRequest
+from conveyor.service.tokens import Caller
+from conveyor.service.webhooks import check_webhook_url
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+MAX_JSON = 16 << 20  # a JSON job's whole body; larger documents go as multipart uploads
+FINAL_TYPES = {f"job.{o}" for o in job_service.FINAL}
+Who = Annotated[Caller, Depends(caller)]
+Svc = Annotated[Services, Depends(services)]
+
+
+class JobOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str | None = Field(None, description="the pipeline's name; may be left out when the server serves one")
+    lane: Literal["interactive", "bulk"] = Field("interactive", description="interactive: claimed before bulk work")
+    metadata: dict[str, Any] | None = Field(None, description="kept with the job; the item's meta for checks")
+    webhook_url: str | None = Field(None, max_length=2048, description="where the job's events are POSTed, signed")
+    key: str | None = Field(None, min_length=1, max_length=1000,
+                            description="the document's item key (default: the job id); names its publication")
+
+
+class JobIn(JobOptions):
+    text: str = Field(description="the document, as text")
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: str
+    status_url: str
+    events_url: str
+
+
+_MULTIPART_SCHEMA = {
+    "type": "object", "required": ["file"],
+    "properties": {"file": {"type": "string", "format": "binary"}, "pipeline": {"type": "string"},
+                   "lane": {"type": "string", "enum": ["interactive", "bulk"]},
+                   "metadata": {"type": "string", "description": "a JSON object"},
+                   "webhook_url": {"type": "string"}, "key": {"type": "string"}}}
+_PROBLEM = {"content": {"application/problem+json": {}}, "description": "a problem (RFC 9457)"}
+
+
+@router.post("/jobs", status_code=202, response_model=JobAccepted, responses={
+    200: {"model": JobAccepted, "description": "a repeat of an earlier request with the same Idempotency-Key"},
+    401: _PROBLEM, 403: _PROBLEM, 404: _PROBLEM, 413: _PROBLEM, 415: _PROBLEM, 422: _PROBLEM},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": JobIn.model_json_schema()},
+        "multipart/form-data": {"schema": _MULTIPART_SCHEMA}}}})
+async def submit_job(request: Request, svc: Svc, who: Who,
+                     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None) -> JSONResponse:
+    """Accept one document: stored, recorded with its first tasks and a ``job.accepted`` event in one
+    transaction, and answered 202 at once; a repeat with the same Idempotency-Key answers 200, same job."""
+    limit = svc.settings.max_upload_bytes
+    check_length(request, limit)
+    options, stored = await _read_job(request, svc, limit)
+    pipeline, target = svc.pipeline(options.pipeline)
+    _fits(pipeline, stored)
+    wanted = JobRequest(pipeline.name, options.lane, options.metadata, options.webhook_url, options.key,
+                        idempotency_key)
+    if options.webhook_url is not None:
+        await run_in_threadpool(check_webhook_url, options.webhook_url, svc.settings.webhook_policy)
+    source = job_service.source_ref(stored.data, stored.digest, stored.size)
+    created = await svc.call(job_service.create_job, pipeline, target, who.tenant, source, wanted)
+    return JSONResponse(accepted(request, created.job_id, created.status), status_code=202 if created.created else 200)
+
+
+def accepted(request: Request, job_id: str, status: str) -> dict[str, Any]:
+    base = base_url(request)
+    return {"job_id": job_id, "status": status, "status_url": f"{base}/v1/jobs/{job_id}",
+            "events_url": f"{base}/v1/jobs/{job_id}/events"}
+
+
+async def _read_job(request: Request, svc: Services, limit: int) -> tuple[JobOptions, Stored]:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        raw = await run_in_threadpool(lambda: read_small(body_chunks(request, limit), min(limit, MAX_JSON)))
+        body = _validated(JobIn, raw)
+        data = body.text.encode()
+        stored = await run_in_threadpool(store_stream, svc.blobs, iter([data]))
+        return body, stored
+    if kind == "multipart/form-data":
+        form = await run_in_threadpool(read_form, request, svc.blobs, limit)
+        if form.document is None:
+            raise UserError("a multipart upload needs the document in a part named 'file'")
+        fields: dict[str, Any] = dict(form.fields)
+        if "metadata" in fields:
+            fields["metadata"] = _json_field("metadata", fields["metadata"])
+        return _validated(JobOptions, json.dumps(fields).encode()), form.document
+    raise _Unsupported(kind)
+
+
+class _Unsupported(UserError):
+    code = "unsupported_media_type"
+    http_status = 415
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"Content-Type {kind or '(none)'!r} is not taken; send application/json with \"text\", "
+                         "or multipart/form-data with a 'file' part")
+
+
+def _validated(model: type[JobOptions], raw: bytes) -> Any:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_input=False, include_url=False)) from None
+
+
+def _json_field(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise UserError(f"form field {name!r} must be JSON (an object)") from None
+
+
+def _fits(pipeline: Pipeline, stored: Stored) -> None:
+    """413 for a document larger than every first stage of the pipeline accepts."""
+    limits = [s.max_input_bytes for s in pipeline.roots]
+    if limits and all(limit is not None for limit in limits):
+        most = max(limit for limit in limits if limit is not None)
+        if stored.size > most:
+            raise TooLarge(f"the document is {stored.size:,} bytes; pipeline {pipeline.name!r} takes at most "
+                           f"{most:,} (max_input_bytes)")
+
+
+@router.get("/jobs")
+async def list_jobs(svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                    before: Annotated[float | None, Query(description="created_at of the last job seen")] = None,
+                    ) -> dict[str, Any]:
+    """The caller's jobs, newest first, a page at a time (``next_before`` gives the next page)."""
+    return await svc.call(job_service.list_jobs, who.scope, limit, before)
+
+
+@router.get("/jobs/{job_id}", responses={404: _PROBLEM})
+async def get_job(job_id: str, svc: Svc, who: Who) -> dict[str, Any]:
+    """The job: status, per-stage state, outcome, the published record, errors with their class."""
+    view = await svc.call(job_service.job_view, svc.blobs, who.scope, job_id)
+    return view
+
+
+@router.get("/jobs/{job_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: _PROBLEM})
+async def job_events(request: Request, job_id: str, svc: Svc, who: Who,
+                     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                     after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
+                     ) -> StreamingResponse:
+    """The job's events as Server-Sent Events, from the first (or after ``Last-Event-ID``); a keep-alive
+    comment while nothing happens; the stream ends after the job's final event."""
+    await svc.call(job_service.get_job, who.scope, job_id)
+    start = after if after is not None else _event_id(last_event_id)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(_stream(request, svc, who, job_id, start), media_type="text/event-stream",
+                             headers=headers)
+
+
+def _event_id(header: str | None) -> int:
+    if header is None or not header.strip():
+        return 0
+    if not header.strip().isdigit():
+        raise UserError("Last-Event-ID must be an event id (a whole number)")
+    return int(header.strip())
+
+
+async def _stream(request: Request, svc: Services, who: Caller, job_id: str, last: int) -> AsyncIterator[str]:
+    settings = svc.settings
+    quiet_since = time.monotonic()
+    yield "retry: 2000\n\n"
+    while True:
+        job = await svc.call(job_service.get_job, who.scope, job_id)
+        events = await svc.call(job_service.job_events, who.scope, job_id, last)
+        for e in events:
+            last = e["id"]
+            yield f"id: {e['id']}\nevent: {e['type']}\ndata: {json.dumps(_public(e))}\n\n"
+        if events:
+            quiet_since = time.monotonic()
+            continue  # there may be more: read again at once
+        if job.finished_at is not None:
+            return
+        if time.monotonic() - quiet_since >= settings.sse_keepalive_s:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(settings.sse_poll_s)
+
+
+def _public(e: dict[str, Any]) -> dict[str, Any]:
+    return {"id": e["id"], "type": e["type"], "job_id": e["job_id"], "created_at": e["created_at"], "data": e["data"]}

@@ -1,0 +1,28 @@
+"""What a server is told at start: its store, its pipelines, and its limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.service.webhooks import WebhookPolicy
+
+DEFAULT_MAX_UPLOAD = 1 << 30  # 1 GiB: a document (or a batch's manifest) larger than this is refused with 413
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """``pipelines``: the TARGETs served (``file.py:pipe``); a request names one by its pipeline name, or
+    leaves it out when only one is served. ``auth=False`` (``--no-auth``) serves one local user, who sees
+    everything. ``relay``: deliver webhooks from this process. ``public_url``: the base of the URLs the
+    answers give (default: the request's own)."""
+
+    db: str
+    blobs: str
+    pipelines: tuple[str, ...] = ()
+    auth: bool = True
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    webhook_policy: WebhookPolicy = field(default_factory=WebhookPolicy)
+    relay: bool = True
+    sse_poll_s: float = 0.25
+    sse_keepalive_s: float = 15.0
+    public_url: str | None = None

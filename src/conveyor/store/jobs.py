@@ -1,0 +1,310 @@
+"""The HTTP service's rows: tenants and API tokens, jobs, idempotency keys, and the event outbox.
+
+A job is a run the API created (its id is the run's id). Its events are the outbox: each is written in
+the transaction of the change it tells of (store/jobs.py is called from runtime/transitions), read by
+id for Server-Sent Events, and delivered to the job's webhook by the relay, which leases pending
+deliveries so that several servers share them (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.tasks import chunks
+
+OPEN_STATUSES = ("queued", "running", "awaiting_review")
+
+JOB_COLUMNS = ("job_id, tenant, kind, item_key, pipeline, lane, webhook_url, metadata, request_hash, idempotency_key, "
+               "created_at, finished_at, outcome")
+EVENT_COLUMNS = "id, job_id, type, data, created_at, delivery, delivery_attempts, delivered_at, delivery_error"
+
+
+class TokenRow(NamedTuple):
+    token_id: str
+    tenant: str
+    operator: bool
+    label: str | None
+    created_at: float
+    revoked_at: float | None
+
+
+class JobRow(NamedTuple):
+    job_id: str
+    tenant: str
+    kind: str  # 'job' (one document) or 'batch' (a manifest)
+    item_key: str | None  # a job's document (its root item); None for a batch
+    pipeline: str
+    lane: str
+    webhook_url: str | None
+    metadata: str | None  # JSON
+    request_hash: str
+    idempotency_key: str | None
+    created_at: float
+    finished_at: float | None = None
+    outcome: str | None = None
+
+
+class NewEvent(NamedTuple):
+    job_id: str
+    type: str
+    data: str  # JSON
+    created_at: float
+    delivery: str | None  # 'pending' when the job has a webhook, else None
+    next_delivery_at: float | None
+
+
+class EventRow(NamedTuple):
+    id: int
+    job_id: str
+    type: str
+    data: str
+    created_at: float
+    delivery: str | None
+    delivery_attempts: int
+    delivered_at: float | None
+    delivery_error: str | None
+
+
+class Delivery(NamedTuple):
+    """A pending webhook delivery the relay leased: the event and where it goes."""
+
+    id: int
+    job_id: str
+    type: str
+    data: str
+    created_at: float
+    attempts: int
+    url: str
+    tenant: str
+    secret: str
+
+
+class JobTask(NamedTuple):
+    id: int
+    task_key: str
+    stage: str
+    item_key: str
+    status: str
+    attempts: int
+    cached: bool
+    error_class: str | None
+    last_error: str | None
+    output_kind: str | None
+    output_digest: str | None
+    finished_at: float | None
+
+
+class JobQueries:
+    db: Dialect
+
+    # --- tenants and tokens ---------------------------------------------------
+
+    def ensure_tenant(self, tenant: str, secret: str, now: float) -> str:
+        """The tenant's webhook secret, ``secret`` when the tenant is new."""
+        with self.db.transaction():
+            self.db.execute("INSERT INTO tenants (tenant, webhook_secret, created_at) VALUES (?, ?, ?) "
+                            "ON CONFLICT (tenant) DO NOTHING", (tenant, secret, now))
+            return str(self.db.execute("SELECT webhook_secret FROM tenants WHERE tenant = ?", (tenant,))[0][0])
+
+    def tenant_secret(self, tenant: str) -> str | None:
+        rows = self.db.execute("SELECT webhook_secret FROM tenants WHERE tenant = ?", (tenant,))
+        return str(rows[0][0]) if rows else None
+
+    def insert_token(self, token_id: str, token_hash: str, tenant: str, operator: bool, label: str | None,
+                     now: float) -> None:
+        with self.db.transaction():
+            self.db.execute("INSERT INTO api_tokens (token_id, token_hash, tenant, operator, label, created_at) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", (token_id, token_hash, tenant, int(operator), label, now))
+
+    def token_by_hash(self, token_hash: str) -> TokenRow | None:
+        rows = self.db.execute("SELECT token_id, tenant, operator, label, created_at, revoked_at FROM api_tokens "
+                               "WHERE token_hash = ?", (token_hash,))
+        return _token(rows[0]) if rows else None
+
+    def token_by_id(self, token_id: str) -> TokenRow | None:
+        rows = self.db.execute("SELECT token_id, tenant, operator, label, created_at, revoked_at FROM api_tokens "
+                               "WHERE token_id = ?", (token_id,))
+        return _token(rows[0]) if rows else None
+
+    def revoke_token(self, token_id: str, now: float) -> bool:
+        """Revoke a token; False when it was revoked already (or does not exist)."""
+        with self.db.transaction():
+            return self.db.execute_rowcount("UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? "
+                                            "AND revoked_at IS NULL", (now, token_id)) == 1
+
+    def list_tokens(self, tenant: str | None = None) -> list[TokenRow]:
+        where, params = ("WHERE tenant = ?", (tenant,)) if tenant else ("", ())
+        rows = self.db.execute("SELECT token_id, tenant, operator, label, created_at, revoked_at FROM api_tokens "
+                               f"{where} ORDER BY created_at", params)
+        return [_token(r) for r in rows]
+
+    # --- jobs -----------------------------------------------------------------
+
+    def insert_job(self, job: JobRow) -> None:
+        marks = ", ".join("?" * len(job))
+        self.db.execute(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({marks})", tuple(job))
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        rows = self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
+        return JobRow(*rows[0]) if rows else None
+
+    def jobs_of_runs(self, run_ids: Sequence[str]) -> dict[str, JobRow]:
+        """The jobs among ``run_ids`` (a run the API did not create has none)."""
+        found: dict[str, JobRow] = {}
+        for part in chunks(list(run_ids), 500):
+            marks = ",".join("?" * len(part))
+            for row in self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id IN ({marks})", part):
+                found[str(row[0])] = JobRow(*row)
+        return found
+
+    def list_jobs(self, tenant: str | None, limit: int, before: float | None = None) -> list[JobRow]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
+        if before is not None:
+            clauses.append("created_at < ?")
+            params.append(before)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs {where} ORDER BY created_at DESC LIMIT ?",
+                               (*params, limit))
+        return [JobRow(*r) for r in rows]
+
+    def lock_job(self, job_id: str) -> None:
+        """Hold the job's row until the transaction ends: two commits that settle a job's last tasks at once
+        then decide its end one after the other (SQLite's single writer does this already)."""
+        self.db.execute(f"SELECT job_id FROM jobs WHERE job_id = ?{self.db.row_lock}", (job_id,))
+
+    def open_job_tasks(self, run_id: str) -> int:
+        """Tasks of a job's run that are not at an end (queued, running, awaiting review)."""
+        marks = ",".join("?" * len(OPEN_STATUSES))
+        rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE run_id = ? AND status IN ({marks})",
+                               (run_id, *OPEN_STATUSES))
+        return int(rows[0][0])
+
+    def finish_job(self, job_id: str, outcome: str, now: float) -> bool:
+        """Record the job's end; False when it had ended with this outcome already."""
+        return self.db.execute_rowcount(
+            "UPDATE jobs SET finished_at = ?, outcome = ? WHERE job_id = ? AND (finished_at IS NULL OR outcome <> ?)",
+            (now, outcome, job_id, outcome)) == 1
+
+    def reopen_jobs(self, run_ids: Sequence[str]) -> list[str]:
+        """Jobs among ``run_ids`` that had ended and are open again (a replay); returns their ids."""
+        reopened: list[str] = []
+        for part in chunks(list(run_ids), 500):
+            marks = ",".join("?" * len(part))
+            rows = self.db.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks}) AND finished_at IS NOT NULL",
+                                   part)
+            ids = [str(r[0]) for r in rows]
+            if ids:
+                marks = ",".join("?" * len(ids))
+                self.db.execute(f"UPDATE jobs SET finished_at = NULL, outcome = NULL WHERE job_id IN ({marks})", ids)
+            reopened += ids
+        return reopened
+
+    def unfinished_batches(self, limit: int) -> list[JobRow]:
+        rows = self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE kind = 'batch' AND finished_at IS NULL "
+                               "ORDER BY created_at LIMIT ?", (limit,))
+        return [JobRow(*r) for r in rows]
+
+    def job_tasks(self, run_id: str, limit: int) -> list[JobTask]:
+        """A job's tasks (its document's and its children's), in the order they were made."""
+        rows = self.db.execute(
+            "SELECT id, task_key, stage, item_key, status, attempts, cached, error_class, last_error, output_kind, "
+            "output_digest, finished_at FROM tasks WHERE run_id = ? ORDER BY id LIMIT ?", (run_id, limit))
+        return [JobTask(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), bool(r[6]), *r[7:]) for r in rows]
+
+    # --- idempotency keys -----------------------------------------------------
+
+    def claim_idempotency_key(self, tenant: str, key: str, request_hash: str, job_id: str, now: float) -> bool:
+        """Take ``key`` for ``job_id`` (in the caller's transaction); False when the tenant holds it already
+        (a concurrent transaction that took it first is waited for)."""
+        return self.db.execute_rowcount(
+            "INSERT INTO idempotency_keys (tenant, key, request_hash, job_id, created_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (tenant, key) DO NOTHING", (tenant, key, request_hash, job_id, now)) == 1
+
+    def idempotency_key(self, tenant: str, key: str, kept_since: float) -> tuple[str, str] | None:
+        """(request hash, job id) the key names, when it was taken after ``kept_since``."""
+        rows = self.db.execute("SELECT request_hash, job_id FROM idempotency_keys WHERE tenant = ? AND key = ? "
+                               "AND created_at >= ?", (tenant, key, kept_since))
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def forget_idempotency_keys(self, tenant: str, key: str, before: float) -> None:
+        """Drop an expired key, so that it may name a new job."""
+        self.db.execute("DELETE FROM idempotency_keys WHERE tenant = ? AND key = ? AND created_at < ?",
+                        (tenant, key, before))
+
+    def expire_idempotency_keys(self, before: float, limit: int = 5000) -> int:
+        with self.db.transaction():
+            rows = self.db.execute("SELECT tenant, key FROM idempotency_keys WHERE created_at < ? LIMIT ?",
+                                   (before, limit))
+            self.db.executemany("DELETE FROM idempotency_keys WHERE tenant = ? AND key = ?", rows)
+            return len(rows)
+
+    # --- the outbox -----------------------------------------------------------
+
+    def insert_events(self, events: Sequence[NewEvent]) -> None:
+        self.db.executemany("INSERT INTO events (job_id, type, data, created_at, delivery, next_delivery_at) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", events)
+
+    def events_after(self, job_id: str, after: int, limit: int) -> list[EventRow]:
+        rows = self.db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+                               (job_id, after, limit))
+        return [EventRow(*r) for r in rows]
+
+    def lease_deliveries(self, now: float, lease_s: float, limit: int) -> list[Delivery]:
+        """Pending deliveries that are due, leased for ``lease_s`` (another relay skips them meanwhile)."""
+        with self.db.transaction():
+            rows = self.db.execute(
+                "SELECT id FROM events WHERE delivery = 'pending' AND next_delivery_at <= ? "
+                f"AND (delivery_lease_until IS NULL OR delivery_lease_until < ?) ORDER BY next_delivery_at LIMIT ? "
+                f"{self.db.skip_locked}", (now, now, limit))
+            ids = [int(r[0]) for r in rows]
+            if not ids:
+                return []
+            marks = ",".join("?" * len(ids))
+            self.db.execute(f"UPDATE events SET delivery_lease_until = ? WHERE id IN ({marks})", (now + lease_s, *ids))
+            rows = self.db.execute(
+                "SELECT e.id, e.job_id, e.type, e.data, e.created_at, e.delivery_attempts, j.webhook_url, j.tenant, "
+                f"t.webhook_secret FROM events e JOIN jobs j ON j.job_id = e.job_id JOIN tenants t "
+                f"ON t.tenant = j.tenant WHERE e.id IN ({marks}) ORDER BY e.id", ids)
+            return [Delivery(int(r[0]), r[1], r[2], r[3], float(r[4]), int(r[5]), r[6], r[7], r[8]) for r in rows]
+
+    def delivery_done(self, event_id: int, now: float) -> None:
+        with self.db.transaction():
+            self.db.execute("UPDATE events SET delivery = 'delivered', delivered_at = ?, delivery_lease_until = NULL, "
+                            "delivery_attempts = delivery_attempts + 1, delivery_error = NULL WHERE id = ?",
+                            (now, event_id))
+
+    def delivery_missed(self, event_id: int, error: str, retry_at: float | None) -> None:
+        """A delivery that did not succeed: tried again at ``retry_at``, or failed for good (None)."""
+        with self.db.transaction():
+            if retry_at is None:
+                self.db.execute("UPDATE events SET delivery = 'failed', delivery_lease_until = NULL, "
+                                "delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE id = ?",
+                                (error, event_id))
+            else:
+                self.db.execute("UPDATE events SET next_delivery_at = ?, delivery_lease_until = NULL, "
+                                "delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE id = ?",
+                                (retry_at, error, event_id))
+
+    def deliveries(self, tenant: str | None, state: str | None, limit: int) -> list[tuple[EventRow, str | None]]:
+        """Events with a webhook (of ``tenant``; in delivery ``state``), newest first, with the URL."""
+        clauses, params = ["e.delivery IS NOT NULL"], []  # type: list[str], list[Any]
+        if tenant is not None:
+            clauses.append("j.tenant = ?")
+            params.append(tenant)
+        if state is not None:
+            clauses.append("e.delivery = ?")
+            params.append(state)
+        cols = ", ".join(f"e.{c.strip()}" for c in EVENT_COLUMNS.split(","))
+        rows = self.db.execute(f"SELECT {cols}, j.webhook_url FROM events e JOIN jobs j ON j.job_id = e.job_id "
+                               f"WHERE {' AND '.join(clauses)} ORDER BY e.id DESC LIMIT ?", (*params, limit))
+        return [(EventRow(*r[:-1]), r[-1]) for r in rows]
+
+
+def _token(row: tuple[Any, ...]) -> TokenRow:
+    return TokenRow(str(row[0]), str(row[1]), bool(row[2]), row[3], float(row[4]), row[5])
