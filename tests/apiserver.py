@@ -22,6 +22,8 @@ from conveyor.store import open_store
 from tests.helpers import SRC
 
 SMALL_PIPELINE = """
+import time
+
 from conveyor import Pipeline, Retry
 
 pipe = Pipeline("api", retry=Retry(max_attempts=2, base=0.05, cap=0.1))
@@ -30,6 +32,8 @@ pipe = Pipeline("api", retry=Retry(max_attempts=2, base=0.05, cap=0.1))
 def parse(ctx, source: bytes) -> dict:
     if source.startswith(b"poison"):
         raise ValueError("poison document")
+    if source.startswith(b"slow"):
+        time.sleep(1.0)
     return {"text": source.decode(errors="replace"), "n": len(source)}
 
 @pipe.stage(after=parse)

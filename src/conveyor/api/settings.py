@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from conveyor.service.webhooks import WebhookPolicy
@@ -24,5 +25,6 @@ class ApiSettings:
     webhook_policy: WebhookPolicy = field(default_factory=WebhookPolicy)
     relay: bool = True
     sse_poll_s: float = 0.25
-    sse_keepalive_s: float = 15.0
+    # CONVEYOR_SSE_KEEPALIVE_S shortens the keep-alive for tests; leave it unset in production.
+    sse_keepalive_s: float = field(default_factory=lambda: float(os.environ.get("CONVEYOR_SSE_KEEPALIVE_S", "15")))
     public_url: str | None = None

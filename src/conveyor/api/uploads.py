@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import anyio.from_thread
 from fastapi import Request
 from python_multipart import MultipartParser
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 
 from conveyor.blobs import Blobs
@@ -130,11 +131,15 @@ class _FormReader:
 
     def _document(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         """Feed the parser; yield the document part's bytes as they are parsed."""
-        for chunk in chunks:
-            self.parser.write(chunk)
-            while self.pending:
-                yield self.pending.pop(0)
-        self.parser.finalize()
+        try:
+            for chunk in chunks:
+                self.parser.write(chunk)
+                while self.pending:
+                    yield self.pending.pop(0)
+            self.parser.finalize()
+        except MultipartParseError as exc:
+            raise UserError(f"the body is not valid multipart/form-data ({exc}); send the document in a part "
+                            "named 'file'") from None
         while self.pending:
             yield self.pending.pop(0)
 
