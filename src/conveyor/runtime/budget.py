@@ -57,7 +57,7 @@ class BudgetKeeper:
         if usd is None:
             budget, paused = await self._db(lambda s: s.run_budget(run_id))
             if budget is None and paused is None:
-                self._unbudgeted[run_id] = self._clock()
+                self._no_budget(run_id)
                 return 0.0
             why = f"model {model!r} has no price, so the run's budget cannot be kept; add it to CONVEYOR_PRICES"
             await self._db(lambda s: s.pause_run(run_id, "budget", why))
@@ -70,11 +70,16 @@ class BudgetKeeper:
         if answer == GRANTED:
             return usd
         if answer == NO_BUDGET:
-            self._unbudgeted[run_id] = self._clock()
+            self._no_budget(run_id)
             return 0.0
         assert answer in (PAUSED, EXHAUSTED)
         spent, reserved = await self._db(lambda s: s.spent(run_id))
         raise RunPaused(run_id, f"budget: ${spent:.4f} spent, ${reserved:.4f} reserved by calls in flight")
+
+    def _no_budget(self, run_id: str) -> None:
+        if len(self._unbudgeted) >= 10_000:  # a run per API job: forget old runs (a read brings one back)
+            self._unbudgeted.clear()
+        self._unbudgeted[run_id] = self._clock()
 
     async def settle(self, run_id: str, reserved: float, cost: float) -> None:
         """Settle a granted reservation to what the call cost (a run without a budget reserved nothing)."""

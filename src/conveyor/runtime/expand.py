@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime import provenance
@@ -110,11 +110,13 @@ class Expander:
 
     def set_lane(self, run_id: str, lane: str) -> None:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
+        _bound(self._lane_ranks, self._bases, self._provenance_bases)
         self._lane_ranks[run_id] = LANE_RANKS[lane]
 
     def lane_rank(self, run_id: str) -> int:
         rank = self._lane_ranks.get(run_id)
         if rank is None:
+            _bound(self._lane_ranks, self._bases, self._provenance_bases)
             run = self.store.get_run(run_id)
             rank = self._lane_ranks[run_id] = LANE_RANKS.get(run.lane if run else "bulk", 1)
         return rank
@@ -150,6 +152,7 @@ class Expander:
     def replay_base(self, run_id: str) -> str | None:
         """The earlier run whose settled items a run may copy (store/replay.py), looked up once per run."""
         if run_id not in self._bases:
+            _bound(self._lane_ranks, self._bases, self._provenance_bases)
             run = self.store.get_run(run_id)
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
         return self._bases[run_id]
@@ -218,3 +221,14 @@ class Expander:
                     next_frontier += [Seed(run_id, item_key, root_key, c, output) for c in p.children]
             frontier = next_frontier
         return tasks, new_items, cached
+
+
+RUNS_REMEMBERED = 10_000  # per-run facts a long-lived worker keeps; the API makes a run per job
+
+
+def _bound(*caches: dict[str, Any]) -> None:
+    """Forget what is kept per run once a cache holds RUNS_REMEMBERED of them: each fact is read again from the
+    store when a run comes back, so a worker that serves millions of jobs keeps its memory bounded."""
+    for cache in caches:
+        if len(cache) >= RUNS_REMEMBERED:
+            cache.clear()

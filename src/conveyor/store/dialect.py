@@ -128,6 +128,9 @@ class WriterLock:
         os.close(self.fd)
 
 
+WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
+
+
 class SqliteDialect:
     """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout, writers queued on a file lock."""
 
@@ -140,7 +143,7 @@ class SqliteDialect:
     row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
     local_clock = True
-    wakes_on_notify = False
+    wakes_on_notify = True  # by watching for commits (wait_for_work)
 
     @staticmethod
     def glob(pattern: str) -> tuple[str, str]:
@@ -157,6 +160,8 @@ class SqliteDialect:
             self.conn.execute(f"PRAGMA {pragma}")
         self.conn.create_function(SQLITE_FUNCTION, 1, key64, deterministic=True)
         self._depth = 0
+        self.path = path
+        self._watcher: Any = None
         self._writers = WriterLock(path) if path != ":memory:" and not path.startswith("file:") else None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -226,13 +231,30 @@ class SqliteDialect:
         """Nothing to take: a write transaction already holds the store's one writer lock."""
 
     def notify(self) -> None:
-        """SQLite has no wake-ups across processes; idle workers poll."""
+        """Nothing to send: a commit is what wakes a waiting worker (``wait_for_work``)."""
 
     def wait_for_work(self, timeout: float) -> None:
-        time.sleep(timeout)
+        """Return once another connection commits, or ``timeout`` passes: ``PRAGMA data_version`` (a read of
+        the WAL index in shared memory, no lock) changes on every commit made elsewhere. Read on a connection
+        of its own, every WAKE_POLL_S, so a job queued through the API starts within milliseconds."""
+        if self._watcher is None:
+            if self.path == ":memory:":
+                time.sleep(timeout)
+                return
+            import sqlite3
+
+            self._watcher = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        version = self._watcher.execute("PRAGMA data_version").fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(min(WAKE_POLL_S, max(0.0, deadline - time.monotonic())))
+            if self._watcher.execute("PRAGMA data_version").fetchone()[0] != version:
+                return
 
     def close(self) -> None:
         self.conn.close()
+        if self._watcher is not None:
+            self._watcher.close()
         if self._writers is not None:
             self._writers.close()
 

@@ -447,6 +447,10 @@ CREATE TABLE events (
     delivery_error TEXT
 );
 CREATE INDEX events_job ON events (job_id, id);
+-- A run per job: finding a pipeline's latest run (the base a run copies settled items from) and listing the
+-- newest runs must not read every run.
+CREATE INDEX runs_pipeline_created ON runs (pipeline, created_at);
+CREATE INDEX runs_created ON runs (created_at);
 CREATE INDEX events_pending ON events (next_delivery_at) WHERE delivery = 'pending';
 """,
     ),
