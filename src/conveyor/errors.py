@@ -10,6 +10,7 @@
     │   ├── NotFound              a run, task, job or dead letter that does not exist
     │   │   └── StoreMissing      a read-only command found no store at all
     │   ├── Conflict              a request that contradicts an earlier one (an Idempotency-Key reused)
+    │   ├── StateConflict         the thing is past the state the request needs (a review decided already)
     │   ├── TooLarge              a body or document over its size limit
     │   └── Unauthorized          no API token, or one that is not valid (Forbidden: revoked)
     ├── StoreError                the database refused or lost something
@@ -70,6 +71,10 @@ class StoreMissing(NotFound):
 
 class Conflict(UserError):
     code = "conflict"
+
+
+class StateConflict(UserError):
+    code = "state_conflict"
 
 
 class TooLarge(UserError):

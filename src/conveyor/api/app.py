@@ -10,8 +10,10 @@ from typing import Any
 from fastapi import FastAPI
 
 from conveyor import __version__
-from conveyor.api import jobs, problems
+from conveyor.api import batches, jobs, operations, problems, webhooks
 from conveyor.api.context import Services
+from conveyor.api.openapi import document
+from conveyor.api.relay import Relay
 from conveyor.api.settings import ApiSettings
 
 log = logging.getLogger("conveyor.api")
@@ -27,7 +29,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        background = _background(settings)
+        background = [*_background(settings), app.state.batch_keeper]
         for part in background:
             part.start()
         try:
@@ -41,8 +43,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
                   description="Submit documents to conveyor pipelines; learn their results by polling, "
                               "Server-Sent Events or signed webhooks.")
     app.state.services = svc
+    app.state.batch_keeper = batches.keeper(svc)  # reads accepted batches, ends finished ones
     problems.install(app)
+    app.openapi = lambda: document(app, settings.auth)  # type: ignore[method-assign]  # errors as problems
     app.include_router(jobs.router)
+    app.include_router(batches.router)
+    app.include_router(operations.router)
+    app.include_router(webhooks.router)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, Any]:
@@ -55,4 +62,4 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
 def _background(settings: ApiSettings) -> list[Any]:
     """What runs beside the app while it serves (the webhook relay, when asked for)."""
-    return []
+    return [Relay(settings)] if settings.relay else []

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.context import Services, base_url, caller, services
 from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, read_small, store_stream
+from conveyor.api.views import JobList, JobView
 from conveyor.errors import TooLarge, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.service import jobs as job_service
@@ -143,7 +144,7 @@ def _fits(pipeline: Pipeline, stored: Stored) -> None:
                            f"{most:,} (max_input_bytes)")
 
 
-@router.get("/jobs")
+@router.get("/jobs", response_model=None, responses={200: {"model": JobList, "description": "a page of jobs"}})
 async def list_jobs(svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     before: Annotated[float | None, Query(description="created_at of the last job seen")] = None,
                     ) -> dict[str, Any]:
@@ -151,7 +152,8 @@ async def list_jobs(svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=500
     return await svc.call(job_service.list_jobs, who.scope, limit, before)
 
 
-@router.get("/jobs/{job_id}", responses={404: _PROBLEM})
+@router.get("/jobs/{job_id}", response_model=None,
+            responses={200: {"model": JobView, "description": "the job"}, 404: _PROBLEM})
 async def get_job(job_id: str, svc: Svc, who: Who) -> dict[str, Any]:
     """The job: status, per-stage state, outcome, the published record, errors with their class."""
     view = await svc.call(job_service.job_view, svc.blobs, who.scope, job_id)
@@ -166,6 +168,13 @@ async def job_events(request: Request, job_id: str, svc: Svc, who: Who,
     """The job's events as Server-Sent Events, from the first (or after ``Last-Event-ID``); a keep-alive
     comment while nothing happens; the stream ends after the job's final event."""
     await svc.call(job_service.get_job, who.scope, job_id)
+    return event_stream(request, svc, who, job_id, after, last_event_id)
+
+
+def event_stream(request: Request, svc: Services, who: Caller, job_id: str, after: int | None,
+                 last_event_id: str | None) -> StreamingResponse:
+    """A job's (or a batch's) events as Server-Sent Events, after ``after`` or ``Last-Event-ID``; the caller
+    checked that ``who`` may see it."""
     start = after if after is not None else _event_id(last_event_id)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(_stream(request, svc, who, job_id, start), media_type="text/event-stream",

@@ -20,6 +20,7 @@ from conveyor.errors import (
     ConveyorError,
     Forbidden,
     NotFound,
+    StateConflict,
     StoreError,
     TooLarge,
     Unauthorized,
@@ -45,7 +46,7 @@ def status_of(exc: ConveyorError) -> int:
     if isinstance(given, int):
         return given
     for kind, status in ((Forbidden, 403), (Unauthorized, 401), (NotFound, 404), (Conflict, 422), (TooLarge, 413),
-                         (BackendUnavailable, 503), (UserError, 422), (StoreError, 503)):
+                         (StateConflict, 409), (BackendUnavailable, 503), (UserError, 422), (StoreError, 503)):
         if isinstance(exc, kind):
             return status
     return 500

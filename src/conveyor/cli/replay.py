@@ -53,13 +53,10 @@ def _selection(runs: list[str] | None, stages: list[str] | None, statuses: list[
                error_classes: list[str] | None, item: str | None, items: str | None, where: str | None,
                models: list[str] | None, since: str | None, until: str | None, outcomes: list[str] | None,
                now: float) -> Any:
-    from conveyor.service.selection import Selection, parse_time, parse_where, read_items
+    from conveyor.service.selection import selection_of
 
-    wanted = tuple(s for s in statuses or () if s != "any")
-    return Selection(runs=tuple(runs or ()), stages=tuple(stages or ()), statuses=wanted,
-                     error_classes=tuple(error_classes or ()), item_glob=item, items=read_items(items),
-                     where=parse_where(where), models=tuple(models or ()), since=parse_time(since, "--since", now),
-                     until=parse_time(until, "--until", now), outcomes=tuple(outcomes or ()))
+    return selection_of(runs or (), stages or (), statuses or (), error_classes or (), item, items, where,
+                        models or (), since, until, outcomes or (), now)
 
 
 @app.command("select")

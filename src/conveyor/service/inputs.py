@@ -38,6 +38,8 @@ MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
 BOM = b"\xef\xbb\xbf"
 MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
 _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."} (optionally "meta": {...})'
+_TEXT_HINT = 'each line must be {"key": "...", "text": "..."} (optionally "meta": {...})'
+_NO_SOURCE = 'needs "path" or "text" (a string)'
 _CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
 _BAD_KEY_CHAR = re.compile(f"[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
 _NEEDS_ESCAPE = re.compile(f"[\\\\\x00-\x1f\x7f-\x9f{CHILD_MARK}\udc80-\udcff]")
@@ -68,13 +70,64 @@ def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False
     if path.is_dir() or path.suffix not in MANIFEST_SUFFIXES:
         return
     _check_readable(path, f"manifest {str(path)!r}")
-    hashes = [array.array("q") for _ in range(256)]
-    for _, key, _, _ in _entries(path, skip_bad_lines):
-        value = hash(key)
-        hashes[value & 255].append(value)
-    twice = {value for bucket in hashes if len(set(bucket)) != len(bucket) for value in _repeated(bucket)}
+    twice = _repeated_hashes(key for _, key, _, _ in _entries(path, skip_bad_lines))
     if twice:
         _report_duplicate(path, twice, skip_bad_lines)
+
+
+def check_manifest(path: str | os.PathLike[str], label: str = "manifest") -> int:
+    """Refuse a manifest of texts before anything is created, and return how many items it holds.
+
+    The file is read whatever its name (an upload kept in the blob store has no suffix). Each line must
+    be ``{"key": ..., "text": ...}`` with an optional ``"meta"`` object; a line that names a ``"path"`` is
+    refused, since its reader (a server) never opens a file a client names. A bad line, a key given twice
+    or no line at all is an InputError that names the line as ``{label} line N``. Streams the file and
+    holds 8 bytes per key.
+    """
+    count = 0
+
+    def keys() -> Iterator[str]:
+        nonlocal count
+        for _, key, _ in _text_entries(Path(path), label):
+            count += 1
+            yield key
+
+    twice = _repeated_hashes(keys())
+    if twice:
+        repeat = _first_repeat(((n, k) for n, k, _ in _text_entries(Path(path), label)), twice)
+        if repeat is not None:
+            number, key, earlier = repeat
+            raise InputError(f"{label} line {number}: key {key!r} is also on line {earlier}; "
+                             "keys must be unique within a manifest")
+    if not count:
+        raise InputError(f"{label} has no items; {_TEXT_HINT}, one per line")
+    return count
+
+
+def manifest_items(path: str | os.PathLike[str]) -> Iterator[SourceItem]:
+    """The items of a manifest of texts that passed ``check_manifest``, streamed."""
+    for _, key, entry in _text_entries(Path(path), "manifest"):
+        meta = entry.get("meta")
+        yield SourceItem(key, text=entry["text"].encode(), meta=meta)
+
+
+def _text_entries(path: Path, label: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, key, entry) of each line of a manifest of texts; InputError at the first bad line."""
+    for number, raw in _lines(path):
+        parsed = _parse(raw)
+        if isinstance(parsed, BadLine):
+            raise InputError(f"{label} line {number}: {_text_message(parsed)}; {_TEXT_HINT}")
+        key, entry = parsed
+        if "path" in entry:
+            raise InputError(f'{label} line {number}: "path" is not taken here (no file a client names is read); '
+                             'send the document as "text"')
+        if type(entry.get("text")) is not str:
+            raise InputError(f"{label} line {number}: {_text_message(BadLine(_NO_SOURCE))}; {_TEXT_HINT}")
+        yield number, key, entry
+
+
+def _text_message(bad: BadLine) -> str:
+    return 'needs "text" (a string)' if bad.message == _NO_SOURCE else bad.message
 
 
 def manifest_signature(input_path: str | os.PathLike[str], skip_bad_lines: bool) -> tuple[str, str] | None:
@@ -220,19 +273,25 @@ def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[Source
 def _entries(path: Path, skip_bad_lines: bool) -> Iterator[tuple[int, str, dict[str, Any] | None, str | None]]:
     """(line number, key, entry, None) for each usable line. A bad line is an InputError, or with
     ``skip_bad_lines`` (line number, its line key, None, why)."""
+    for number, raw in _lines(path):
+        parsed = _parse(raw)
+        if not isinstance(parsed, BadLine):
+            yield number, parsed[0], parsed[1], None
+        elif skip_bad_lines:
+            yield number, line_key(path, number), None, f"{path.name}:{number}: {parsed.message}"
+        else:
+            raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each line that is not blank."""
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             if raw.isspace():
                 continue
             if number == 1 and raw.startswith(BOM):  # an editor's UTF-8 signature is not part of the line
                 raw = raw[len(BOM):]
-            parsed = _parse(raw)
-            if not isinstance(parsed, BadLine):
-                yield number, parsed[0], parsed[1], None
-            elif skip_bad_lines:
-                yield number, line_key(path, number), None, f"{path.name}:{number}: {parsed.message}"
-            else:
-                raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+            yield number, raw
 
 
 def _path_item(key: str, given: str, base: Path, number: int, manifest: Path, strict: bool) -> SourceItem:
@@ -259,7 +318,7 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
     if len(key) > MAX_KEY_CHARS or _BAD_KEY_CHAR.search(key) is not None:
         return BadLine(key_problem(key) or "bad key")
     if type(entry.get("text")) is not str and type(entry.get("path")) is not str:
-        return BadLine('needs "path" or "text" (a string)')
+        return BadLine(_NO_SOURCE)
     if "meta" in entry and type(entry["meta"]) is not dict:
         return BadLine('"meta" must be a JSON object, e.g. {"language": "en"}')
     return key, entry
@@ -277,6 +336,15 @@ def key_problem(key: str) -> str | None:
     return f"key {key!r} holds the control character {bad.group()!r}; keys must be printable"
 
 
+def _repeated_hashes(keys: Iterable[str]) -> set[int]:
+    """The hashes that more than one of ``keys`` has (held as 8 bytes per key, in 256 buckets)."""
+    hashes = [array.array("q") for _ in range(256)]
+    for key in keys:
+        value = hash(key)
+        hashes[value & 255].append(value)
+    return {value for bucket in hashes if len(set(bucket)) != len(bucket) for value in _repeated(bucket)}
+
+
 def _repeated(bucket: array.array[int]) -> set[int]:
     seen: set[int] = set()
     twice: set[int] = set()
@@ -287,14 +355,23 @@ def _repeated(bucket: array.array[int]) -> set[int]:
 
 def _report_duplicate(path: Path, hashes: set[int], skip_bad_lines: bool) -> None:
     """Find the first key given twice (a second streamed pass) and refuse it, naming both lines."""
+    repeat = _first_repeat(((number, key) for number, key, _, _ in _entries(path, skip_bad_lines)), hashes)
+    if repeat is not None:
+        number, key, earlier = repeat
+        raise InputError(f"{path}:{number}: key {key!r} is also on line {earlier}; "
+                         "keys must be unique within a manifest")
+
+
+def _first_repeat(entries: Iterable[tuple[int, str]], hashes: set[int]) -> tuple[int, str, int] | None:
+    """(line, key, earlier line) of the first key given twice, looking only at keys with these hashes."""
     first: dict[str, int] = {}
-    for number, key, _, _ in _entries(path, skip_bad_lines):
+    for number, key in entries:
         if hash(key) not in hashes:
             continue
         if key in first:
-            raise InputError(f"{path}:{number}: key {key!r} is also on line {first[key]}; "
-                             "keys must be unique within a manifest")
+            return number, key, first[key]
         first[key] = number
+    return None
 
 
 def _check_readable(path: Path, what: str) -> None:

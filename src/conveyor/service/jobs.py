@@ -30,6 +30,7 @@ from conveyor.service.inputs import MAX_KEY_CHARS, key_problem
 from conveyor.service.records import read_records
 from conveyor.service.show import shown_output
 from conveyor.service.submit import stages_json
+from conveyor.service.tokens import webhook_secret
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
 from conveyor.store.jobs import EventRow, JobRow, JobTask
@@ -121,6 +122,8 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
     earlier = earlier_job(store, tenant, request, fingerprint, now)
     if earlier is not None:
         return JobCreated(earlier, False)
+    if request.webhook_url is not None:
+        webhook_secret(store, tenant)  # a tenant made without a token (--no-auth's) gets its signing secret now
     job_id = new_job_id(now)
     key = request.key or job_id
     transitions = transitions_for(store, pipeline)

@@ -48,6 +48,7 @@ class ReplayOptions:
     target: str | None = None  # the pipeline to load (default: the TARGET each run recorded)
     pipeline: Pipeline | None = None  # ... or the pipeline itself
     workers: int = 1  # worker processes the forecast of a dry run assumes
+    tenant: str | None = None  # an API tenant replays only runs of its own jobs, named
 
     @property
     def corrected(self) -> bool:
@@ -62,6 +63,7 @@ def replay(store: SqlStore, blobs: Blobs, selection: Selection, options: ReplayO
     re-opened, how many of them the memo answers, how many will run, and what was superseded."""
     if options.reason not in REASONS:
         raise UserError(f"--reason {options.reason!r}: use one of {', '.join(REASONS)} (say more with --note)")
+    _check_tenant(store, selection, options.tenant)
     chosen = select(store, selection)
     pipelines = {run_id: _pipeline(run, options) for run_id, run in chosen.runs.items()}
     by = options.by or reviewer()
@@ -102,6 +104,16 @@ def replay(store: SqlStore, blobs: Blobs, selection: Selection, options: ReplayO
     if options.dry_run:
         report["forecast"] = _forecast(store, pipelines, totals, options.workers)
     return report
+
+
+def _check_tenant(store: SqlStore, selection: Selection, tenant: str | None) -> None:
+    """A tenant names the runs it replays, each one of its jobs' (NotFound otherwise, as for a missing run)."""
+    if tenant is None:
+        return
+    if not selection.runs:
+        raise UserError("name the runs to replay (your jobs' ids); a tenant replays only its own jobs")
+    for run_id in selection.runs:
+        find_run(store, run_id, tenant)
 
 
 def _forecast(store: SqlStore, pipelines: dict[str, Pipeline], totals: _Totals, workers: int) -> dict[str, Any]:

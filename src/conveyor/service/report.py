@@ -1,4 +1,8 @@
-"""Status, reconciliation and the dead-letter list, as plain dicts for CLI and API."""
+"""Status, reconciliation and the dead-letter list, as plain dicts for CLI and API.
+
+``tenant`` (the API's tenant callers) narrows a call to the runs of that tenant's jobs: another's is NotFound,
+told the same way as one that does not exist.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.errors import NotFound, UserError
+from conveyor.errors import NotFound, StateConflict, UserError
 from conveyor.runtime import transitions
 from conveyor.runtime.heartbeat import stopped
 from conveyor.service.records import RunGraph, SampleOptions, quality_sample
-from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
+from conveyor.service.tenancy import tenant_runs, visible
+from conveyor.store import UNFINISHED_RUNS, DeadLetter, RunRecord, SqlStore
 
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
 
@@ -25,14 +30,14 @@ REFUSED = ("failed", "dead_lettered", "rejected")
 ACCEPTED = ("published", "completed", "accepted")  # items that made it: the denominator of costs per item
 
 
-def find_run(store: SqlStore, run_id: str | None) -> RunRecord:
+def find_run(store: SqlStore, run_id: str | None, tenant: str | None = None) -> RunRecord:
     if run_id is None:
         runs = store.list_runs(1)
         if not runs:
             raise NotFound("there are no runs in this store yet; start one with `conveyor run TARGET --input PATH`")
         return runs[0]
     run = store.get_run(run_id)
-    if run is None:
+    if run is None or not visible(store, tenant, run.run_id):
         raise NotFound(f"no run {run_id!r} in this store; `conveyor status` lists the runs")
     return run
 
@@ -129,8 +134,10 @@ def _some(outcomes: Mapping[str, int], names: Sequence[str]) -> bool:
     return any(outcomes.get(name) for name in names)
 
 
-def list_status(store: SqlStore, limit: int = 20) -> dict[str, Any]:
-    return {"runs": [run_status(store, run) for run in store.list_runs(limit)]}
+def list_status(store: SqlStore, limit: int = 20, tenant: str | None = None) -> dict[str, Any]:
+    """The newest runs' ``run_status``."""
+    runs = store.list_runs(limit) if tenant is None else tenant_runs(store, tenant, limit)
+    return {"runs": [run_status(store, run) for run in runs]}
 
 
 def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs | None = None,
@@ -242,17 +249,25 @@ def all_unpriced(usage: dict[str, Any]) -> bool:
 
 def dlq_list(
     store: SqlStore, run_id: str | None = None, stage: str | None = None, error_class: str | None = None,
-    include_replayed: bool = False, limit: int = 1000,
+    include_replayed: bool = False, limit: int = 1000, tenant: str | None = None,
 ) -> dict[str, Any]:
-    entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit)
+    if tenant is None:
+        entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit)
+    else:
+        entries = store.tenant_dead_letters(tenant, run_id, stage, error_class, include_replayed, limit)
     return {"entries": [e.as_json() for e in entries]}
 
 
-def dlq_show(store: SqlStore, dead_letter_id: int) -> dict[str, Any]:
-    entry = store.dead_letter(dead_letter_id)
-    if entry is None:
-        raise NotFound(f"no dead letter {dead_letter_id}; `conveyor dlq list` shows their ids")
+def dlq_show(store: SqlStore, dead_letter_id: int, tenant: str | None = None) -> dict[str, Any]:
+    entry = _dead_letter(store, dead_letter_id, tenant)
     return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
+
+
+def _dead_letter(store: SqlStore, dead_letter_id: int, tenant: str | None) -> DeadLetter:
+    entry = store.dead_letter(dead_letter_id)
+    if entry is None or not visible(store, tenant, entry.run_id):
+        raise NotFound(f"no dead letter {dead_letter_id}; `conveyor dlq list` shows their ids")
+    return entry
 
 
 def dlq_replay(
@@ -268,3 +283,12 @@ def dlq_replay(
         ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
     replayed = transitions.replay_dead_letters(store, ids, reason, store.clock())
     return {"replayed": replayed, "ids": ids, "reason": reason}
+
+
+def dlq_replay_entry(store: SqlStore, dead_letter_id: int, reason: str, tenant: str | None = None) -> dict[str, Any]:
+    """Queue one dead letter's task again (``dlq_replay``); StateConflict when it was replayed already."""
+    entry = _dead_letter(store, dead_letter_id, tenant)
+    done = dlq_replay(store, [entry.id], reason)
+    if not done["replayed"]:
+        raise StateConflict(f"dead letter {dead_letter_id} was replayed already; its task has a newer outcome")
+    return done

@@ -2,7 +2,8 @@
 
 A decision needs the pipeline that made the answer (an approved record continues down it), so it is
 loaded from the run's TARGET. Entries whose deadline has passed take their declared outcome before the
-queue is read, so a listing never shows an entry that is already decided by its deadline.
+queue is read, so a listing never shows an entry that is already decided by its deadline. ``tenant``
+(the API's tenant callers) narrows every call to the entries of that tenant's jobs: another's is NotFound.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 from conveyor.acceptance.judge import shape_problem
 from conveyor.blobs import Blobs
-from conveyor.errors import NotFound, UserError
+from conveyor.errors import NotFound, StateConflict, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import ReviewTaken, Transitions
 from conveyor.runtime.values import Ref, encode, load_value, store_value
+from conveyor.service.tenancy import visible
 from conveyor.store import SqlStore
 from conveyor.store.reviews import ReviewEntry
 
@@ -46,36 +48,42 @@ def expire_due(store: SqlStore, now: float | None = None) -> dict[str, int]:
 
 
 def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
-                include_decided: bool = False, limit: int = 1000, now: float | None = None) -> dict[str, Any]:
+                include_decided: bool = False, limit: int = 1000, now: float | None = None,
+                tenant: str | None = None) -> dict[str, Any]:
+    """The queue (``expired``: entries the deadlines just decided, store-wide, so a tenant is told none)."""
     expired = expire_due(store, now)
-    entries = store.reviews(run_id, stage, include_decided, limit)
+    if tenant is None:
+        entries = store.reviews(run_id, stage, include_decided, limit)
+    else:
+        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit)
+        expired = {}
     return {"reviews": [_summary(e) for e in entries], "expired": expired}
 
 
-def review_show(store: SqlStore, blobs: Blobs, review_id: int) -> dict[str, Any]:
-    entry = _entry(store, review_id)
+def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> dict[str, Any]:
+    entry = _entry(store, review_id, tenant)
     return _summary(entry) | {"candidate": _candidate(entry, blobs), "edits": _json(entry.edits),
                               "attempts": store.task_attempts(entry.task_id)}
 
 
 def approve(store: SqlStore, blobs: Blobs, ids: Sequence[int], by: str | None = None, why: str | None = None,
-            now: float | None = None) -> dict[str, Any]:
+            now: float | None = None, tenant: str | None = None) -> dict[str, Any]:
     """Accept candidates as they are; their items continue down the pipeline."""
     by = by or reviewer()
     decided = []
     for review_id in ids:
-        entry = _open(store, review_id)
+        entry = _open(store, review_id, tenant)
         output = Ref(entry.candidate_kind, entry.candidate_digest, entry.candidate_size, entry.candidate_inline)
         decided.append(_decide(store, entry, "approved", by, why, output, None, now))
     return {"decided": decided, "by": by, "why": why}
 
 
 def edit(store: SqlStore, blobs: Blobs, review_id: int, fields: str, by: str | None = None, why: str | None = None,
-         now: float | None = None) -> dict[str, Any]:
+         now: float | None = None, tenant: str | None = None) -> dict[str, Any]:
     """Accept a candidate with corrected fields (a JSON object merged over it, checked against the
     stage's schema); the item continues down the pipeline with the corrected record."""
     by = by or reviewer()
-    entry = _open(store, review_id)
+    entry = _open(store, review_id, tenant)
     changes = _fields(fields)
     candidate = _candidate(entry, blobs)
     if not isinstance(candidate, dict):
@@ -88,11 +96,12 @@ def edit(store: SqlStore, blobs: Blobs, review_id: int, fields: str, by: str | N
 
 
 def reject(store: SqlStore, ids: Sequence[int], why: str, by: str | None = None,
-           now: float | None = None) -> dict[str, Any]:
+           now: float | None = None, tenant: str | None = None) -> dict[str, Any]:
     if not why or not why.strip():
         raise UserError("a rejection needs --why \"reason\"; it is recorded with the item")
     by = by or reviewer()
-    decided = [_decide(store, _open(store, review_id), "rejected", by, why, None, None, now) for review_id in ids]
+    decided = [_decide(store, _open(store, review_id, tenant), "rejected", by, why, None, None, now)
+               for review_id in ids]
     return {"decided": decided, "by": by, "why": why}
 
 
@@ -104,7 +113,7 @@ def _decide(store: SqlStore, entry: ReviewEntry, decision: str, by: str, why: st
     try:
         queued = transitions.decide(entry, decision, by, why, store.clock() if now is None else now, output, edits)
     except ReviewTaken:
-        raise UserError(f"review {entry.id} was decided meanwhile; `conveyor review show {entry.id}` says how") \
+        raise StateConflict(f"review {entry.id} was decided meanwhile; `conveyor review show {entry.id}` says how") \
             from None
     return {"id": entry.id, "run_id": entry.run_id, "item_key": entry.item_key, "stage": entry.stage,
             "decision": decision, "queued": queued}
@@ -124,18 +133,18 @@ def _pipeline(store: SqlStore, entry: ReviewEntry) -> Pipeline:
         raise UserError(f"deciding review {entry.id} needs its pipeline ({run.target}): {exc}") from None
 
 
-def _entry(store: SqlStore, review_id: int) -> ReviewEntry:
+def _entry(store: SqlStore, review_id: int, tenant: str | None = None) -> ReviewEntry:
     entry = store.review(review_id)
-    if entry is None:
+    if entry is None or not visible(store, tenant, entry.run_id):
         raise NotFound(f"no review {review_id}; `conveyor review list` shows the open ones")
     return entry
 
 
-def _open(store: SqlStore, review_id: int) -> ReviewEntry:
-    entry = _entry(store, review_id)
+def _open(store: SqlStore, review_id: int, tenant: str | None = None) -> ReviewEntry:
+    entry = _entry(store, review_id, tenant)
     if not entry.open:
-        raise UserError(f"review {review_id} was already decided ({entry.decision} by {entry.decided_by}); "
-                        "nothing to do")
+        raise StateConflict(f"review {review_id} was already decided ({entry.decision} by {entry.decided_by}); "
+                            "nothing to do")
     return entry
 
 

@@ -159,6 +159,18 @@ def read_items(path: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def selection_of(runs: Sequence[str] = (), stages: Sequence[str] = (), statuses: Sequence[str] = (),
+                 error_classes: Sequence[str] = (), item: str | None = None, items: str | None = None,
+                 where: str | None = None, models: Sequence[str] = (), since: str | None = None,
+                 until: str | None = None, outcomes: Sequence[str] = (), now: float = 0.0) -> Selection:
+    """The selection a user's options name (`conveyor select|replay`, the API's replays): status ``any``
+    is every status; ``items`` is a file of keys; ``since``/``until`` may be durations before ``now``."""
+    return Selection(runs=tuple(runs), stages=tuple(stages), statuses=tuple(s for s in statuses if s != "any"),
+                     error_classes=tuple(error_classes), item_glob=item, items=read_items(items),
+                     where=parse_where(where), models=tuple(models), since=parse_time(since, "--since", now),
+                     until=parse_time(until, "--until", now), outcomes=tuple(outcomes))
+
+
 def check(selection: Selection) -> Selection:
     """One-line errors for what cannot be selected (an unknown status or outcome)."""
     for status in selection.statuses:

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.records import DeadLetter
+from conveyor.store.reports import DLQ_COLUMNS
+from conveyor.store.reviews import REVIEW_COLUMNS, ReviewEntry
 from conveyor.store.tasks import chunks
 
 OPEN_STATUSES = ("queued", "running", "awaiting_review")
@@ -185,6 +188,12 @@ class JobQueries:
                                (run_id, *OPEN_STATUSES))
         return int(rows[0][0])
 
+    def has_open_tasks(self, run_id: str) -> bool:
+        """Whether any task of the run is not at an end: stops at the first one (a batch is asked often)."""
+        marks = ",".join("?" * len(OPEN_STATUSES))
+        return bool(self.db.execute(f"SELECT 1 FROM tasks WHERE run_id = ? AND status IN ({marks}) LIMIT 1",
+                                    (run_id, *OPEN_STATUSES)))
+
     def finish_job(self, job_id: str, outcome: str, now: float) -> bool:
         """Record the job's end; False when it had ended with this outcome already."""
         return self.db.execute_rowcount(
@@ -304,6 +313,47 @@ class JobQueries:
         rows = self.db.execute(f"SELECT {cols}, j.webhook_url FROM events e JOIN jobs j ON j.job_id = e.job_id "
                                f"WHERE {' AND '.join(clauses)} ORDER BY e.id DESC LIMIT ?", (*params, limit))
         return [(EventRow(*r[:-1]), r[-1]) for r in rows]
+
+    # --- what a tenant sees: the runs of its own jobs -------------------------
+
+    def tenant_reviews(self, tenant: str, run_id: str | None, stage: str | None, include_decided: bool,
+                       limit: int) -> list[ReviewEntry]:
+        """Review entries of ``tenant``'s jobs, as ``reviews()`` lists them."""
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage)))
+        if not include_decided:
+            clauses.append("decided_at IS NULL")
+        rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE {' AND '.join(clauses)} ORDER BY id "
+                               "LIMIT ?", (*params, limit))
+        return [ReviewEntry(*r) for r in rows]
+
+    def tenant_dead_letters(self, tenant: str, run_id: str | None, stage: str | None, error_class: str | None,
+                            include_replayed: bool, limit: int) -> list[DeadLetter]:
+        """Dead letters of ``tenant``'s jobs, as ``dead_letters()`` lists them."""
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage), ("error_class", error_class)))
+        if not include_replayed:
+            clauses.append("replayed_at IS NULL")
+        rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE {' AND '.join(clauses)} ORDER BY id "
+                               "LIMIT ?", (*params, limit))
+        return [DeadLetter(*r) for r in rows]
+
+    # --- the relay ------------------------------------------------------------
+
+    def delivery_due(self, now: float) -> bool:
+        """Whether a pending delivery is due and not leased: read outside a transaction, so an idle relay
+        polls without taking SQLite's write lock (``lease_deliveries`` does)."""
+        rows = self.db.execute("SELECT 1 FROM events WHERE delivery = 'pending' AND next_delivery_at <= ? "
+                               "AND (delivery_lease_until IS NULL OR delivery_lease_until < ?) LIMIT 1", (now, now))
+        return bool(rows)
+
+
+def _narrowed(tenant: str, filters: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[Any]]:
+    """WHERE clauses (and their parameters) for the rows of ``tenant``'s runs matching the given ``filters``."""
+    clauses, params = ["run_id IN (SELECT job_id FROM jobs WHERE tenant = ?)"], [tenant]
+    for column, value in filters:
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    return clauses, params
 
 
 def _token(row: tuple[Any, ...]) -> TokenRow:
