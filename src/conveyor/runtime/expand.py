@@ -149,6 +149,12 @@ class Expander:
                 tasks.bad.append((run_id, self.pipeline.name, name, key, key, digest, p.version, p.config_hash,
                                   digest, BAD_INPUT_KIND, 0, "bad_input", why, p.max_attempts, rank, now, now, now))
 
+    def without_base(self, run_id: str) -> None:
+        """``run_id`` copies no settled items from an earlier run (an API job: its memo lookups answer instead,
+        and finding the base would cost its creation three round trips)."""
+        _bound(self._lane_ranks, self._bases, self._provenance_bases)
+        self._bases[run_id] = None
+
     def replay_base(self, run_id: str) -> str | None:
         """The earlier run whose settled items a run may copy (store/replay.py), looked up once per run."""
         if run_id not in self._bases:

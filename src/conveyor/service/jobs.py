@@ -138,14 +138,16 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
                          _json(request.metadata), fingerprint, request.idempotency_key, now)
             store.insert_job(job)
             transitions.expander.set_lane(job_id, request.lane)
+            transitions.expander.without_base(job_id)
             metas = {key: dict(request.metadata)} if request.metadata else None
-            transitions.admit(job_id, [(key, source)], now, metas=metas)
+            cached, queued = transitions.admit(job_id, [(key, source)], now, metas=metas)
             store.insert_events([event(job, "job.accepted", now, pipeline=pipeline.name, item_key=key,
                                        lane=request.lane)])
-            answered = [t for t in store.job_tasks(job_id, MAX_TASKS_SHOWN) if t.status == "succeeded"]
-            store.insert_events([event(job, "job.stage_done", now, stage=t.stage, item_key=t.item_key, cached=True)
-                                 for t in answered])
-            ended = settle(store, [job], outcome_stages(pipeline), now)
+            if cached:  # the memo answered some tasks already: they are done, and the job may be too
+                answered = [t for t in store.job_tasks(job_id, MAX_TASKS_SHOWN) if t.status == "succeeded"]
+                store.insert_events([event(job, "job.stage_done", now, stage=t.stage, item_key=t.item_key,
+                                           cached=True) for t in answered])
+            ended = settle(store, [job], outcome_stages(pipeline), now) if not queued else []
             store.notify()
     except _KeyTaken:
         earlier = earlier_job(store, tenant, request, fingerprint, now)
