@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,23 +19,25 @@ from conveyor.api.settings import ApiSettings
 log = logging.getLogger("conveyor.api")
 
 
-def create_app(settings: ApiSettings) -> FastAPI:
+def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI:
     """The HTTP service over the store and blob store ``settings`` name, for the pipelines it lists.
 
     The store is migrated and the pipelines loaded here, so a bad URL or target fails before the server
     listens. With ``settings.relay`` the app delivers webhooks from a background thread while it runs.
+    ``background``: more parts (``start()``/``stop()``) started and stopped with the app, such as the worker
+    processes of ``conveyor serve``.
     """
     svc = Services(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        background = [*_background(settings), app.state.batch_keeper]
-        for part in background:
+        parts = [*_background(settings), app.state.batch_keeper, *background]
+        for part in parts:
             part.start()
         try:
             yield
         finally:
-            for part in background:
+            for part in reversed(parts):
                 part.stop()
             svc.close()
 

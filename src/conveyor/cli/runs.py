@@ -177,6 +177,9 @@ def worker(
     """Process tasks from the shared store; run as many as you like, anywhere."""
     from conveyor.runtime.target import load_target
     from conveyor.runtime.worker import Worker, WorkerOptions
+    from conveyor.service.fleet import exit_with_parent
+
+    exit_with_parent()  # a worker of `conveyor serve` stops when the server's process is gone
 
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server

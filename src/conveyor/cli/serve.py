@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import threading
 import time
 from typing import Annotated, Any
 
@@ -50,64 +47,23 @@ def serve(
     except ImportError as exc:
         raise UserError(f"the HTTP API needs the 'api' extra ({exc.name} is missing): pip install 'conveyor[api]'"
                         ) from None
+    from conveyor.service.fleet import ServingFleet
     from conveyor.service.webhooks import parse_policy
 
     writable_blobs(blobs)
     settings = ApiSettings(db=db, blobs=blobs, pipelines=tuple(pipelines or ()), auth=not no_auth,
                            max_upload_bytes=max_upload_bytes, webhook_policy=parse_policy(allow_webhook or []),
                            relay=not no_relay, public_url=public_url)
-    api = create_app(settings)
+    # The workers start and stop with the app (its lifespan), so a SIGTERM to the server stops them too.
+    fleet = ServingFleet(list(pipelines or ()), workers, db, blobs)
+    api = create_app(settings, background=[fleet])
     if no_auth:
         typer.echo("warning: --no-auth: every request is served as the one local user, with no token; "
                    "do not expose this server to other people", err=True)
-    fleet = _Fleet(list(pipelines or ()), workers, db, blobs)
-    fleet.start()
     typer.echo(f"conveyor serving {', '.join(sorted(api.state.services.pipelines)) or 'no pipeline'} on "
                f"http://{host}:{port} ({workers} worker(s) per pipeline)", err=True)
-    try:
-        uvicorn.run(api, host=host, port=port, log_level=os.environ.get("CONVEYOR_LOG", "warning").lower(),
-                    timeout_graceful_shutdown=5)
-    finally:
-        fleet.stop()
-
-
-class _Fleet:
-    """Long-running `conveyor worker` processes beside the server, started again when one exits."""
-
-    def __init__(self, targets: list[str], per_target: int, db: str, blobs: str) -> None:
-        self.commands = [[sys.executable, "-m", "conveyor", "worker", t, "--db", db, "--blobs", blobs, "--quiet"]
-                         for t in targets for _ in range(per_target)]
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.stopping = threading.Event()
-        self.watcher = threading.Thread(target=self._watch, name="conveyor-serve-fleet", daemon=True)
-
-    def start(self) -> None:
-        self.procs = [self._spawn(c) for c in self.commands]
-        if self.procs:
-            self.watcher.start()
-
-    def _spawn(self, command: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno())
-
-    def _watch(self) -> None:
-        while not self.stopping.wait(1.0):
-            for index, proc in enumerate(self.procs):
-                if proc.poll() is not None and not self.stopping.is_set():
-                    if proc.returncode == 2:  # a user error it printed: starting it again would say it again
-                        continue
-                    self.procs[index] = self._spawn(self.commands[index])
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 15
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("CONVEYOR_LOG", "warning").lower(),
+                timeout_graceful_shutdown=5)
 
 
 @token_app.command("create")

@@ -18,6 +18,7 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
+from conveyor.service.fleet import USER_ERROR_EXIT, stop_processes
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
@@ -25,7 +26,6 @@ from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 # Called every poll with a function that reads the run's status: the status is read (a count over the
 # run's tasks) only when the caller is about to show it.
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
-USER_ERROR_EXIT = 2  # a worker that exits with this stopped on something the user must fix
 
 
 def default_workers() -> int:
@@ -222,16 +222,7 @@ class Fleet:
         return run_progress(self.store, find_run(self.store, self.run_id))
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs, grace_s=30)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
