@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -247,3 +250,21 @@ def test_a_large_upload_keeps_the_server_memory_flat(tmp_path: Path, store_url: 
         assert max(peak) - before < 64 << 20, f"grew {(max(peak) - before) >> 20} MB"
     sizes = [p.stat().st_size for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
     assert 900 << 20 in sizes
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_no_worker_outlives_its_server(tmp_path: Path, store_url: str, how: signal.Signals) -> None:
+    if not store_url.startswith("sqlite"):
+        pytest.skip("process handling does not depend on the backend")
+    psutil = pytest.importorskip("psutil")
+    target = write_pipeline(tmp_path, SMALL_PIPELINE)
+    with served(tmp_path, store_url, target, workers=2) as s:
+        deadline = time.monotonic() + 20
+        while len(psutil.Process(s.proc.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = psutil.Process(s.proc.pid).children()
+        assert len(workers) == 2
+        os.kill(s.proc.pid, how)  # the server alone, not its process group
+        s.proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert alive == [], f"workers left running after the server got {how.name}"
