@@ -266,5 +266,5 @@ def test_no_worker_outlives_its_server(tmp_path: Path, store_url: str, how: sign
         assert len(workers) == 2
         os.kill(s.proc.pid, how)  # the server alone, not its process group
         s.proc.wait(timeout=30)
-        gone, alive = psutil.wait_procs(workers, timeout=20)
+        _, alive = psutil.wait_procs(workers, timeout=20)
     assert alive == [], f"workers left running after the server got {how.name}"
