@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ import pytest
 from conveyor.service.tokens import revoke_token
 from conveyor.store import open_store
 from tests.apiserver import SMALL_PIPELINE, Server, served
-from tests.helpers import query, write_pipeline
+from tests.helpers import cli, query, write_pipeline
 
 FINAL = ("published", "completed", "failed", "dead_lettered", "rejected")
 
@@ -268,3 +269,19 @@ def test_no_worker_outlives_its_server(tmp_path: Path, store_url: str, how: sign
         s.proc.wait(timeout=30)
         _, alive = psutil.wait_procs(workers, timeout=20)
     assert alive == [], f"workers left running after the server got {how.name}"
+
+
+def test_serve_says_in_one_line_what_keeps_it_from_starting(tmp_path: Path, store_url: str) -> None:
+    if not store_url.startswith("sqlite"):
+        pytest.skip("start-up errors do not depend on the backend")
+    target = write_pipeline(tmp_path, SMALL_PIPELINE)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        taken = cli("serve", "-p", target, "--port", str(port), "--db", store_url, cwd=tmp_path)
+    missing = cli("serve", "-p", str(tmp_path / "nope.py:pipe"), "--db", store_url, cwd=tmp_path)
+    webhook = cli("serve", "-p", target, "--allow-webhook", "not a network", "--db", store_url, cwd=tmp_path)
+    for proc, words in ((taken, "choose another --port"), (missing, "does not exist"), (webhook, "--allow-webhook")):
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr, proc.stderr

@@ -51,6 +51,7 @@ def serve(
     from conveyor.service.webhooks import parse_policy
 
     writable_blobs(blobs)
+    _check_port(host, port)
     settings = ApiSettings(db=db, blobs=blobs, pipelines=tuple(pipelines or ()), auth=not no_auth,
                            max_upload_bytes=max_upload_bytes, webhook_policy=parse_policy(allow_webhook or []),
                            relay=not no_relay, public_url=public_url)
@@ -64,6 +65,24 @@ def serve(
                f"http://{host}:{port} ({workers} worker(s) per pipeline)", err=True)
     uvicorn.run(api, host=host, port=port, log_level=os.environ.get("CONVEYOR_LOG", "warning").lower(),
                 timeout_graceful_shutdown=5)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A one-line error, before anything starts, for an address that cannot be listened on."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host!r} is not an address this machine has ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port (or stop what "
+                            "holds it)") from None
 
 
 @token_app.command("create")
