@@ -15,10 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.context import Services, base_url, caller, services
-from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, read_small, store_stream
+from conveyor.api.uploads import Stored, check_length, kept, read_form, read_small, store_stream
 from conveyor.api.views import JobList, JobView
 from conveyor.errors import TooLarge, UserError
 from conveyor.pipeline import Pipeline
+from conveyor.runtime.values import INLINE_MAX
 from conveyor.service import jobs as job_service
 from conveyor.service.jobs import JobRequest
 from conveyor.service.tokens import Caller
@@ -95,11 +96,11 @@ def accepted(request: Request, job_id: str, status: str) -> dict[str, Any]:
 async def _read_job(request: Request, svc: Services, limit: int) -> tuple[JobOptions, Stored]:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
-        raw = await run_in_threadpool(lambda: read_small(body_chunks(request, limit), min(limit, MAX_JSON)))
-        body = _validated(JobIn, raw)
+        body = _validated(JobIn, await read_small(request, min(limit, MAX_JSON)))
         data = body.text.encode()
-        stored = await run_in_threadpool(store_stream, svc.blobs, iter([data]))
-        return body, stored
+        if len(data) <= INLINE_MAX:  # the common case: no blob to write, no thread to wait for
+            return body, kept(data)
+        return body, await run_in_threadpool(store_stream, svc.blobs, iter([data]))
     if kind == "multipart/form-data":
         form = await run_in_threadpool(read_form, request, svc.blobs, limit)
         if form.document is None:

@@ -81,18 +81,22 @@ def store_stream(blobs: Blobs, chunks: Iterator[bytes]) -> Stored:
         if len(head) > INLINE_MAX:
             digest, size = blobs.put_stream(itertools.chain([bytes(head)], chunks))
             return Stored(digest, size, None)
-    data = bytes(head)
-    return Stored(hashlib.sha256(data).hexdigest(), len(data), data)
+    return kept(bytes(head))
 
 
-def read_small(chunks: Iterator[bytes], limit: int) -> bytes:
-    """A body that must be small (JSON): read whole, up to ``limit`` bytes."""
+async def read_small(request: Request, limit: int) -> bytes:
+    """A body that must be small (JSON), read on the event loop, whole, up to ``limit`` bytes."""
     out = bytearray()
-    for chunk in chunks:
+    async for chunk in request.stream():
         out += chunk
         if len(out) > limit:
             raise TooLarge(f"the JSON body is over {limit:,} bytes; send a large document as multipart/form-data")
     return bytes(out)
+
+
+def kept(data: bytes) -> Stored:
+    """Bytes small enough to keep inline: hashed, not stored."""
+    return Stored(hashlib.sha256(data).hexdigest(), len(data), data)
 
 
 def read_form(request: Request, blobs: Blobs, limit: int) -> Form:
