@@ -163,14 +163,7 @@ class JobQueries:
         return found
 
     def list_jobs(self, tenant: str | None, limit: int, before: float | None = None) -> list[JobRow]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            clauses.append("tenant = ?")
-            params.append(tenant)
-        if before is not None:
-            clauses.append("created_at < ?")
-            params.append(before)
+        clauses, params = _given((("tenant = ?", tenant), ("created_at < ?", before)))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs {where} ORDER BY created_at DESC LIMIT ?",
                                (*params, limit))
@@ -302,13 +295,8 @@ class JobQueries:
 
     def deliveries(self, tenant: str | None, state: str | None, limit: int) -> list[tuple[EventRow, str | None]]:
         """Events with a webhook (of ``tenant``; in delivery ``state``), newest first, with the URL."""
-        clauses, params = ["e.delivery IS NOT NULL"], []  # type: list[str], list[Any]
-        if tenant is not None:
-            clauses.append("j.tenant = ?")
-            params.append(tenant)
-        if state is not None:
-            clauses.append("e.delivery = ?")
-            params.append(state)
+        clauses, params = _given((("j.tenant = ?", tenant), ("e.delivery = ?", state)))
+        clauses.append("e.delivery IS NOT NULL")
         cols = ", ".join(f"e.{c.strip()}" for c in EVENT_COLUMNS.split(","))
         rows = self.db.execute(f"SELECT {cols}, j.webhook_url FROM events e JOIN jobs j ON j.job_id = e.job_id "
                                f"WHERE {' AND '.join(clauses)} ORDER BY e.id DESC LIMIT ?", (*params, limit))
@@ -348,12 +336,14 @@ class JobQueries:
 
 def _narrowed(tenant: str, filters: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[Any]]:
     """WHERE clauses (and their parameters) for the rows of ``tenant``'s runs matching the given ``filters``."""
-    clauses, params = ["run_id IN (SELECT job_id FROM jobs WHERE tenant = ?)"], [tenant]
-    for column, value in filters:
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    return clauses, params
+    clauses, params = _given([(f"{column} = ?", value) for column, value in filters])
+    return ["run_id IN (SELECT job_id FROM jobs WHERE tenant = ?)", *clauses], [tenant, *params]
+
+
+def _given(conditions: Sequence[tuple[str, Any]]) -> tuple[list[str], list[Any]]:
+    """The conditions (``"column = ?"``, value) whose value is given (not None), and their parameters."""
+    used = [(sql, value) for sql, value in conditions if value is not None]
+    return [sql for sql, _ in used], [value for _, value in used]
 
 
 def _token(row: tuple[Any, ...]) -> TokenRow:
