@@ -4,6 +4,7 @@ an httpx client, and tokens made the way `conveyor token create` makes them."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,9 +44,17 @@ def shout(ctx, doc: dict) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, below Linux's ephemeral range (32768-60999), so that no client connection of a
+    test running beside this one takes it between this check and the server's bind."""
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port between 20000 and 32000")
 
 
 def make_token(store_url: str, tenant: str = "acme", operator: bool = False) -> dict[str, Any]:
@@ -88,8 +97,32 @@ class Server:
 @contextmanager
 def served(tmp_path: Path, store_url: str, target: str, *args: str, workers: int = 1,
            env: dict[str, str] | None = None, port: int | None = None) -> Iterator[Server]:
-    """`conveyor serve -p TARGET` on a free port until the block ends (SIGTERM, then SIGKILL)."""
-    port = port or free_port()
+    """`conveyor serve -p TARGET` on a free port until the block ends (SIGTERM, then SIGKILL). A port another
+    test took first (the server says so and exits 2) is exchanged for another."""
+    for attempt in range(5):
+        server = _start(tmp_path, store_url, target, args, workers, env, port or free_port())
+        try:
+            _wait_ready(server)
+        except _PortTaken:
+            if port is not None or attempt == 4:
+                raise
+            continue
+        except BaseException:
+            stop(server.proc)
+            raise
+        try:
+            yield server
+        finally:
+            stop(server.proc)
+        return
+
+
+class _PortTaken(AssertionError):
+    pass
+
+
+def _start(tmp_path: Path, store_url: str, target: str, args: tuple[str, ...], workers: int,
+           env: dict[str, str] | None, port: int) -> Server:
     blobs = tmp_path / "blobs"
     log = tmp_path / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "conveyor", "serve", "-p", target, "--port", str(port), "--db", store_url,
@@ -98,12 +131,7 @@ def served(tmp_path: Path, store_url: str, target: str, *args: str, workers: int
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", proc, store_url, blobs, log)
-    try:
-        _wait_ready(server)
-        yield server
-    finally:
-        stop(proc)
+    return Server(f"http://127.0.0.1:{port}", proc, store_url, blobs, log)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
@@ -124,7 +152,10 @@ def _wait_ready(server: Server, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise AssertionError(f"conveyor serve exited {server.proc.returncode}:\n{server.log.read_text()}")
+            said = server.log.read_text()
+            if "cannot listen on" in said or "address already in use" in said.lower():
+                raise _PortTaken(said)
+            raise AssertionError(f"conveyor serve exited {server.proc.returncode}:\n{said}")
         try:
             if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
                 return
