@@ -28,16 +28,18 @@ pipe = Pipeline("crashy", lease_seconds=2, retry=Retry(max_attempts=10, base=0.0
 
 @pipe.stage()
 async def parse(ctx, source: bytes) -> dict:
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
     return {"text": source.decode()}
 
 @pipe.stage(after=parse)
 async def shout(ctx, doc: dict) -> dict:
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
     return {"upper": doc["text"].upper()}
 """
 STAGES = ("parse", "shout")
-SUBMIT_S = 2.0  # how long the client submits before the kill
+SUBMIT_S = 2.0  # how long the client submits at least before the kill
+ENOUGH = 20  # jobs accepted before the kill (waited for, up to READY_S, on a slow machine)
+READY_S = 30.0
 
 
 @dataclass
@@ -82,7 +84,7 @@ def submit_until(server: Server, token: str, done: threading.Event, seen: Submis
 def test_sigkill_of_server_and_workers_loses_no_accepted_job_and_no_event(tmp_path: Path, store_url: str) -> None:
     target = write_pipeline(tmp_path, CRASHY)
     seen, token = submit_then_kill(tmp_path, store_url, target)
-    assert len(seen.accepted) >= 20, f"only {len(seen.accepted)} jobs were accepted before the kill"
+    assert len(seen.accepted) >= ENOUGH, f"only {len(seen.accepted)} jobs were accepted before the kill"
     assert query(store_url, "SELECT COUNT(*) FROM tasks WHERE status IN ('queued', 'running')")[0][0] > 0, \
         "every job had finished before the kill: the test killed nothing in flight"
 
@@ -116,11 +118,18 @@ def submit_then_kill(tmp_path: Path, store_url: str, target: str) -> tuple[Submi
         client = threading.Thread(target=submit_until, args=(first, token, done, seen))
         client.start()
         time.sleep(SUBMIT_S)
+        deadline = time.monotonic() + READY_S
+        while time.monotonic() < deadline and not (len(seen.accepted) >= ENOUGH and in_flight(store_url)):
+            time.sleep(0.1)
         stop(first.proc, signal.SIGKILL)  # the server and its workers (one process group), all at once
         time.sleep(0.2)  # the client sees the server gone while it is still submitting
         done.set()
         client.join(timeout=10)
     return seen, token
+
+
+def in_flight(store_url: str) -> bool:
+    return bool(query(store_url, "SELECT COUNT(*) FROM tasks WHERE status IN ('queued', 'running')")[0][0])
 
 
 def streamed_events(server: Server, token: str, job_id: str) -> list[tuple[int, str]]:
