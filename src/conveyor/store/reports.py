@@ -96,6 +96,24 @@ class ReportQueries:
                 open_[stage] = open_.get(stage, 0) + int(count)
         return {str(stage): (int(total), open_.get(stage, 0)) for stage, total in totals.items()}
 
+    def stage_calls(self, run_id: str) -> dict[str, int]:
+        """stage -> stage functions invoked for the run's tasks (its attempts, each task by its id)."""
+        rows = self.db.execute(
+            "SELECT t.stage, SUM(a.invoked) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ? "
+            "GROUP BY t.stage", (run_id,))
+        return {str(stage): int(calls or 0) for stage, calls in rows}
+
+    def oldest_queued(self, pipeline: str, run_id: str, now: float) -> dict[str, float]:
+        """stage -> when its oldest task ready to run became so (retry waits not due yet left out), read
+        through the hot queue's partial indexes: finished task rows are never read."""
+        oldest: dict[str, float] = {}
+        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0"):
+            for stage, at in self.db.execute(
+                    f"SELECT stage, MIN(available_at) FROM tasks WHERE {state} AND pipeline = ? AND run_id = ? "
+                    "AND available_at <= ? GROUP BY stage", (pipeline, run_id, now)):
+                oldest[str(stage)] = min(float(at), oldest.get(str(stage), float(at)))
+        return oldest
+
     def open_tasks(self, pipeline: str, run_id: str | None = None) -> int:
         """Tasks still queued or running (retry waits included), counted through the
         partial indexes of the hot queue, so finished tasks are never read."""
