@@ -245,7 +245,8 @@ def _duration(seconds: float) -> str:
 
 def workers(data: dict[str, Any]) -> None:
     if not data["workers"]:
-        out.print("no workers yet: `conveyor worker TARGET` or `conveyor run` starts some")
+        out.print("no live workers (`--all` lists stopped ones too): `conveyor worker TARGET` or `conveyor run` "
+                  "starts some")
         return
     table = Table(title="workers")
     for column in ("worker", "state", "pipeline", "run", "started", "last beat", "held", "done"):

@@ -14,6 +14,7 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, StateConflict, UserError
 from conveyor.runtime import transitions
+from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.heartbeat import stopped
 from conveyor.service.records import RunGraph, SampleOptions, quality_sample
 from conveyor.service.tenancy import tenant_runs, visible
@@ -78,11 +79,11 @@ def stage_activity(store: SqlStore, run: RunRecord, counts: TaskCounts) -> dict[
     for stage, _, is_cached, count in counts:
         cached[stage] += count if is_cached else 0
     calls = store.stage_calls(run.run_id)
-    now = store.clock()
-    oldest = store.oldest_queued(run.pipeline, run.run_id, now)
+    now, order = store.clock(), [s["name"] for s in json.loads(run.stages)]
+    oldest = store.oldest_queued(run.pipeline, run.run_id, order, sorted(LANE_RANKS.values()), now)
     return {name: {"calls": calls.get(name, 0), "cached": cached.get(name, 0),
                    "oldest_queued_age_s": round(max(0.0, now - oldest[name]), 3) if name in oldest else None}
-            for name in (s["name"] for s in json.loads(run.stages))}
+            for name in order}
 
 
 def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:

@@ -103,15 +103,24 @@ class ReportQueries:
             "GROUP BY t.stage", (run_id,))
         return {str(stage): int(calls or 0) for stage, calls in rows}
 
-    def oldest_queued(self, pipeline: str, run_id: str, now: float) -> dict[str, float]:
-        """stage -> when its oldest task ready to run became so (retry waits not due yet left out), read
-        through the hot queue's partial indexes: finished task rows are never read."""
+    def oldest_queued(self, pipeline: str, run_id: str, stages: Sequence[str], lane_ranks: Sequence[int],
+                      now: float) -> dict[str, float]:
+        """stage -> when its oldest task ready to run became so (retry waits not due yet left out). Bounded work:
+        per stage and lane, the runnable index is walked in ``available_at`` order to the run's first task; the
+        suspects (few) are grouped whole. Finished task rows are never read."""
         oldest: dict[str, float] = {}
-        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0"):
-            for stage, at in self.db.execute(
-                    f"SELECT stage, MIN(available_at) FROM tasks WHERE {state} AND pipeline = ? AND run_id = ? "
-                    "AND available_at <= ? GROUP BY stage", (pipeline, run_id, now)):
-                oldest[str(stage)] = min(float(at), oldest.get(str(stage), float(at)))
+        for stage in stages:
+            for rank in lane_ranks:
+                rows = self.db.execute(
+                    "SELECT available_at FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ? "
+                    "AND stage = ? AND lane_rank = ? AND run_id = ? AND available_at <= ? ORDER BY available_at "
+                    "LIMIT 1", (pipeline, stage, rank, run_id, now))
+                if rows:
+                    oldest[stage] = min(float(rows[0][0]), oldest.get(stage, float(rows[0][0])))
+        for stage, at in self.db.execute(
+                "SELECT stage, MIN(available_at) FROM tasks WHERE status = 'queued' AND crashes > 0 AND pipeline = ? "
+                "AND run_id = ? AND available_at <= ? GROUP BY stage", (pipeline, run_id, now)):
+            oldest[str(stage)] = min(float(at), oldest.get(str(stage), float(at)))
         return oldest
 
     def open_tasks(self, pipeline: str, run_id: str | None = None) -> int:
