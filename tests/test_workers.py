@@ -194,3 +194,18 @@ def test_api_lists_the_served_workers_to_operators_only(tmp_path: Path, store_ur
         with server.client(tenant) as c:
             refused = c.get("/v1/workers")
         assert refused.status_code == 403 and "operator" in refused.json()["detail"]
+
+
+def test_rows_of_long_silent_workers_are_forgotten_at_a_start(store_url: str) -> None:
+    from conveyor.store import WorkerRow
+
+    store = open_store(store_url)
+    try:
+        now = store.clock()
+        store.register_worker(WorkerRow("h:1:old", "h", 1, "p", None, 10.0, now - 9e5, now - 8e5), now - 7e5)
+        store.register_worker(WorkerRow("h:2:new", "h", 2, "p", "r1", 10.0, now, now), now - 9e5)
+        assert [w.worker for w in store.list_workers(0.0, True, 10)] == ["h:1:old", "h:2:new"]
+        store.register_worker(WorkerRow("h:3:newer", "h", 3, "p", None, 10.0, now, now), now - 7e5)
+        assert [w.worker for w in store.list_workers(0.0, True, 10)] == ["h:2:new", "h:3:newer"]
+    finally:
+        store.close()
