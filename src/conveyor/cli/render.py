@@ -207,11 +207,12 @@ def status(data: dict[str, Any]) -> None:
     table = Table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
                         f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
     columns = ("queued", "running", "succeeded", "failed", "dead_lettered")
+    activity = data.get("stage_activity") or {}
     table.add_column("stage")
-    for column in columns:
+    for column in (*columns, *(("calls", "cached", "oldest queued") if activity else ())):
         table.add_column(column, justify="right")
     for stage, counts in data["stages"].items():
-        table.add_row(stage, *(str(counts.get(k, 0)) for k in columns))
+        table.add_row(stage, *(str(counts.get(k, 0)) for k in columns), *_activity(activity.get(stage)))
     out.print(table)
     if data.get("outcomes"):
         out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
@@ -226,6 +227,36 @@ def status(data: dict[str, Any]) -> None:
         note = f": {escape(r['note'])}" if r["note"] else ""
         out.print(f"replay {r['id']} by {escape(r['by'])} ({r['reason']}{note}): {r['reopened']} re-opened, "
                   f"{r['superseded']} superseded")
+
+
+def _activity(stage: dict[str, Any] | None) -> tuple[str, ...]:
+    """Stage calls, memo answers and the age of the oldest task waiting (status RUN)."""
+    if stage is None:
+        return ()
+    age = stage["oldest_queued_age_s"]
+    return str(stage["calls"]), str(stage["cached"]), "-" if age is None else _duration(age)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def workers(data: dict[str, Any]) -> None:
+    if not data["workers"]:
+        out.print("no live workers (`--all` lists stopped ones too): `conveyor worker TARGET` or `conveyor run` "
+                  "starts some")
+        return
+    table = Table(title="workers")
+    for column in ("worker", "state", "pipeline", "run", "started", "last beat", "held", "done"):
+        table.add_column(column, justify="right" if column in ("last beat", "held", "done") else "left",
+                         no_wrap=column == "worker")
+    for w in data["workers"]:
+        started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(w["started_at"]))
+        table.add_row(escape(w["worker"]), w["state"], escape(w["pipeline"]), escape(w["run"] or "any"), started,
+                      f"{_duration(w['heartbeat_age_s'])} ago", str(w["tasks_held"]), str(w["tasks_done"]))
+    out.print(table)
 
 
 def _errors(errors: dict[str, int] | None) -> None:

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import time
 import uuid
 from collections import Counter
@@ -28,12 +27,13 @@ from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
+from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
 from conveyor.runtime.heartbeat import submission_alive
 from conveyor.runtime.pacing import Pacing
 from conveyor.runtime.services import model_stages
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Claim, Outcome, Transitions
-from conveyor.store import ClaimedTask, Lease, SqlStore, open_store
+from conveyor.store import ClaimedTask, Lease, SqlStore, WorkerRow, open_store
 
 log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
@@ -56,7 +56,8 @@ class WorkerOptions:
 
 
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    host, pid = this_process()
+    return f"{host}:{pid}:{uuid.uuid4().hex[:6]}"
 
 
 class Worker:
@@ -79,6 +80,7 @@ class Worker:
         self._leases: dict[int, int] = {}
         self._in_flight: Counter[str] = Counter()
         self._results: list[Outcome] = []
+        self._done = 0  # outcomes committed: the fleet view's tasks done
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._answered: dict[str, Outcome] = {}  # results of this worker not committed yet, by task key
         self._warned: set[str] = set()
@@ -129,6 +131,7 @@ class Worker:
         self.store: SqlStore = await self._call(open_store, self.store_url)
         await self._call(self._sync_clock)
         self.transitions = Transitions(self.pipeline, self.store, self.id)
+        await self._call(self._register)
         keeper = asyncio.create_task(self._keep_leases())
         log.info("worker %s started on %s (%s)", self.id, self.pipeline.name, self.store.backend,
                  extra={"event": "worker_started", "run": self.opts.run_id})
@@ -146,6 +149,12 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._stop.set)
             except (ValueError, RuntimeError, NotImplementedError):
                 return  # not the main thread: the caller stops us with request_stop()
+
+    def _register(self) -> None:
+        host, pid = this_process()
+        now = self.clock()
+        self.store.register_worker(WorkerRow(self.id, host, pid, self.pipeline.name, self.opts.run_id,
+                                             beat_seconds(self.lease), now, now), now - FORGET_AFTER_S)
 
     def _sync_clock(self) -> None:
         self.clock.sync(self.store.clock, self.store.db.local_clock)
@@ -292,6 +301,7 @@ class Worker:
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()
+        self._done += len(batch)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
             self._in_flight[outcome.task.stage] -= 1
@@ -368,12 +378,13 @@ class Worker:
         """Renew our leases and reclaim dead workers' ones, every third of a lease. A failure of one
         round (the database restarting, say) is logged and the next round tries again: leases must
         not run out because one renewal failed."""
-        interval = max(0.2, self.lease / 3)
+        interval = beat_seconds(self.lease)
         while True:
             await asyncio.sleep(interval)
             # The leases are read here, on the event loop that changes them, not on the store's thread.
             held = [Lease(task_id, token) for task_id, token in self._leases.items()]
-            steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, ()), (self._expire_reviews, ()))
+            steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, (len(held), self._done)),
+                     (self._expire_reviews, ()))
             for step, args in steps:
                 try:
                     await self._call(step, *args)
@@ -386,9 +397,19 @@ class Worker:
         if leases:
             self.transitions.renew(leases, self.clock() + self.lease)
 
-    def _reclaim(self) -> None:
-        counts = self.transitions.reclaim_expired(self.clock())
+    def _reclaim(self, held: int, done: int) -> None:
+        """Beat (runtime/fleet.py), then reclaim expired leases: one transaction, one write lock, as before."""
+        with self.store.transaction():
+            self.store.beat_worker(self.id, self.clock(), held, done)
+            counts = self.transitions.reclaim_expired(self.clock())
         self.stats.update({f"reclaimed_{k}": v for k, v in counts.items()})
+
+    def _unregister(self) -> None:
+        try:
+            self.store.stop_worker(self.id, self.clock(), self._done)
+        except Exception:  # the store is gone (a restart): the worker is seen as lost, not stopped
+            log.warning("could not mark worker %s stopped", self.id, exc_info=True,
+                        extra={"event": "worker_unregister_failed", "run": self.opts.run_id})
 
     def _expire_reviews(self) -> None:
         if self._reviewed:
@@ -420,6 +441,7 @@ class Worker:
             await self._call(self.transitions.release, [Lease(*lease) for lease in self._leases.items()])
             self.stats["released"] += len(self._leases)
             self._leases.clear()
+        await self._call(self._unregister)
         await self._call(self.store.close)
         log.info("worker %s stopped: %s", self.id, dict(self.stats),
                  extra={"event": "worker_stopped", "run": self.opts.run_id})

@@ -14,11 +14,13 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, StateConflict, UserError
 from conveyor.runtime import transitions
+from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.heartbeat import stopped
 from conveyor.service.records import RunGraph, SampleOptions, quality_sample
 from conveyor.service.tenancy import tenant_runs, visible
 from conveyor.store import UNFINISHED_RUNS, DeadLetter, RunRecord, SqlStore
 
+TaskCounts = Sequence[tuple[str, str, int, int]]  # store.task_counts: (stage, status, cached, count)
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
 
 # Every expected item is in exactly one of these (precedence: this order); an item in none (it has no task
@@ -46,11 +48,13 @@ def publish_stages(run: RunRecord) -> list[str]:
     return list(RunGraph.of(run).stages.publish)
 
 
-def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Per-stage task counts of a run, and its totals (``attempts``: its ``attempt_counts``, when read)."""
+def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None = None,
+               counts: TaskCounts | None = None) -> dict[str, Any]:
+    """Per-stage task counts of a run, and its totals (``attempts``: its ``attempt_counts``, ``counts``: its
+    ``task_counts``, when read)."""
     stages: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     cached = 0
-    for stage, status, is_cached, count in store.task_counts(run.run_id):
+    for stage, status, is_cached, count in store.task_counts(run.run_id) if counts is None else counts:
         stages[stage][status] += count
         cached += count if is_cached else 0
     order = [s["name"] for s in json.loads(run.stages)]
@@ -66,6 +70,20 @@ def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None 
         "attempt_errors": store.attempt_errors(run.run_id),
         "stale_code": stale_code(store, run.run_id), "note": run.note, "budget": budget_of(store, run),
     }
+
+
+def stage_activity(store: SqlStore, run: RunRecord, counts: TaskCounts) -> dict[str, dict[str, Any]]:
+    """Per stage: ``calls`` (stage functions invoked), ``cached`` (tasks answered from the memo) and
+    ``oldest_queued_age_s`` (how long its oldest task ready to run has waited; None: none waits)."""
+    cached: dict[str, int] = defaultdict(int)
+    for stage, _, is_cached, count in counts:
+        cached[stage] += count if is_cached else 0
+    calls = store.stage_calls(run.run_id)
+    now, order = store.clock(), [s["name"] for s in json.loads(run.stages)]
+    oldest = store.oldest_queued(run.pipeline, run.run_id, order, sorted(LANE_RANKS.values()), now)
+    return {name: {"calls": calls.get(name, 0), "cached": cached.get(name, 0),
+                   "oldest_queued_age_s": round(max(0.0, now - oldest[name]), 3) if name in oldest else None}
+            for name in order}
 
 
 def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:
@@ -199,7 +217,9 @@ def _outcomes(store: SqlStore, run: RunRecord, graph: RunGraph, settled: bool) -
 def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     """``run_status`` plus items by outcome (as ``reconcile`` counts them, with ``unaccounted``) and tokens and
     cost per accepted item (`conveyor status RUN`)."""
-    status = run_status(store, run)
+    counts = store.task_counts(run.run_id)
+    status = run_status(store, run, counts=counts)
+    status["stage_activity"] = stage_activity(store, run, counts)
     outcomes = _outcomes(store, run, RunGraph.of(run), _settled(run, status))
     outcomes.pop("missing", None)
     status["outcomes"] = outcomes

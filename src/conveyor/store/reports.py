@@ -96,6 +96,33 @@ class ReportQueries:
                 open_[stage] = open_.get(stage, 0) + int(count)
         return {str(stage): (int(total), open_.get(stage, 0)) for stage, total in totals.items()}
 
+    def stage_calls(self, run_id: str) -> dict[str, int]:
+        """stage -> stage functions invoked for the run's tasks (its attempts, each task by its id)."""
+        rows = self.db.execute(
+            "SELECT t.stage, SUM(a.invoked) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ? "
+            "GROUP BY t.stage", (run_id,))
+        return {str(stage): int(calls or 0) for stage, calls in rows}
+
+    def oldest_queued(self, pipeline: str, run_id: str, stages: Sequence[str], lane_ranks: Sequence[int],
+                      now: float) -> dict[str, float]:
+        """stage -> when its oldest task ready to run became so (retry waits not due yet left out). Bounded work:
+        per stage and lane, the runnable index is walked in ``available_at`` order to the run's first task; the
+        suspects (few) are grouped whole. Finished task rows are never read."""
+        oldest: dict[str, float] = {}
+        for stage in stages:
+            for rank in lane_ranks:
+                rows = self.db.execute(
+                    "SELECT available_at FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ? "
+                    "AND stage = ? AND lane_rank = ? AND run_id = ? AND available_at <= ? ORDER BY available_at "
+                    "LIMIT 1", (pipeline, stage, rank, run_id, now))
+                if rows:
+                    oldest[stage] = min(float(rows[0][0]), oldest.get(stage, float(rows[0][0])))
+        for stage, at in self.db.execute(
+                "SELECT stage, MIN(available_at) FROM tasks WHERE status = 'queued' AND crashes > 0 AND pipeline = ? "
+                "AND run_id = ? AND available_at <= ? GROUP BY stage", (pipeline, run_id, now)):
+            oldest[str(stage)] = min(float(at), oldest.get(str(stage), float(at)))
+        return oldest
+
     def open_tasks(self, pipeline: str, run_id: str | None = None) -> int:
         """Tasks still queued or running (retry waits included), counted through the
         partial indexes of the hot queue, so finished tasks are never read."""

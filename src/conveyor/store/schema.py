@@ -454,4 +454,26 @@ CREATE INDEX runs_created ON runs (created_at);
 CREATE INDEX events_pending ON events (next_delivery_at) WHERE delivery = 'pending';
 """,
     ),
+    (
+        11,
+        "the fleet: workers register themselves and beat with their lease keeping (conveyor workers)",
+        """
+-- One row per worker process (its id: host:pid:nonce). heartbeat_at is written by the worker's lease keeper
+-- every beat_s; stopped_at at a clean exit. A worker whose beat is older than a few beats is lost.
+CREATE TABLE workers (
+    worker TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    pipeline TEXT NOT NULL,
+    run_id TEXT,
+    beat_s {real} NOT NULL,
+    started_at {real} NOT NULL,
+    heartbeat_at {real} NOT NULL,
+    tasks_held INTEGER NOT NULL DEFAULT 0,
+    tasks_done INTEGER NOT NULL DEFAULT 0,
+    stopped_at {real}
+);
+CREATE INDEX workers_heartbeat ON workers (heartbeat_at);
+""",
+    ),
 ]

@@ -1,0 +1,28 @@
+"""``conveyor workers``: the fleet, as the workers themselves report it (live, lost lately, stopped)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from conveyor.cli.common import Db, Json, app, emit, store_for
+from conveyor.errors import StoreMissing
+from conveyor.store import DEFAULT_DB
+
+
+@app.command()
+def workers(
+    every: Annotated[bool, typer.Option("--all", help="stopped workers and long-lost ones too")] = False,
+    db: Db = DEFAULT_DB, as_json: Json = False,
+) -> None:
+    """Workers of this store: host, pid, start, tasks held and done, last heartbeat; live, lost or stopped."""
+    from conveyor.cli import render
+    from conveyor.service.workers import list_workers
+
+    try:
+        with store_for(db, create=False) as store:
+            data = list_workers(store, every)
+    except StoreMissing:
+        data = {"workers": []}
+    emit(data, as_json, render.workers)
