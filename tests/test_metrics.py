@@ -15,7 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.metrics import exposition, new_registry
-from conveyor.metrics.collector import per_scrape
+from conveyor.metrics.collector import shared_store
 from conveyor.runtime.target import load_target
 from tests.apiserver import free_port, served
 from tests.helpers import SRC, cli, reconciled, submit_and_work, write_pipeline
@@ -69,7 +69,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def scrape_store(store_url: str, target: str) -> Samples:
-    registry = new_registry(per_scrape(store_url), [load_target(target)])
+    registry = new_registry(shared_store(store_url), [load_target(target)])
     return parse(exposition(registry).decode())
 
 

@@ -6,6 +6,7 @@ process never share metrics. Every metric is documented in the README (HTTP API,
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -124,18 +125,24 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def per_scrape(url: str) -> StoreSource:
-    """A store opened for each scrape and closed after it (the exporter answers each scrape in a new thread)."""
+def shared_store(url: str) -> StoreSource:
+    """One store for every scrape, opened at the first and lent to one scrape at a time (the exporter answers
+    each scrape in a thread of its own); reopened after an error. Kept open, its page cache stays warm."""
+    lock, held = threading.Lock(), list[SqlStore]()
+
     @contextmanager
     def lend() -> Iterator[SqlStore]:
-        store = open_store(url, migrate=False)
-        try:
-            yield store
-        finally:
-            store.close()
+        with lock:
+            if not held:
+                held.append(open_store(url, migrate=False))
+            try:
+                yield held[0]
+            except BaseException:
+                held.pop().close()
+                raise
     return lend
 
 
 def serve_metrics(port: int, url: str, pipelines: Sequence[Pipeline], addr: str = "0.0.0.0") -> Any:
     """Serve /metrics on ``port`` from a daemon thread (``conveyor worker --metrics-port``)."""
-    return start_http_server(port, addr=addr, registry=new_registry(per_scrape(url), pipelines))
+    return start_http_server(port, addr=addr, registry=new_registry(shared_store(url), pipelines))

@@ -48,8 +48,7 @@ class StageCount(NamedTuple):
     oldest_at: float | None = None
 
 
-def _age_columns() -> str:
-    return ", ".join("SUM(CASE WHEN available_at >= ? THEN 1 ELSE 0 END)" for _ in AGE_BUCKETS)
+RUNNABLE = "status = 'queued' AND crashes = 0"  # the condition of the tasks_runnable partial index
 
 
 class MetricsQueries:
@@ -69,14 +68,44 @@ class MetricsQueries:
         return [MetricIncrement(str(n), str(labels), float(v)) for n, labels, v in rows]
 
     def queue_rows(self, now: float) -> list[QueueRow]:
-        """Runnable tasks per stage with their ages, in one pass over the hot queue's partial index
-        (``tasks_runnable`` covers pipeline, stage and available_at: no task row is read)."""
-        rows = self.db.execute(
-            f"SELECT pipeline, stage, COUNT(*), MIN(available_at), SUM(available_at), {_age_columns()} "
-            "FROM tasks WHERE status = 'queued' AND crashes = 0 GROUP BY pipeline, stage",
-            [now - bound for bound in AGE_BUCKETS])
-        return [QueueRow(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]), tuple(int(c) for c in r[5:]))
-                for r in rows]
+        """Runnable tasks per stage with their ages: for each stage that has any (found by seeks), one index
+        range per age bin of ``tasks_runnable`` (pipeline, stage, lane, available_at), which together walk each
+        queued entry once, and a seek per lane for the oldest."""
+        return [self._queue_row(pipeline, stage, now) for pipeline, stage in self._queued_stages()]
+
+    def _queued_stages(self) -> list[tuple[str, str]]:
+        """(pipeline, stage) pairs with runnable tasks, one index seek each (a skip scan: the next stage of this
+        pipeline, else the first of the next pipeline; a row-value comparison would walk the current stage)."""
+        found: list[tuple[str, str]] = []
+        rows = self.db.execute(f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} ORDER BY pipeline, stage LIMIT 1")
+        while rows:
+            pipeline, stage = str(rows[0][0]), str(rows[0][1])
+            found.append((pipeline, stage))
+            rows = self.db.execute(f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage > ? "
+                                   "ORDER BY stage LIMIT 1", (pipeline, stage)) or self.db.execute(
+                f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} AND pipeline > ? ORDER BY pipeline, stage LIMIT 1",
+                (pipeline,))
+        return found
+
+    def _queue_row(self, pipeline: str, stage: str, now: float) -> QueueRow:
+        cuts = [now - bound for bound in AGE_BUCKETS]  # descending: age <= bound  <=>  available_at >= cut
+        ranges: list[tuple[str, tuple[float, ...]]] = [("available_at >= ?", (cuts[0],))]
+        ranges += [("available_at >= ? AND available_at < ?", (cuts[i], cuts[i - 1])) for i in range(1, len(cuts))]
+        ranges.append(("available_at < ?", (cuts[-1],)))
+        where = f"FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? AND lane_rank IN (0, 1)"
+        sql = " UNION ALL ".join(f"SELECT {i}, COUNT(*), SUM(available_at) {where} AND {cond}"
+                                 for i, (cond, _) in enumerate(ranges))
+        params = [p for _, bound in ranges for p in (pipeline, stage, *bound)]
+        bins = {int(i): (int(n), float(total or 0.0)) for i, n, total in self.db.execute(sql, params)}
+        counts = [bins.get(i, (0, 0.0))[0] for i in range(len(ranges))]
+        oldest = self.db.execute(
+            f"SELECT MIN(available_at) FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? AND lane_rank = 0 "
+            f"UNION ALL SELECT MIN(available_at) FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? "
+            "AND lane_rank = 1", (pipeline, stage, pipeline, stage))
+        firsts = [float(r[0]) for r in oldest if r[0] is not None]
+        within = tuple(sum(counts[:i + 1]) for i in range(len(cuts)))
+        return QueueRow(pipeline, stage, sum(counts), min(firsts, default=now), sum(t for _, t in bins.values()),
+                        within)
 
     def suspect_counts(self) -> list[StageCount]:
         """Queued tasks whose worker died (they run one at a time), through ``tasks_suspect``."""
