@@ -185,6 +185,8 @@ class Commits(JobEvents):
         tally = Tally(self.pipeline)
         tally.plain(stages, w.plain_attempts)
         tally.full(stages, w.attempts)
+        if w.tasks.cached or w.tasks.failed or w.tasks.bad:
+            tally.planned(w.tasks)
         return tally.rows()
 
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:

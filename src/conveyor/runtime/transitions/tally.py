@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from conveyor.pipeline import Pipeline
-from conveyor.store import AttemptRecord, PlainAttempt
+from conveyor.store import AttemptRecord, NewTasks, PlainAttempt
 from conveyor.store.metrics import ATTEMPT_BUCKETS, LABEL_SEP, MetricIncrement
 
 # attempt outcome -> the task's end it records (retries, escalations, reviews and pauses are not ends)
@@ -64,6 +64,18 @@ class Tally:
             self.add("attempt_duration_bucket", self.name, stage, str(bucket), value=count)
         for stage, total in seconds.items():
             self.add("attempt_duration_sum", self.name, stage, value=total)
+
+    def planned(self, tasks: NewTasks) -> None:
+        """Tasks created already ended: answered from the memo as the stage before them finished (no attempt)."""
+        ends: Counter[tuple[str, str]] = Counter()
+        for row in tasks.cached:
+            ends[row[2], "cached"] += 1
+        for row in tasks.failed:
+            ends[row[2], "rejected" if row[12] == "rejected" else "failed"] += 1
+        for row in tasks.bad:
+            ends[row[2], "failed"] += 1
+        for (stage, end), count in ends.items():
+            self.finished(stage, end, count=count)
 
     def full(self, stages: Mapping[int, str], attempts: Iterable[AttemptRecord]) -> None:
         for a in attempts:
