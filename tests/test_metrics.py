@@ -14,11 +14,14 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from conveyor.blobs import FilesystemBlobs
 from conveyor.metrics import exposition, new_registry
 from conveyor.metrics.collector import shared_store
 from conveyor.runtime.target import load_target
+from conveyor.service import review
+from conveyor.store import open_store
 from tests.apiserver import free_port, served
-from tests.helpers import SRC, cli, reconciled, submit_and_work, write_pipeline
+from tests.helpers import SRC, cli, reconciled, submit_and_work, work, write_pipeline
 
 PIPE = """
 from conveyor import Pipeline, Retry, TerminalError
@@ -151,3 +154,24 @@ def _scrape_until(url: str, done: Any, timeout: float = 60) -> Samples:
             return samples
         time.sleep(0.2)
     raise AssertionError(f"{url} never reported the finished run: {samples}")
+
+
+def test_review_decisions_move_the_backlog(store_url: str, tmp_path: Path) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    blobs = tmp_path / "blobs"
+    done = submit_and_work(target, _docs(tmp_path), store_url, blobs)
+    store = open_store(store_url)
+    try:
+        first, second = (r["id"] for r in review.review_list(store)["reviews"])
+        review.approve(store, FilesystemBlobs(blobs), [first], by="ann")
+        review.reject(store, [second], why="not ours", by="bob")
+    finally:
+        store.close()
+    work(target, store_url, blobs, run_id=done.run_id)
+    s = scrape_store(store_url, target)
+    assert reconciled(store_url, done.run_id)["outcomes"]["published"] == 6
+    assert value(s, "conveyor_review_backlog") == 0 and value(s, "conveyor_tasks", state="awaiting_review") == 0
+    assert value(s, "conveyor_items_accepted_total") == 6
+    assert value(s, "conveyor_items_published_total") == 6
+    assert value(s, "conveyor_tasks_finished_total", stage="judge", outcome="rejected") == 1
+    assert value(s, "conveyor_tasks_finished_total", stage="judge", outcome="succeeded") == 6
