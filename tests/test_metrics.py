@@ -175,3 +175,30 @@ def test_review_decisions_move_the_backlog(store_url: str, tmp_path: Path) -> No
     assert value(s, "conveyor_items_published_total") == 6
     assert value(s, "conveyor_tasks_finished_total", stage="judge", outcome="rejected") == 1
     assert value(s, "conveyor_tasks_finished_total", stage="judge", outcome="succeeded") == 6
+
+
+QUOTA_PIPE = """
+from conveyor import Pipeline, RateLimit
+
+pipe = Pipeline("limited", limits={"gpt-4o-mini": RateLimit(tpm=5000, rpm=50)})
+
+@pipe.stage()
+def parse(ctx, source: bytes) -> bytes:
+    return source
+"""
+
+
+def test_quota_used_against_limit(store_url: str, tmp_path: Path) -> None:
+    target = write_pipeline(tmp_path, QUOTA_PIPE)
+    store = open_store(store_url)
+    try:
+        store.reserve_quota("openai/gpt-4o-mini", [("bulk", 1200), ("bulk", 300)], tpm=5000, rpm=50,
+                            interactive_share=0.1, window=60, worker="test")
+    finally:
+        store.close()
+    s = scrape_store(store_url, target)
+    key = "openai/gpt-4o-mini"
+    assert value(s, "conveyor_quota_tokens_used", key=key) == 1500
+    assert value(s, "conveyor_quota_requests_used", key=key) == 2
+    assert value(s, "conveyor_quota_tokens_limit", key=key) == 5000
+    assert value(s, "conveyor_quota_requests_limit", key=key) == 50
