@@ -13,8 +13,9 @@ SRC = Path(conveyor.__file__).parent
 # Which layers each layer may import (besides itself and the package root's modules, which import no layer).
 ROOT_MODULES = {"errors", "retry_after"}
 ALLOWED = {
-    "cli": {"api", "service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
-    "api": {"service", "runtime", "pipeline", "acceptance", "store", "blobs"},
+    "cli": {"api", "metrics", "service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
+    "api": {"metrics", "service", "runtime", "pipeline", "acceptance", "store", "blobs"},
+    "metrics": {"service", "pipeline", "store"},
     "service": {"runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
     "runtime": {"pipeline", "acceptance", "store", "blobs", "providers"},
     "providers": set(),

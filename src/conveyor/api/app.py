@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from conveyor import __version__
-from conveyor.api import batches, jobs, operations, problems, webhooks, workers
+from conveyor.api import batches, jobs, metrics, operations, problems, webhooks, workers
 from conveyor.api.context import Services
 from conveyor.api.openapi import document
 from conveyor.api.relay import Relay
@@ -53,6 +53,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
     app.include_router(operations.router)
     app.include_router(webhooks.router)
     app.include_router(workers.router)
+    metrics.install(app, svc)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, Any]:

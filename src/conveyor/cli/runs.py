@@ -173,6 +173,8 @@ def worker(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 1000,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535, help="serve Prometheus metrics at http://0.0.0.0:N/metrics")] = None,
 ) -> None:
     """Process tasks from the shared store; run as many as you like, anywhere."""
     from conveyor.runtime.target import load_target
@@ -184,6 +186,8 @@ def worker(
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
     blob_store = writable_blobs(blobs)
+    if metrics_port is not None:
+        _serve_metrics(metrics_port, db, pipeline)
     # A fleet started by `run` is --quiet: the run itself says what its workers found, once.
     options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size, warn_stale_code=not quiet)
     with stage_output_to_stderr():
@@ -195,3 +199,13 @@ def worker(
         typer.echo(" ".join(f"{k}={v}" for k, v in sorted(stats.items())), err=True)
 
 
+
+
+def _serve_metrics(port: int, db: str, pipeline: Any) -> None:
+    """The store's metrics at http://0.0.0.0:PORT/metrics, from a daemon thread, while the worker runs."""
+    from conveyor.metrics import serve_metrics
+
+    try:
+        serve_metrics(port, db, [pipeline])
+    except OSError as exc:
+        raise UserError(f"--metrics-port {port}: cannot listen there ({exc.strerror}); pick a free port") from None

@@ -476,4 +476,23 @@ CREATE TABLE workers (
 CREATE INDEX workers_heartbeat ON workers (heartbeat_at);
 """,
     ),
+    (
+        12,
+        "Prometheus metrics: running totals kept by the commits that cause them, dead letters by age",
+        """
+-- Counters (tasks finished, retries, dead letters, attempt-duration buckets, tokens, cost, 429s, items accepted
+-- and published), incremented in the transaction of the commit that causes them, so a scrape reads a few rows
+-- instead of the attempts table. labels: the label values, joined by U+001F. shard: a writer process's slot
+-- (its pid mod 16), so concurrent PostgreSQL commits seldom wait on one row; a scrape sums the shards.
+CREATE TABLE metric_totals (
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    value {real} NOT NULL,
+    PRIMARY KEY (name, labels, shard)
+);
+-- Dead letters of the last hour, read at every scrape.
+CREATE INDEX dead_letters_created ON dead_letters (created_at);
+""",
+    ),
 ]

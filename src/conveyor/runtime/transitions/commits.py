@@ -21,6 +21,7 @@ from conveyor.runtime.transitions.outcome import (
     _full,
     _memoised,
 )
+from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
     AttemptRecord,
@@ -35,6 +36,7 @@ from conveyor.store import (
     Succeeded,
     TaskStatus,
 )
+from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import rows_for
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
@@ -152,6 +154,8 @@ class Commits(JobEvents):
             self.store.insert_events(w.events)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
+        if w.tally:
+            self.store.add_metric_totals(w.tally)
         return fresh
 
     # --- preparing a commit (reads only) ------------------------------------
@@ -159,6 +163,7 @@ class Commits(JobEvents):
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
         w = Writes(now=now)
         outcomes = _first_per_key(outcomes)
+        stages = {o.task.id: o.task.stage for o in outcomes}
         self._release(w, [o for o in outcomes if o.released])
         outcomes = [o for o in outcomes if not o.released]
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
@@ -173,7 +178,16 @@ class Commits(JobEvents):
                                                 [a.task_id for a in w.awaiting],
                                                 [e.task_id for e in w.ended], now)
         w.now = now
+        w.tally = self._tally(stages, w)
         return w
+
+    def _tally(self, stages: dict[int, str], w: Writes) -> list[MetricIncrement]:
+        tally = Tally(self.pipeline)
+        tally.plain(stages, w.plain_attempts)
+        tally.full(stages, w.attempts)
+        if w.tasks.cached or w.tasks.failed or w.tasks.bad:
+            tally.planned(w.tasks)
+        return tally.rows()
 
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
         seeds: list[Seed] = []

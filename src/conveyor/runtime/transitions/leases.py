@@ -16,6 +16,7 @@ from conveyor.runtime.transitions.outcome import (
     Outcome,
     Writes,
 )
+from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
     AttemptRecord,
@@ -115,7 +116,7 @@ class Leases(JobEvents):
                 return counts
             held = self.store.note_lost_workers(sorted({str(lease.lease_owner) for lease in expired}), now)
             requeue: list[Crashed] = []
-            w = Writes()
+            w, tally = Writes(), Tally(self.pipeline)
             for lease in expired:
                 alone = held.get(str(lease.lease_owner), 1) <= 1
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
@@ -131,13 +132,16 @@ class Leases(JobEvents):
                                          lease.lease_token))
                     w.dead.append(NewDeadLetter(lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired",
                                                 message, lease.attempts, now))
+                    tally.finished(lease.stage, "dead_lettered", "lease_expired")
                 else:
                     requeue.append(Crashed(now, message, 0 if alone else 1, lease.id, lease.lease_token))
+                    tally.add("retries", self.pipeline.name, lease.stage, "lease_expired")
             _say_reclaimed(expired)
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
             self.store.insert_attempts(w.attempts)
+            self.store.add_metric_totals(tally.rows())
             if w.dead:
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()

@@ -27,6 +27,7 @@ from conveyor.store import (
     Succeeded,
 )
 from conveyor.store.jobs import NewEvent
+from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import ProvenanceRow
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
@@ -74,6 +75,7 @@ class Writes:
     events: list[NewEvent] = field(default_factory=list)  # of jobs (runtime/transitions/events.py)
     job_runs: set[str] = field(default_factory=set)  # jobs whose end may come with this commit
     now: float = 0.0  # when the commit was prepared
+    tally: list[MetricIncrement] = field(default_factory=list)  # what it adds to the metrics' running totals
     counts: Counter[str] = field(default_factory=Counter)
 
     @property

@@ -8,6 +8,7 @@ from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.transitions.events import JobEvents, event
 from conveyor.runtime.transitions.outcome import ReviewTaken
+from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
     AttemptRecord,
@@ -50,8 +51,19 @@ class Reviews(JobEvents):
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
                 self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)])
             self._tell_job(task, decision, by, now)
+            self._tally_decision(task.stage, decision)
             self.store.notify()
         return queued
+
+    def _tally_decision(self, stage: str, decision: str) -> None:
+        """A decision that ends the task (an escalation runs it again) counts as its end."""
+        tally = Tally(self.pipeline)
+        if decision in ("approved", "edited", "accepted"):
+            tally.finished(stage, "succeeded")
+        elif decision == "rejected":
+            tally.finished(stage, "rejected")
+        if tally.sums:
+            self.store.add_metric_totals(tally.rows())
 
     def _tell_job(self, task: ClaimedTask, decision: str, by: str, now: float) -> None:
         """A job's events for a decision on its answer: the stage done when it was accepted; its end, if this

@@ -1,0 +1,71 @@
+"""What the metrics endpoint reports, read from the store in bounded work (store/metrics.py).
+
+``snapshot`` reads everything a scrape needs; the ``conveyor.metrics`` package turns it into Prometheus
+families. The quota's limits are the pipelines' declared ones, CONVEYOR_LIMITS over them (as a worker sees them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from conveyor.pipeline import Pipeline, RateLimit, find_limit
+from conveyor.runtime.quota import window_seconds
+from conveyor.service.forecast import limits_of
+from conveyor.store import SqlStore
+from conveyor.store.metrics import LABEL_SEP, MetricIncrement, QueueRow, StageCount
+
+HOUR_S = 3600.0
+
+
+class QuotaRow(NamedTuple):
+    """One limited model's use of the current window, and its limits (None: not limited)."""
+
+    key: str
+    tokens: int
+    requests: int
+    tpm: int | None
+    rpm: int | None
+
+
+class Snapshot(NamedTuple):
+    now: float
+    queued: list[QueueRow]
+    suspect: list[StageCount]
+    running: list[StageCount]
+    reviews: list[StageCount]
+    totals: list[MetricIncrement]
+    dead_last_hour: int
+    quota: list[QuotaRow]
+
+
+def snapshot(store: SqlStore, pipelines: Iterable[Pipeline] = ()) -> Snapshot:
+    """Everything one scrape reports, each part a bounded read (the hot queue's partial indexes, the running
+    totals, the last hour of dead letters, the quota's window)."""
+    now = store.clock()
+    return Snapshot(now, store.queue_rows(now), store.suspect_counts(), store.running_counts(),
+                    store.review_backlog(), store.metric_totals(), store.dead_letters_since(now - HOUR_S),
+                    quota_rows(store, pipelines))
+
+
+def quota_rows(store: SqlStore, pipelines: Iterable[Pipeline]) -> list[QuotaRow]:
+    limits: dict[str, RateLimit] = {}
+    for pipeline in pipelines:
+        limits.update(limits_of(pipeline))
+    rows = []
+    for usage in store.quota_usage(window_seconds()):
+        key = str(usage["key"])
+        provider, _, model = key.rpartition("/")
+        limit = find_limit(limits, provider, model) if limits else None
+        rows.append(QuotaRow(key, _int(usage["tokens"]), _int(usage["requests"]),
+                             limit.tpm if limit else None, limit.rpm if limit else None))
+    return rows
+
+
+def labels(total: MetricIncrement) -> list[str]:
+    """The label values of a running total."""
+    return total.labels.split(LABEL_SEP) if total.labels else []
+
+
+def _int(value: Any) -> int:
+    return int(value or 0)
