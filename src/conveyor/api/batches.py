@@ -6,25 +6,22 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.api.context import Services, base_url, caller, services
+from conveyor.api.context import Services, Svc, Who, base_url
 from conveyor.api.jobs import event_stream
 from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, store_stream
 from conveyor.errors import UserError
 from conveyor.service import batches as batch_service
 from conveyor.service.batches import BatchKeeper, BatchRequest
-from conveyor.service.tokens import Caller
 from conveyor.service.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 MANIFEST_TYPES = ("application/x-ndjson", "application/jsonl", "application/ndjson", "application/x-jsonlines")
-Who = Annotated[Caller, Depends(caller)]
-Svc = Annotated[Services, Depends(services)]
 
 
 class BatchOptions(BaseModel):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Request
+from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.settings import ApiSettings
@@ -87,6 +87,11 @@ async def caller(request: Request) -> Caller:
         return LOCAL
     header = request.headers.get("authorization")
     return await svc.call(authenticate, header)
+
+
+# Route parameters every router takes: the caller (authenticated) and the server's parts.
+Who = Annotated[Caller, Depends(caller)]
+Svc = Annotated[Services, Depends(services)]
 
 
 def base_url(request: Request) -> str:

@@ -8,13 +8,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.api.context import Services, base_url, caller, services
+from conveyor.api.context import Services, Svc, Who, base_url
 from conveyor.api.uploads import Stored, check_length, kept, read_form, read_small, store_stream
 from conveyor.api.views import JobList, JobView
 from conveyor.errors import TooLarge, UserError
@@ -28,8 +28,6 @@ from conveyor.service.webhooks import check_webhook_url
 router = APIRouter(prefix="/v1", tags=["jobs"])
 MAX_JSON = 16 << 20  # a JSON job's whole body; larger documents go as multipart uploads
 FINAL_TYPES = {f"job.{o}" for o in job_service.FINAL}
-Who = Annotated[Caller, Depends(caller)]
-Svc = Annotated[Services, Depends(services)]
 
 
 class JobOptions(BaseModel):

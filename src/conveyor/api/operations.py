@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.api.context import Services, caller, services
+from conveyor.api.context import Svc, Who
 from conveyor.blobs import Blobs
 from conveyor.service import report, review
 from conveyor.service.records import SampleOptions
@@ -25,8 +25,6 @@ from conveyor.service.tokens import Caller
 from conveyor.store import SqlStore
 
 router = APIRouter(prefix="/v1", tags=["operations"])
-Who = Annotated[Caller, Depends(caller)]
-Svc = Annotated[Services, Depends(services)]
 # Text the store keeps: PostgreSQL refuses NUL in text, so it is refused here as a bad request.
 TEXT = r"^[^\x00]*$"
 Name = Annotated[str, Path(min_length=1, max_length=1000, pattern=TEXT)]

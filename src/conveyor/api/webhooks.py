@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from conveyor.api.context import Services, caller, services
+from conveyor.api.context import Svc, Who
 from conveyor.service import webhooks as webhook_service
-from conveyor.service.tokens import Caller
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
-Who = Annotated[Caller, Depends(caller)]
-Svc = Annotated[Services, Depends(services)]
 _PROBLEM = {"content": {"application/problem+json": {}}, "description": "a problem (RFC 9457)"}
 
 

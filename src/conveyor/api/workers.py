@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
-from conveyor.api.context import Services, caller, services
+from conveyor.api.context import Svc, Who
 from conveyor.errors import Forbidden
-from conveyor.service.tokens import Caller
 from conveyor.service.workers import list_workers
 
 router = APIRouter(prefix="/v1", tags=["operations"])
@@ -20,7 +19,7 @@ _PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}, "descri
 
 
 @router.get("/workers", responses={403: _PROBLEM, 422: _PROBLEM})
-async def workers(svc: Annotated[Services, Depends(services)], who: Annotated[Caller, Depends(caller)],
+async def workers(svc: Svc, who: Who,
                   every: Annotated[bool, Query(alias="all", description="stopped and long-lost workers too")]
                   = False) -> dict[str, Any]:
     """Workers of this store: live, lost lately (and, with ``all``, stopped), as ``conveyor workers --json``."""

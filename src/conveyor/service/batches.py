@@ -29,7 +29,7 @@ from conveyor.runtime.heartbeat import stopped, submitter_id
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions.events import event
 from conveyor.service.inputs import SourceItem, check_manifest, manifest_items
-from conveyor.service.jobs import IDEMPOTENCY_TTL_S, JobRequest, check_request, earlier_job, get_job, request_hash
+from conveyor.service.jobs import JobRequest, check_request, earlier_job, get_job, request_hash, take_key
 from conveyor.service.report import REFUSED, status_report
 from conveyor.service.submit import SubmitOptions, Submitted, stages_json, submit
 from conveyor.service.tokens import webhook_secret
@@ -90,7 +90,7 @@ def create_batch(store: SqlStore, blobs: Blobs, pipeline: Pipeline, target: str,
                     pipeline.has_publish, stages_json(pipeline), now, None, None, request.lane, submitter_id(), now,
                     WAITING_NOTE, budget_usd=pipeline.budget_usd)
     with store.transaction():
-        if not _take_key(store, tenant, request, fingerprint, batch_id, now):
+        if not take_key(store, tenant, request.idempotency_key, fingerprint, batch_id, now):
             taken = earlier_job(store, tenant, wanted, fingerprint, now)
             if taken is None:  # taken and expired in between: vanishingly rare; the client may retry
                 raise Conflict("Idempotency-Key was being used by another request; retry")
@@ -105,16 +105,6 @@ def create_batch(store: SqlStore, blobs: Blobs, pipeline: Pipeline, target: str,
 def _earlier(store: SqlStore, batch_id: str) -> BatchCreated:
     run = store.get_run(batch_id)
     return BatchCreated(batch_id, False, run.expected if run is not None else 0)
-
-
-def _take_key(store: SqlStore, tenant: str, request: BatchRequest, fingerprint: str, batch_id: str,
-              now: float) -> bool:
-    """Take the Idempotency-Key (if any) in the caller's transaction; False when another request holds it
-    (a concurrent one that took it first is waited for), as service/jobs.py does for jobs."""
-    if request.idempotency_key is None:
-        return True
-    store.forget_idempotency_keys(tenant, request.idempotency_key, now - IDEMPOTENCY_TTL_S)
-    return store.claim_idempotency_key(tenant, request.idempotency_key, fingerprint, batch_id, now)
 
 
 @contextmanager

@@ -129,7 +129,8 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
     transitions = transitions_for(store, pipeline)
     try:
         with store.transaction():
-            _take_key(store, tenant, request, fingerprint, job_id, now)
+            if not take_key(store, tenant, request.idempotency_key, fingerprint, job_id, now):
+                raise _KeyTaken
             run = RunRecord(job_id, pipeline.name, absolute_target(target), f"api:{tenant}", "submitted", 1,
                             pipeline.has_publish, stages_json(pipeline), now, now, None, request.lane,
                             budget_usd=pipeline.budget_usd)
@@ -157,12 +158,13 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
     return JobCreated(job_id, True, ended[0].type.removeprefix("job.") if ended else "queued")
 
 
-def _take_key(store: SqlStore, tenant: str, request: JobRequest, fingerprint: str, job_id: str, now: float) -> None:
-    if request.idempotency_key is None:
-        return
-    store.forget_idempotency_keys(tenant, request.idempotency_key, now - IDEMPOTENCY_TTL_S)
-    if not store.claim_idempotency_key(tenant, request.idempotency_key, fingerprint, job_id, now):
-        raise _KeyTaken
+def take_key(store: SqlStore, tenant: str, key: str | None, fingerprint: str, job_id: str, now: float) -> bool:
+    """Take the Idempotency-Key ``key`` (if any) for ``job_id`` in the caller's transaction, an expired holder
+    forgotten first; False when another request holds it (a concurrent one that took it first is waited for)."""
+    if key is None:
+        return True
+    store.forget_idempotency_keys(tenant, key, now - IDEMPOTENCY_TTL_S)
+    return store.claim_idempotency_key(tenant, key, fingerprint, job_id, now)
 
 
 _TRANSITIONS: weakref.WeakKeyDictionary[SqlStore, dict[str, Transitions]] = weakref.WeakKeyDictionary()

@@ -207,6 +207,15 @@ class JobQueries:
             reopened += ids
         return reopened
 
+    def runs_of_dead_letters(self, ids: Sequence[int]) -> set[str]:
+        """The runs these dead letters belong to (a replay re-opens their jobs)."""
+        runs: set[str] = set()
+        for part in chunks(list(ids), 500):
+            marks = ",".join("?" * len(part))
+            runs.update(str(r[0]) for r in self.db.execute(
+                f"SELECT DISTINCT run_id FROM dead_letters WHERE id IN ({marks})", part))
+        return runs
+
     def unfinished_batches(self, limit: int) -> list[JobRow]:
         rows = self.db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE kind = 'batch' AND finished_at IS NULL "
                                "ORDER BY created_at LIMIT ?", (limit,))

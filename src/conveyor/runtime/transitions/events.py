@@ -25,11 +25,13 @@ _CACHE = 4096  # runs remembered per worker: whether each is a job
 
 
 class JobEvents(Base):
-    _job_cache: OrderedDict[str, JobRow | None]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._job_cache: OrderedDict[str, JobRow | None] = OrderedDict()
 
     def jobs_among(self, run_ids: Iterable[str]) -> dict[str, JobRow]:
         """The single-document jobs among these runs (cached: a run's job never changes kind)."""
-        cache = self.__dict__.setdefault("_job_cache", OrderedDict())
+        cache = self._job_cache
         wanted = set(run_ids)
         unknown = [r for r in wanted if r not in cache]
         if unknown:

@@ -28,8 +28,7 @@ def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: f
     """Queue dead-lettered tasks again with a fresh attempt budget; the reason is recorded with each entry."""
     with store.transaction():
         replayed = store.replay_dead_letters(ids, reason, now)
-        entries = [store.dead_letter(i) for i in ids]
-        reopen_jobs(store, {d.run_id for d in entries if d is not None}, now)
+        reopen_jobs(store, store.runs_of_dead_letters(ids), now)
     return replayed
 
 
