@@ -14,6 +14,7 @@ from conveyor.store.diffs import DiffQueries
 from conveyor.store.forecast import ForecastQueries
 from conveyor.store.jobs import JobQueries
 from conveyor.store.metrics import MetricsQueries
+from conveyor.store.progress import ProgressQueries
 from conveyor.store.provenance import ProvenanceQueries
 from conveyor.store.publications import PublicationQueries
 from conveyor.store.quota import QuotaQueries
@@ -31,7 +32,8 @@ from conveyor.store.workers import WorkerQueries
 
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
-               ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries):
+               ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
+               ProgressQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
