@@ -81,10 +81,29 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL of an empty, migrated store on each backend."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/conveyor.db"
+        if (tmp_path / "conveyor.db").exists():
+            _check_run_totals(f"sqlite:///{tmp_path}/conveyor.db")
         return
     url = fresh_pg_url()
     yield url
-    _drop(url)
+    try:
+        _check_run_totals(url)
+    finally:
+        _drop(url)
+
+
+def _check_run_totals(url: str) -> None:
+    """Every run's running totals (store/runtotals.py) equal what its rows say, after every backend test."""
+    store = open_store(url, migrate=False)
+    try:
+        if store.schema_version() < 13:
+            return
+        wrong = [line for (run_id,) in store.db.execute("SELECT run_id FROM runs")
+                 for line in store.run_total_mismatches(str(run_id))]
+    finally:
+        store.close()
+    if wrong:
+        pytest.fail("run totals disagree with the rows: " + "; ".join(wrong[:10]))
 
 
 @pytest.fixture

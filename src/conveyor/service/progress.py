@@ -34,6 +34,6 @@ def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str |
             entry["succeeded"] += row.attempts
             entry["accepted"] += row.attempts if row.stage in accept else 0
             entry["published"] += row.attempts if row.stage in publish else 0
-        else:
+        elif row.outcome:
             entry["failed"] += row.attempts
     return [buckets[t] for t in sorted(buckets)]

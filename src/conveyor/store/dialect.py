@@ -138,7 +138,7 @@ class SqliteDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
-        "bytes_order": ""}
+        "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)"}
     skip_locked = ""
     row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
@@ -266,7 +266,8 @@ class PostgresDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
-        "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"'}
+        "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
+        "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)"}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     row_lock = " FOR UPDATE"
     max_params = 60000

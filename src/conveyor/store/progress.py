@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.runtotals import MINUTE, RunTotalsQueries
 
 
 class TimelineRow(NamedTuple):
-    """Attempts of one stage that ended in one bucket (``bucket``: its start, epoch seconds)."""
+    """Attempts of one stage that ended in one bucket (``bucket``: its start, epoch seconds); ``tokens`` and
+    ``cost`` are the whole bucket's, on its first row (0 on the others)."""
 
     bucket: float
     stage: str
@@ -19,15 +22,26 @@ class TimelineRow(NamedTuple):
     cost: float
 
 
-class ProgressQueries:
+class ProgressQueries(RunTotalsQueries):
     db: Dialect
 
     def timeline_rows(self, run_id: str, bucket_s: float) -> Sequence[TimelineRow]:
-        """Per time bucket, stage and outcome: the attempts that ended then, their tokens and cost."""
-        rows = self.db.execute(
-            "SELECT FLOOR((a.started_at + COALESCE(a.duration, 0)) / ?) * ?, t.stage, a.outcome, COUNT(*), "
-            "SUM(a.prompt_tokens + a.completion_tokens), SUM(a.cost) FROM attempts a JOIN tasks t ON t.id = a.task_id "
-            "WHERE a.run_id = ? AND a.started_at IS NOT NULL GROUP BY 1, 2, 3 ORDER BY 1",
-            (bucket_s, bucket_s, run_id))
-        return [TimelineRow(float(b), str(s), str(o), int(n), int(tok or 0), float(c or 0.0))
-                for b, s, o, n, tok, c in rows]
+        """Per time bucket (a whole number of minutes), stage and outcome: the attempts that ended then, and
+        the tokens and cost of each bucket (on its first row), from the run's running totals."""
+        minutes = max(1, round(bucket_s / MINUTE))
+        usage: dict[tuple[int, str], float] = defaultdict(float)
+        for minute, field, _, value in self.run_totals(run_id, "timeline_usage"):
+            usage[int(minute) // minutes, field] += value
+        counts: dict[tuple[int, str, str], int] = defaultdict(int)
+        for minute, stage, outcome, value in self.run_totals(run_id, "timeline"):
+            counts[int(minute) // minutes, stage, outcome] += int(value)
+        for bucket, _ in usage:
+            counts.setdefault((bucket, "", ""), 0)  # usage in a bucket without a counted attempt
+        rows, seen = [], set()
+        for bucket, stage, outcome in sorted(counts):
+            first = bucket not in seen
+            seen.add(bucket)
+            rows.append(TimelineRow(float(bucket * minutes * MINUTE), stage, outcome, counts[bucket, stage, outcome],
+                                    int(usage.get((bucket, "tokens"), 0)) if first else 0,
+                                    usage.get((bucket, "cost"), 0.0) if first else 0.0))
+        return rows

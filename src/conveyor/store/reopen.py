@@ -14,6 +14,7 @@ from typing import NamedTuple
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
 ENDED = ("succeeded", "failed", "dead_lettered", "rejected", "awaiting_review")
@@ -34,6 +35,12 @@ WHERE run_id = ? AND root_key = ? AND (status IN ({_ENDED_SQL}) OR (status = 'qu
     AND ((item_key = ? AND stage IN ({{stages}})) OR (item_key > ? AND item_key < ? AND ? = 1))
 RETURNING id, stage
 """
+
+# What SUPERSEDE will change, read first (with its rows locked) for the run's task totals.
+SUPERSEDED_BEFORE = f"""
+SELECT id, status, cached FROM tasks
+WHERE run_id = ? AND root_key = ? AND (status IN ({_ENDED_SQL}) OR (status = 'queued' AND replay_id = ?))
+    AND ((item_key = ? AND stage IN ({{stages}})) OR (item_key > ? AND item_key < ? AND ? = 1))"""
 
 
 class Reopened(NamedTuple):
@@ -63,7 +70,7 @@ class Downstream(NamedTuple):
     children: bool
 
 
-class ReopenQueries:
+class ReopenQueries(RunTotalsQueries):
     db: Dialect
 
     def start_replay(self, reason: str, note: str | None, selection: str, downstream: bool, runs: str, now: float,
@@ -106,7 +113,15 @@ class ReopenQueries:
         ``message`` as an attempt of each. Returns the ids re-opened (a task no longer ended is left as it is).
         Runs in the caller's transaction."""
         self.forget_refusals(forget)
-        changed = [row.task_id for row in rows if self.db.execute_rowcount(REOPEN, row)]
+        totals, changed = RunTally(), []
+        for row in rows:
+            before = self.db.execute(f"SELECT run_id, stage, status, cached FROM tasks WHERE id = ?{self.db.row_lock}",
+                                     (row.task_id,))
+            if before and self.db.execute_rowcount(REOPEN, row):
+                run_id, stage, status, cached = before[0]
+                totals.move(str(run_id), str(stage), (str(status), int(cached)), ("queued", 0))
+                changed.append(row.task_id)
+        self.add_run_totals(totals)
         self._closed(changed, message, worker, now, run_of, "replayed")
         return changed
 
@@ -116,15 +131,19 @@ class ReopenQueries:
         by_stage: dict[str, int] = {}
         touched: list[int] = []
         run_of: dict[int, str] = {}
+        totals = RunTally()
         for d in parts:
             marks = ",".join("?" * len(d.stages)) if d.stages else "NULL"
-            sql = SUPERSEDE.replace("{stages}", marks)
             params = (replay_id, d.run_id, d.root_key, replay_id, d.item_key, *d.stages,
                       d.item_key + CHILD_MARK, d.item_key + CHILD_RANGE_END, int(d.children))
-            for task_id, stage in self.db.execute(sql, params):
+            before = {int(i): (str(status), int(cached)) for i, status, cached in self.db.execute(
+                SUPERSEDED_BEFORE.replace("{stages}", marks) + self.db.row_lock, params[1:])}
+            for task_id, stage in self.db.execute(SUPERSEDE.replace("{stages}", marks), params):
                 by_stage[str(stage)] = by_stage.get(str(stage), 0) + 1
                 touched.append(int(task_id))
                 run_of[int(task_id)] = d.run_id
+                totals.task(d.run_id, str(stage), *before[int(task_id)], value=-1)  # superseded: counted nowhere
+        self.add_run_totals(totals)
         self._closed(touched, message, worker, now, run_of, "superseded")
         return by_stage
 
@@ -159,6 +178,10 @@ class ReopenQueries:
         self.db.executemany(
             "INSERT INTO attempts (task_id, run_id, attempt, outcome, invoked, message, worker, started_at) "
             "VALUES (?, ?, 0, ?, 0, ?, ?, ?)", [(t, run_of[t], outcome, message, worker, now) for t in task_ids])
+        totals = RunTally()  # bookkeeping attempts: counted by outcome, not in the timeline
+        for t in task_ids:
+            totals.add(run_of[t], "attempts", outcome)
+        self.add_run_totals(totals)
 
     def forget_refusals(self, task_keys: Sequence[str]) -> None:
         """Drop memoised refusals (never outputs) of these task keys."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
 ANALYZE_FROM = 5_000  # items in the base run from which the planner's statistics are refreshed first
@@ -24,7 +25,7 @@ _TASK_COPY_COLUMNS = """run_id, pipeline, stage, item_key, root_key, task_key, s
     created_at, finished_at, status, cached"""
 
 
-class ReplayQueries:
+class ReplayQueries(RunTotalsQueries):
     db: Dialect
 
     def replay_base(self, pipeline: str, stages: str, run_id: str) -> str | None:
@@ -63,17 +64,20 @@ class ReplayQueries:
                      children: bool) -> int:
         """Copy the tasks (and, with ``children``, the fan-out child items) of ``roots`` from ``base`` into
         ``run_id`` as cached successes; returns the tasks copied. Runs inside the caller's transaction."""
-        copied = 0
+        copied, totals = 0, RunTally()
         with self.db.transaction():
             for part in chunks(list(roots), 900):
                 marks = ",".join("?" * len(part))
-                copied += self.db.execute_rowcount(
+                for (stage,) in self.db.execute(
                     f"""INSERT INTO tasks ({_TASK_COPY_COLUMNS})
                     SELECT ?, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash, input_digest,
                         input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1
                     FROM tasks WHERE run_id = ? AND root_key IN ({marks})
-                    ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING""",
-                    [run_id, lane_rank, now, now, now, base, *part])
+                    ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING RETURNING stage""",
+                        [run_id, lane_rank, now, now, now, base, *part]):
+                    totals.task(run_id, str(stage), "succeeded", 1)
+                    copied += 1
+            self.add_run_totals(totals)
             if children:
                 # A root's descendants are one range of item keys (records.CHILD_MARK); root_key = ? is a guard.
                 self.db.executemany(

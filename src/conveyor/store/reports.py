@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import DeadLetter
+from conveyor.store.runtotals import OPEN as OPEN_STATE
+from conveyor.store.runtotals import USAGE_FIELDS, RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
 DLQ_COLUMNS = (
@@ -68,40 +70,42 @@ def _among(column: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     return f"{column} IN ({','.join('?' * len(names))})", tuple(names)
 
 
-class ReportQueries:
+class ReportQueries(RunTotalsQueries):
     db: Dialect
 
     # --- progress -----------------------------------------------------------
 
     def task_counts(self, run_id: str) -> list[tuple[str, str, int, int]]:
-        """(stage, status, cached, count) for every task of the run."""
-        rows = self.db.execute(
-            "SELECT stage, status, cached, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY stage, status, cached",
-            (run_id,),
-        )
-        return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+        """(stage, status, cached, count) of the run's tasks (superseded ones left out), from its running totals:
+        a few rows whatever its size; the open ones split into running (through the lease index) and queued."""
+        counts: list[tuple[str, str, int, int]] = []
+        running: dict[str, int] | None = None
+        for stage, state, cached, value in self.run_totals(run_id, "tasks"):
+            if state != OPEN_STATE:
+                counts.append((stage, state, int(cached), int(value)))
+                continue
+            if running is None:
+                running = self.running_by_stage(self._pipeline_of(run_id), run_id)
+            leased = min(running.get(stage, 0), int(value))
+            counts += [(stage, status, 0, n) for status, n in (("running", leased), ("queued", int(value) - leased))
+                       if n]
+        return counts
+
+    def _pipeline_of(self, run_id: str) -> str:
+        rows = self.db.execute("SELECT pipeline FROM runs WHERE run_id = ?", (run_id,))
+        return str(rows[0][0]) if rows else ""
 
     def stage_progress(self, pipeline: str, run_id: str) -> dict[str, tuple[int, int]]:
-        """stage -> (tasks, open tasks) of a run, cheaply enough to ask every few seconds: the totals
-        from the (run, root, item, stage) index alone, the open ones through the hot queue's partial
-        indexes, so finished task rows are never read."""
-        totals = dict(self.db.execute(
-            "SELECT stage, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY stage", (run_id,)))
-        open_ = dict.fromkeys(totals, 0)
-        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0",
-                      "status = 'running'"):
-            for stage, count in self.db.execute(
-                    f"SELECT stage, COUNT(*) FROM tasks WHERE {state} AND pipeline = ? AND run_id = ? GROUP BY stage",
-                    (pipeline, run_id)):
-                open_[stage] = open_.get(stage, 0) + int(count)
-        return {str(stage): (int(total), open_.get(stage, 0)) for stage, total in totals.items()}
+        """stage -> (tasks, open tasks) of a run, from its running totals (cheap enough to ask every second)."""
+        progress: dict[str, tuple[int, int]] = {}
+        for stage, state, _, value in self.run_totals(run_id, "tasks"):
+            total, open_ = progress.get(stage, (0, 0))
+            progress[stage] = (total + int(value), open_ + (int(value) if state == OPEN_STATE else 0))
+        return progress
 
     def stage_calls(self, run_id: str) -> dict[str, int]:
-        """stage -> stage functions invoked for the run's tasks (its attempts, each task by its id)."""
-        rows = self.db.execute(
-            "SELECT t.stage, SUM(a.invoked) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ? "
-            "GROUP BY t.stage", (run_id,))
-        return {str(stage): int(calls or 0) for stage, calls in rows}
+        """stage -> stage functions invoked for the run's tasks."""
+        return {stage: int(value) for stage, _, _, value in self.run_totals(run_id, "calls")}
 
     def oldest_queued(self, pipeline: str, run_id: str, stages: Sequence[str], lane_ranks: Sequence[int],
                       now: float) -> dict[str, float]:
@@ -159,28 +163,17 @@ class ReportQueries:
         """Attempts of this run by outcome, ``stage_calls`` (stage functions actually invoked) and the
         model usage of every attempt, retries and failures included (``unpriced_calls``: calls to a
         model without a price, which ``cost`` leaves out; ``seconds``: the attempts' total duration)."""
-        rows = self.db.execute(
-            """SELECT outcome, SUM(invoked), COUNT(*), SUM(provider_calls), SUM(prompt_tokens),
-            SUM(completion_tokens), SUM(cost), SUM(unpriced_calls), SUM(duration) FROM attempts WHERE run_id = ?
-            GROUP BY outcome""",
-            (run_id,),
-        )
-        out: dict[str, Any] = {str(r[0]): int(r[2]) for r in rows}
-        out["stage_calls"] = sum(int(r[1] or 0) for r in rows)
-        out["provider_calls"] = sum(int(r[3] or 0) for r in rows)
-        out["prompt_tokens"] = sum(int(r[4] or 0) for r in rows)
-        out["completion_tokens"] = sum(int(r[5] or 0) for r in rows)
-        out["cost"] = sum(float(r[6] or 0) for r in rows)
-        out["unpriced_calls"] = sum(int(r[7] or 0) for r in rows)
-        out["seconds"] = sum(float(r[8] or 0) for r in rows)
+        out: dict[str, Any] = {outcome: int(value) for outcome, _, _, value in self.run_totals(run_id, "attempts")}
+        out["stage_calls"] = sum(self.stage_calls(run_id).values())
+        usage = {field: value for field, _, _, value in self.run_totals(run_id, "usage")}
+        for field in USAGE_FIELDS:
+            out[field] = usage.get(field, 0.0) if field == "cost" else int(usage.get(field, 0))
+        out["seconds"] = usage.get("seconds", 0.0)
         return out
 
     def attempt_errors(self, run_id: str) -> dict[str, int]:
         """Attempts of this run that did not succeed, by error class (``rate_limited`` counts the 429s)."""
-        rows = self.db.execute(
-            "SELECT error_class, COUNT(*) FROM attempts WHERE run_id = ? AND error_class IS NOT NULL "
-            "GROUP BY error_class ORDER BY error_class", (run_id,))
-        return {str(r[0]): int(r[1]) for r in rows}
+        return {error: int(value) for error, _, _, value in sorted(self.run_totals(run_id, "errors"))}
 
     # --- reconciliation ---------------------------------------------------
 
@@ -274,7 +267,7 @@ class ReportQueries:
 
     def replay_dead_letters(self, ids: Sequence[int], reason: str, now: float) -> int:
         """Queue dead-lettered tasks again with a fresh attempt budget; record why."""
-        replayed = 0
+        replayed, totals = 0, RunTally()
         with self.db.transaction():
             for dead_letter_id in ids:
                 rows = self.db.execute(
@@ -284,11 +277,15 @@ class ReportQueries:
                 )
                 if not rows:
                     continue
-                replayed += self.db.execute_rowcount(
+                queued = self.db.execute(
                     """UPDATE tasks SET status = 'queued', attempts = 0, available_at = ?, finished_at = NULL
-                    WHERE id = ? AND status = 'dead_lettered'""",
+                    WHERE id = ? AND status = 'dead_lettered' RETURNING run_id, stage, cached""",
                     (now, rows[0][0]),
                 )
+                for run_id, stage, cached in queued:
+                    totals.move(str(run_id), str(stage), ("dead_lettered", int(cached)), ("queued", int(cached)))
+                    replayed += 1
+            self.add_run_totals(totals)
             self.db.notify()
         return replayed
 

@@ -13,6 +13,8 @@ Timestamps are epoch seconds (float) so the clock can be passed in.
 
 from __future__ import annotations
 
+from conveyor.store.runtotals import RECOUNT
+
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
         1,
@@ -494,5 +496,24 @@ CREATE TABLE metric_totals (
 -- Dead letters of the last hour, read at every scrape.
 CREATE INDEX dead_letters_created ON dead_letters (created_at);
 """,
+    ),
+(
+        13,
+        "a run's running totals (task states, attempts, usage, timeline), kept by the transactions that change them",
+        """
+-- A few rows per run that status, progress and the dashboard read instead of grouping its task and attempt rows
+-- (store/runtotals.py says what each name counts). shard: a writer process's slot, as in metric_totals.
+CREATE TABLE run_totals (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    k1 TEXT NOT NULL,
+    k2 TEXT NOT NULL,
+    k3 TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    value {real} NOT NULL,
+    PRIMARY KEY (run_id, name, k1, k2, k3, shard)
+){without_rowid};
+-- What the store holds already is counted once, by the statements of store/runtotals.py RECOUNT.
+""" + RECOUNT.replace("{only}", "").replace("{only_a}", "") + """""",
     ),
 ]

@@ -28,6 +28,7 @@ from conveyor.store.records import (
     StoredOutput,
     Succeeded,
 )
+from conveyor.store.runtotals import RunTally, RunTotalsQueries
 
 T = TypeVar("T")
 MemoRow = tuple[str, str, str, bytes | None, int, str | None, str | None]
@@ -162,12 +163,24 @@ def _not_paused(paused: Sequence[str]) -> str:
     return f" AND run_id NOT IN ({','.join('?' * len(paused))})" if paused else ""
 
 
+def _by_run_stage(rows: Sequence[T], run: int, stage: int) -> dict[tuple[str, str], Sequence[T]]:
+    """Rows grouped by their (run, stage) values at these positions (the common case, one group, not copied)."""
+    first = rows[0]
+    key = (first[run], first[stage])  # type: ignore[index]
+    if all((r[run], r[stage]) == key for r in rows):  # type: ignore[index]
+        return {key: rows}
+    groups: dict[tuple[str, str], list[T]] = {}
+    for r in rows:
+        groups.setdefault((r[run], r[stage]), []).append(r)  # type: ignore[index]
+    return dict(groups)
+
+
 def chunks(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
 
 
-class TaskQueries:
+class TaskQueries(RunTotalsQueries):
     """Batched task operations over one dialect's connection."""
 
     db: Dialect
@@ -200,22 +213,39 @@ class TaskQueries:
         return found
 
     def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
-        """Insert new task rows; return the ones claimed as they were created (``tasks.running``)."""
+        """Insert new task rows; return the ones claimed as they were created (``tasks.running``). The run's
+        task totals grow by the rows each (run, stage) group really inserted (a row already there is kept)."""
+        totals = RunTally()
         with self.db.transaction():
-            self.db.executemany(INSERT_QUEUED, tasks.queued)
-            self.db.executemany(INSERT_CACHED, tasks.cached)
-            self.db.executemany(INSERT_FAILED, tasks.failed)
+            self._insert_counted(INSERT_QUEUED, tasks.queued, totals, "queued", 0)
+            self._insert_counted(INSERT_CACHED, tasks.cached, totals, "succeeded", 1)
+            self._insert_counted(INSERT_FAILED, tasks.failed, totals, "failed", 1)
             rejected = [(r[0], r[4], r[3], r[2]) for r in tasks.failed if r[12] == "rejected"]
             if rejected:  # a memoised rejection (by a reviewer or a review deadline) ends its task rejected
-                self.db.executemany("UPDATE tasks SET status = 'rejected' WHERE run_id = ? AND root_key = ? "
-                                    "AND item_key = ? AND stage = ? AND status = 'failed'", rejected)
-            self.db.executemany(INSERT_BAD, tasks.bad)
+                for (run_id, stage), rows in _by_run_stage(rejected, 0, 3).items():
+                    moved = self.db.executemany_count(
+                        "UPDATE tasks SET status = 'rejected' WHERE run_id = ? AND root_key = ? AND item_key = ? "
+                        "AND stage = ? AND status = 'failed'", rows)
+                    totals.move(run_id, stage, ("failed", 1), ("rejected", 1), moved)
+            self._insert_counted(INSERT_BAD, tasks.bad, totals, "failed", 0)
             if tasks.provenance:
                 self.db.executemany(INSERT_PROVENANCE, tasks.provenance)
             claimed = self._insert_running(tasks.running) if tasks.running else []
+            for task in claimed:
+                totals.task(task.run_id, task.stage, "running", 0)
+            self.add_run_totals(totals)
             if tasks.queued:
                 self.db.notify()
         return claimed
+
+    def _insert_counted(self, sql: str, rows: Sequence[tuple[Any, ...]], totals: RunTally, status: str,
+                        cached: int) -> None:
+        """One executemany per (run, stage) of ``rows``, whose row count is then exact for that group."""
+        if not rows:
+            return
+        groups = _by_run_stage(rows, 0, 2)
+        for (run_id, stage), part in groups.items():
+            totals.task(run_id, stage, status, cached, self.db.executemany_count(sql, part))
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
         returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)

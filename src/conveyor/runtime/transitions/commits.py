@@ -39,6 +39,7 @@ from conveyor.store import (
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import rows_for
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
+from conveyor.store.runtotals import RunTally
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -58,9 +59,10 @@ class Commits(JobEvents):
         come from the queue."""
         writes = self.prepare(outcomes, now)
         self._take_fresh(writes, claim, now)
+        where = {o.task.id: (o.task.run_id, o.task.stage) for o in outcomes}
         try:
             with self.store.transaction():
-                fresh = self._write(writes)
+                fresh = self._write(writes, where)
                 self.stale_stages.update(n.stage for n in writes.notices)
                 return writes.counts, fresh, self._claim(claim, now, fresh)
         except (LeaseLost, MemoTaken):
@@ -75,7 +77,7 @@ class Commits(JobEvents):
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
-            fresh = self._write(writes, memo_checked=False)
+            fresh = self._write(writes, where, memo_checked=False)
             self.stale_stages.update(n.stage for n in writes.notices)
             return writes.counts, fresh, self._claim(claim, now, fresh)
 
@@ -126,7 +128,7 @@ class Commits(JobEvents):
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
                                 claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages)
 
-    def _write(self, w: Writes, memo_checked: bool = True) -> list[ClaimedTask]:
+    def _write(self, w: Writes, where: dict[int, tuple[str, str]], memo_checked: bool = True) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if w.released:
@@ -156,6 +158,7 @@ class Commits(JobEvents):
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
             self.store.add_metric_totals(w.tally)
+        self.store.add_run_totals(run_totals(w, where))
         return fresh
 
     # --- preparing a commit (reads only) ------------------------------------
@@ -325,3 +328,22 @@ class Commits(JobEvents):
                                model=",".join(sorted(u.models)) or None,
                                prompt_version=",".join(sorted(u.prompt_versions)) or None,
                                unpriced_calls=u.unpriced_calls)
+
+
+def run_totals(w: Writes, where: dict[int, tuple[str, str]]) -> RunTally:
+    """What a commit's fenced changes (all of them applied: the caller checked the count) and its attempts add
+    to its runs' totals. Leased tasks are open; retries, releases and escalations leave them open."""
+    totals = RunTally()
+    moves: Counter[tuple[str, str, str, int]] = Counter()
+    for s in w.succeeded:
+        moves[(*where[s.task_id], "succeeded", s.cached)] += 1
+    for e in w.ended:
+        moves[(*where[e.task_id], e.status, e.cached)] += 1
+    for a in w.awaiting:
+        moves[(*where[a.task_id], "awaiting_review", 0)] += 1
+    for (run_id, stage, status, cached), count in moves.items():
+        totals.move(run_id, stage, ("running", 0), (status, cached), count)
+    stages = {task_id: stage for task_id, (_, stage) in where.items()}
+    totals.attempts(stages, w.attempts, w.plain_attempts)
+    return totals
+

@@ -28,6 +28,7 @@ from conveyor.store import (
     StoredOutput,
     TaskStatus,
 )
+from conveyor.store.runtotals import RunTally
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -142,6 +143,7 @@ class Leases(JobEvents):
             self.store.insert_dead_letters(w.dead)
             self.store.insert_attempts(w.attempts)
             self.store.add_metric_totals(tally.rows())
+            self.store.add_run_totals(_run_totals(expired, w))
             if w.dead:
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()
@@ -154,6 +156,16 @@ class Leases(JobEvents):
             return self.pipeline[stage].retry.attempts_for("lease_expired")
         except PipelineError:  # a stage this version of the pipeline no longer declares
             return recorded
+
+
+def _run_totals(expired: Sequence[Any], w: Writes) -> RunTally:
+    """The reclaimed tasks that ended (dead-lettered) and the attempts recorded, for their runs' totals."""
+    totals, leases = RunTally(), {lease.id: lease for lease in expired}
+    for e in w.ended:
+        lease = leases[e.task_id]
+        totals.move(lease.run_id, lease.stage, ("running", 0), (e.status, e.cached))
+    totals.attempts({lease.id: lease.stage for lease in expired}, w.attempts)
+    return totals
 
 
 def _say_reclaimed(expired: Sequence[Any]) -> None:

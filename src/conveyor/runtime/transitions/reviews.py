@@ -16,6 +16,11 @@ from conveyor.store import (
     NewOutput,
 )
 from conveyor.store.reviews import ReviewEntry
+from conveyor.store.runtotals import RunTally
+
+# A decision's task status: accepted answers succeed, a rejection ends the task, an escalation queues it again.
+DECIDED_STATUS = {"approved": "succeeded", "edited": "succeeded", "accepted": "succeeded", "rejected": "rejected",
+                  "escalated": "queued"}
 
 
 class Reviews(JobEvents):
@@ -47,9 +52,14 @@ class Reviews(JobEvents):
                 done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
             if decision not in ("approved", "edited", "accepted") and not done:
                 raise ReviewTaken(entry.id)
-            self.store.insert_attempts([AttemptRecord(
+            attempt = AttemptRecord(
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
-                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)])
+                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
+            self.store.insert_attempts([attempt])
+            totals = RunTally()
+            totals.move(task.run_id, task.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
+            totals.attempts({task.id: task.stage}, [attempt])
+            self.store.add_run_totals(totals)
             self._tell_job(task, decision, by, now)
             self._tally_decision(task.stage, decision)
             self.store.notify()
