@@ -1,4 +1,5 @@
-"""A run's progress over time, for the dashboard's and the report's plots.
+"""A run's progress: where it stands (``overview``) and how it went over time (``timeline``), for the dashboard
+and the report, in bounded work at any run size.
 
 ``timeline(store, run_id)``: one entry per time bucket in which attempts of the run ended, oldest first:
 ``{"t", "attempts", "succeeded", "failed", "accepted", "published", "tokens", "cost_usd"}`` (``t``: the
@@ -12,10 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.service.records import RunGraph
-from conveyor.service.report import find_run
+from conveyor.service.report import find_run, run_status, stage_activity
 from conveyor.store import SqlStore
+from conveyor.store.metrics import AGE_BUCKETS
 
 SUCCESSES = ("succeeded", "cached")
+AGE_CAP = 10_000  # queued tasks counted per age bin, at most
 
 
 def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str | None = None) -> list[dict[str, Any]]:
@@ -37,3 +40,30 @@ def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str |
         elif row.outcome:
             entry["failed"] += row.attempts
     return [buckets[t] for t in sorted(buckets)]
+
+
+def overview(store: SqlStore, run_id: str, tenant: str | None = None, age_cap: int = AGE_CAP) -> dict[str, Any]:
+    """What a progress page shows of one run, read in bounded work at any size (no per-item outcome: that is
+    ``conveyor reconcile``): ``run_status`` with, per stage, ``calls``, ``cached``, ``oldest_queued_age_s``
+    and ``queue_ages`` (the pipeline's runnable tasks of that stage per age bin: ``{"le": bound in seconds or
+    None for older, "tasks", "capped"}``, a bin counted up to ``age_cap``); ``accepted`` and ``published``: tasks
+    done at the acceptance stages (the record stage when none is declared) and at the publish stages."""
+    run = find_run(store, run_id, tenant)
+    counts = store.task_counts(run.run_id)
+    status = run_status(store, run, counts=counts)
+    activity = stage_activity(store, run, counts)
+    now = store.clock()
+    for stage, entry in activity.items():
+        bins = store.queue_ages(run.pipeline, stage, now, age_cap) if status["stages"][stage].get("queued") else []
+        entry["queue_ages"] = [{"le": bound, "tasks": n, "capped": n >= age_cap}
+                               for bound, n in zip((*AGE_BUCKETS, None), bins, strict=False)]
+    status["stage_activity"] = activity
+    graph = RunGraph.of(run)
+    accept = set(graph.stages.accept) or ({graph.record_stage} if graph.record_stage else set())
+    status["accepted"] = sum(_done(status["stages"].get(s, {})) for s in accept)
+    status["published"] = sum(_done(status["stages"].get(s, {})) for s in graph.stages.publish)
+    return status
+
+
+def _done(counts: dict[str, int]) -> int:
+    return counts.get("succeeded", 0)

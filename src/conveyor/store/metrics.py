@@ -107,6 +107,20 @@ class MetricsQueries:
         return QueueRow(pipeline, stage, sum(counts), min(firsts, default=now), sum(t for _, t in bins.values()),
                         within)
 
+    def queue_ages(self, pipeline: str, stage: str, now: float, cap: int) -> list[int]:
+        """Runnable tasks of one stage per AGE_BUCKETS bin (the last: older than every bound), each counted up to
+        ``cap`` (a bin that holds more reads ``cap``): at most ``cap`` index entries read per bin."""
+        cuts = [now - bound for bound in AGE_BUCKETS]
+        conds: list[tuple[str, tuple[float, ...]]] = [("available_at >= ?", (cuts[0],))]
+        conds += [("available_at >= ? AND available_at < ?", (cuts[i], cuts[i - 1])) for i in range(1, len(cuts))]
+        conds.append(("available_at < ?", (cuts[-1],)))
+        sql = " UNION ALL ".join(
+            f"SELECT {i}, (SELECT COUNT(*) FROM (SELECT 1 FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? "
+            f"AND {cond} LIMIT {int(cap)}) bin{i})" for i, (cond, _) in enumerate(conds))
+        params = [p for _, bound in conds for p in (pipeline, stage, *bound)]
+        counts = dict(self.db.execute(sql, params))
+        return [int(counts.get(i, 0)) for i in range(len(conds))]
+
     def suspect_counts(self) -> list[StageCount]:
         """Queued tasks whose worker died (they run one at a time), through ``tasks_suspect``."""
         return self._stage_counts("status = 'queued' AND crashes > 0", "MIN(available_at)")
