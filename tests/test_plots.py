@@ -146,3 +146,13 @@ def test_negative_values_get_an_axis_below_zero() -> None:
     root = parse(bar_chart([("gain", 3.0), ("loss", -2.0)], title="t", y_label="y"))
     assert texts(root, "cv-y-tick") == ["-2", "0", "2", "4"]
     assert texts(root, "cv-bar-value") == ["3", "-2"]
+
+
+def test_tick_labels_do_not_run_past_the_right_edge() -> None:
+    width = 640
+    root = parse(line_chart({"a": [(T0 - 20, 1), (T0 + 100, 2)]}, title="t", y_label="y", width=width))
+    for label in by_class(root, "cv-x-tick-label"):
+        x, text = float(label.get("x", "0")), label.text or ""
+        right = x if label.get("text-anchor") == "end" else x + len(text) * 6.4 / 2
+        assert right <= width, text
+    assert by_class(root, "cv-x-tick-label")[-1].get("text-anchor") == "end"

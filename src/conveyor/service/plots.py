@@ -182,10 +182,12 @@ def _number_axis(frame: _Frame) -> list[str]:
 
 
 def _x_tick(frame: _Frame, value: float, label: str) -> str:
+    """A tick and its label; a label that would run past the right edge ends at its tick instead."""
     x = _px(frame.x(value))
+    anchor = "end" if frame.x(value) + len(label) * CHAR_W / 2 > frame.right + RIGHT else "middle"
     return (f'<line class="cv-tick cv-x-tick" x1="{x}" y1="{_px(frame.bottom)}" x2="{x}" y2="{_px(frame.bottom + 4)}" '
             f'stroke="#9ca3af"/>\n<text class="cv-tick-label cv-x-tick-label" x="{x}" y="{_px(frame.bottom + 16)}" '
-            f'text-anchor="middle" font-size="11" fill="#4b5563">{escape(label)}</text>')
+            f'text-anchor="{anchor}" font-size="11" fill="#4b5563">{escape(label)}</text>')
 
 
 def _x_caption(frame: _Frame, text: str) -> str:
