@@ -213,3 +213,23 @@ def test_a_report_replaces_an_older_one_whole(tmp_path: Path, store_url: str, mi
                                             (400 * 86400, 4 * 86400.0)])
 def test_bucket_size_keeps_the_timeline_short(span: float, size: float) -> None:
     assert bucket_size(span) == size
+
+
+def test_user_text_is_escaped_on_the_page(tmp_path: Path, store_url: str, mixed: str) -> None:
+    from conveyor.cli.htmlreport import render_html
+
+    store = open_store(store_url)
+    try:
+        data = run_report(store, find_run(store, mixed), FilesystemBlobs(tmp_path / "blobs"))
+    finally:
+        store.close()
+    nasty = '<script>alert("x")</script>'
+    data["pipeline"] = nasty
+    data["reconcile"]["attempt_errors"][nasty] = 3
+    data["reconcile"]["not_done"][0]["item_key"] = nasty
+    data["stages"][0]["stage"] = nasty
+    html = render_html(data)
+    page = parse(html)
+    assert "<script>" not in html and "script" not in page.tags
+    assert page.fields[f"attempt_errors.{nasty}"] == "3"
+    assert html.count("&lt;script&gt;") >= 4
