@@ -233,3 +233,18 @@ def test_user_text_is_escaped_on_the_page(tmp_path: Path, store_url: str, mixed:
     assert "<script>" not in html and "script" not in page.tags
     assert page.fields[f"attempt_errors.{nasty}"] == "3"
     assert html.count("&lt;script&gt;") >= 4
+
+
+def test_quiet_buckets_are_zeros_on_the_chart() -> None:
+    from conveyor.cli.htmlreport import dense
+
+    def bucket(t: float, attempts: int) -> dict[str, float]:
+        return {"t": t, "attempts": attempts, "succeeded": attempts, "failed": 0, "accepted": 0, "published": 0,
+                "tokens": 0, "cost_usd": 0.5}
+
+    filled = dense([bucket(600.0, 3), bucket(780.0, 1)], 60.0)
+    assert [(b["t"], b["attempts"], b["cost_usd"]) for b in filled] == [
+        (600.0, 3, 0.5), (660.0, 0, 0.0), (720.0, 0, 0.0), (780.0, 1, 0.5)]
+    assert dense([], 60.0) == []
+    far = [bucket(0.0, 1), bucket(60.0 * 5000, 1)]
+    assert dense(far, 60.0) == far

@@ -23,6 +23,7 @@ STATUS_ORDER = ("queued", "running", "succeeded", "awaiting_review", "failed", "
                 "superseded")
 THROUGHPUT_SERIES = ("attempts", "succeeded", "failed", "accepted", "published")
 RECORD_CHARS = 1500
+MAX_DENSE = 2000
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -34,7 +35,7 @@ def render_html(report: dict[str, Any]) -> str:
 def charts(report: dict[str, Any]) -> dict[str, Markup]:
     """The page's SVG charts: throughput and cumulative cost over time, item ages, outcomes, errors by class."""
     rec, line = report["reconcile"], report["timeline"]
-    buckets, per = line["buckets"], _duration(line["bucket_s"])
+    buckets, per = dense(line["buckets"], line["bucket_s"]), _duration(line["bucket_s"])
     shown = [name for name in THROUGHPUT_SERIES if name == "attempts" or any(b[name] for b in buckets)]
     costs = list(accumulate(b["cost_usd"] for b in buckets))
     return {name: Markup(svg) for name, svg in {  # plots escapes every text it draws
@@ -48,6 +49,19 @@ def charts(report: dict[str, Any]) -> dict[str, Markup]:
         "errors": bar_chart(sorted(rec["attempt_errors"].items(), key=lambda kv: (-kv[1], kv[0])),
                             title="Failed attempts by error class", y_label="attempts"),
     }.items()}
+
+
+def dense(buckets: list[dict[str, Any]], size: float) -> list[dict[str, Any]]:
+    """The timeline with its quiet buckets as zeros, so a line does not slope across hours without work
+    (at most MAX_DENSE buckets; a longer one is left as it is)."""
+    if not buckets:
+        return []
+    first, steps = buckets[0]["t"], round((buckets[-1]["t"] - buckets[0]["t"]) / size)
+    if steps >= MAX_DENSE:
+        return buckets
+    found = {round((b["t"] - first) / size): b for b in buckets}
+    quiet = dict.fromkeys((*THROUGHPUT_SERIES, "tokens"), 0) | {"cost_usd": 0.0}
+    return [found.get(step, quiet | {"t": first + step * size}) for step in range(steps + 1)]
 
 
 @cache
