@@ -135,10 +135,10 @@ def test_the_page_shows_the_reconciliation_and_is_self_contained(tmp_path: Path,
 
 
 def test_the_gathered_data_as_json(tmp_path: Path, store_url: str, mixed: str) -> None:
-    data = cli_json("report", mixed, "--db", store_url, "--blobs", str(tmp_path / "blobs"), "--sample", "1",
-                    cwd=tmp_path)
-    rec = cli_json("reconcile", mixed, "--db", store_url, "--blobs", str(tmp_path / "blobs"), "--sample", "1",
-                   cwd=tmp_path)
+    sample = ("--sample", "1", "--slice", "kind", "--seed", "s1")
+    data = cli_json("report", mixed, "--db", store_url, "--blobs", str(tmp_path / "blobs"), *sample, cwd=tmp_path)
+    rec = cli_json("reconcile", mixed, "--db", store_url, "--blobs", str(tmp_path / "blobs"), *sample, cwd=tmp_path)
+    assert set(rec["sample"]) == {"language", "source_type", "kind"}
     assert data["run_id"] == mixed and data["status"] == rec["status"]
     for key in ("outcomes", "expected", "unaccounted", "usage", "per_accepted_item", "attempt_errors", "sample"):
         assert data["reconcile"][key] == rec[key], key
@@ -182,9 +182,11 @@ def test_html_on_stdout_without_a_sample(tmp_path: Path, store_url: str, mixed: 
 
 def test_errors_are_one_line_and_leave_no_file(tmp_path: Path, store_url: str, mixed: str) -> None:
     out = tmp_path / "r.html"
-    missing = cli("report", "no-such-run", "--html", str(out), "--db", store_url, cwd=tmp_path)
-    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    for db in (store_url, f"sqlite:///{tmp_path / 'no-store.db'}"):
+        missing = cli("report", "no-such-run", "--html", str(out), "--db", db, cwd=tmp_path)
+        assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
+        assert len(missing.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "no-store.db").exists()
     assert list(tmp_path.glob("*.html")) == [] and list(tmp_path.glob(".r.html.*")) == []
 
     for bad in (tmp_path / "no" / "such" / "dir" / "r.html", tmp_path):  # a missing folder; a directory

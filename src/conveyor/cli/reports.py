@@ -122,6 +122,10 @@ def report(
                                           "stdout")] = False,
     sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
                                         "quality sample (0: none)")] = 3,
+    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
+                                                     "this field of the accepted record (dotted path); repeat "
+                                                     "for more")] = None,
+    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
 ) -> None:
     """A report you can mail: the reconciliation, throughput over time, time from submission to outcome,
     attempts and errors by class, cost per accepted item and a quality sample, as one HTML page with inline
@@ -138,7 +142,8 @@ def report(
     with page_output(html) as page:
         try:
             with store_for(db, create=False) as store:
-                data = run_report(store, find_run(store, run_id), open_blobs(blobs), SampleOptions(sample))
+                data = run_report(store, find_run(store, run_id), open_blobs(blobs),
+                                  SampleOptions(sample, tuple(slices or ()), seed))
         except StoreMissing as exc:
             raise NotFound(f"no run {run_id!r}: {exc}") from None
         if page is not None:
