@@ -217,7 +217,7 @@ def test_bucket_size_keeps_the_timeline_short(span: float, size: float) -> None:
     assert bucket_size(span) == size
 
 
-def test_user_text_is_escaped_on_the_page(tmp_path: Path, store_url: str, mixed: str) -> None:
+def test_the_page_escapes_user_text_and_cuts_long_samples(tmp_path: Path, store_url: str, mixed: str) -> None:
     from conveyor.cli.htmlreport import render_html
 
     store = open_store(store_url)
@@ -235,6 +235,12 @@ def test_user_text_is_escaped_on_the_page(tmp_path: Path, store_url: str, mixed:
     assert "<script>" not in html and "script" not in page.tags
     assert page.fields[f"attempt_errors.{nasty}"] == "3"
     assert html.count("&lt;script&gt;") >= 4
+
+    data["reconcile"]["sample"]["source_type"] = {
+        f".x{i:02d}": [{"item_key": f"k{i}.x{i:02d}", "outcome": "published", "record": {"n": i}}] for i in range(20)}
+    html = render_html(data)
+    assert "k11.x11" in html and "k12.x12" not in html
+    assert "… and 8 more values of source type" in html
 
 
 def test_quiet_buckets_are_zeros_on_the_chart() -> None:

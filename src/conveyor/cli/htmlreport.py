@@ -24,12 +24,14 @@ STATUS_ORDER = ("queued", "running", "succeeded", "awaiting_review", "failed", "
 THROUGHPUT_SERIES = ("attempts", "succeeded", "failed", "accepted", "published")
 RECORD_CHARS = 1500
 MAX_DENSE = 2000
+MAX_SAMPLE_VALUES = 12  # slice values whose sampled records the page shows (the JSON has every one)
 
 
 def render_html(report: dict[str, Any]) -> str:
     """The page for one run's report."""
     return _environment().get_template("report.html.j2").render(
-        r=report, rec=report["reconcile"], charts=charts(report), statuses=_statuses(report["stages"]))
+        r=report, rec=report["reconcile"], charts=charts(report), statuses=_statuses(report["stages"]),
+        max_values=MAX_SAMPLE_VALUES)
 
 
 def charts(report: dict[str, Any]) -> dict[str, Markup]:

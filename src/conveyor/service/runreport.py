@@ -2,7 +2,9 @@
 
 ``run_report(store, run, blobs)`` returns one plain dict (the ``--json`` of `conveyor report`):
 
-- ``run_id``, ``pipeline``, ``status``, ``created_at``, ``generated_at`` (epoch seconds, the store's clock);
+- ``run_id``, ``pipeline``, ``target``, ``input`` (as submitted), ``status``, ``created_at``,
+  ``last_finished_at`` (when its last task ended; None: none has) and ``generated_at`` (epoch seconds, the
+  store's clock);
 - ``reconcile``: the run's ``reconcile`` (as `conveyor reconcile RUN --json` prints it, with the quality
   ``sample``; ``not_done`` lists at most ``not_done_limit`` items (also a field), ``not_done_shown`` says how
   many it lists);
@@ -45,7 +47,8 @@ def run_report(store: SqlStore, run: RunRecord, blobs: Blobs | None, sample: Sam
     end = now if ages.open_items or ages.last_at is None else ages.last_at
     bucket_s = bucket_size(max(0.0, end - run.created_at))
     return {
-        "run_id": run.run_id, "pipeline": run.pipeline, "status": summary["status"], "created_at": run.created_at,
+        "run_id": run.run_id, "pipeline": run.pipeline, "target": run.target, "input": run.input,
+        "status": summary["status"], "created_at": run.created_at, "last_finished_at": ages.last_at,
         "generated_at": now, "reconcile": summary, "not_done_limit": not_done_limit,
         "stages": [{"stage": name, "counts": counts, **status["stage_activity"].get(name, {})}
                    for name, counts in status["stages"].items()],
