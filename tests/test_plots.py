@@ -61,6 +61,12 @@ def test_no_points_make_a_readable_empty_chart() -> None:
         assert root.get("aria-label") == "Cost"
 
 
+def test_the_empty_text_can_say_why() -> None:
+    for svg in (line_chart({}, title="t", y_label="y", empty="no attempt: 3 answers from the <memo>"),
+                bar_chart([], title="t", y_label="y", empty="no attempt: 3 answers from the <memo>")):
+        assert texts(parse(svg), "cv-empty") == ["no attempt: 3 answers from the <memo>"]
+
+
 def test_one_point_is_drawn_as_a_dot_with_its_time() -> None:
     root = parse(line_chart({"accepted": [(T0, 4.0)]}, title="Accepted", y_label="items"))
     assert not by_class(root, "cv-line")

@@ -256,3 +256,16 @@ def test_quiet_buckets_are_zeros_on_the_chart() -> None:
     assert dense([], 60.0) == []
     far = [bucket(0.0, 1), bucket(60.0 * 5000, 1)]
     assert dense(far, 60.0) == far
+
+
+def test_a_run_answered_from_the_memo_says_so_on_its_empty_timeline(tmp_path: Path, store_url: str,
+                                                                   mixed: str) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    again = submit_and_work(target, manifest(tmp_path, GOOD), store_url, tmp_path / "blobs")
+    data = cli_json("report", again.run_id, "--db", store_url, cwd=tmp_path)
+    # every task was answered from the memo when it was made: no attempt, so no time bucket
+    assert data["reconcile"]["cached"] == 8 and data["reconcile"]["stage_calls"] == 0
+    assert data["timeline"]["buckets"] == [] and data["ages"]["ended"] == 3
+    proc = cli("report", again.run_id, "--html", "-", "--db", store_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no attempt ran: 8 tasks were answered from the memo" in proc.stdout

@@ -42,7 +42,7 @@ def charts(report: dict[str, Any]) -> dict[str, Markup]:
     costs = list(accumulate(b["cost_usd"] for b in buckets))
     return {name: Markup(svg) for name, svg in {  # plots escapes every text it draws
         "throughput": line_chart({name: [(b["t"], b[name]) for b in buckets] for name in shown},
-                                 title="Throughput over time", y_label=f"per {per}"),
+                                 title="Throughput over time", y_label=f"per {per}", empty=_no_attempts(rec)),
         "cost": line_chart({"cost (USD)": [(b["t"], c) for b, c in zip(buckets, costs, strict=True)]},
                            title="Cumulative cost", y_label="USD"),
         "ages": bar_chart([(b["label"], b["items"]) for b in report["ages"]["buckets"]],
@@ -64,6 +64,13 @@ def dense(buckets: list[dict[str, Any]], size: float) -> list[dict[str, Any]]:
     found = {round((b["t"] - first) / size): b for b in buckets}
     quiet = dict.fromkeys((*THROUGHPUT_SERIES, "tokens"), 0) | {"cost_usd": 0.0}
     return [found.get(step, quiet | {"t": first + step * size}) for step in range(steps + 1)]
+
+
+def _no_attempts(rec: dict[str, Any]) -> str:
+    """What an empty timeline means: no attempt ended yet, or none was needed (the memo answered)."""
+    if rec["cached"]:
+        return f"no attempt ran: {rec['cached']:,} tasks were answered from the memo"
+    return "no attempt has ended yet"
 
 
 @cache
