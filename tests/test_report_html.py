@@ -269,3 +269,20 @@ def test_a_run_answered_from_the_memo_says_so_on_its_empty_timeline(tmp_path: Pa
     proc = cli("report", again.run_id, "--html", "-", "--db", store_url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "no attempt ran: 8 tasks were answered from the memo" in proc.stdout
+
+
+def test_item_ages_fall_in_their_buckets(tmp_path: Path, store_url: str, mixed: str) -> None:
+    """From an item's first task's creation to its last task's end; a bucket holds ages below its upper limit."""
+    query(store_url, "UPDATE tasks SET created_at = 1000, finished_at = CASE WHEN finished_at IS NULL THEN NULL "
+          "ELSE 1000.5 END WHERE run_id = ?", mixed)
+    for root, age in (("a.txt", 30.0), ("b.md", 60.0), ("c", 3 * 86400.0), ("d.txt", 7200.0)):
+        query(store_url, "UPDATE tasks SET finished_at = ? WHERE run_id = ? AND root_key = ? AND stage = 'extract'",
+              1000 + age, mixed, root)
+    store = open_store(store_url)
+    try:
+        ages = run_report(store, find_run(store, mixed), None)["ages"]
+    finally:
+        store.close()
+    assert {b["label"]: b["items"] for b in ages["buckets"] if b["items"]} == {
+        "< 1 s": 3, "10 s–1 min": 1, "1–10 min": 1, "1–6 h": 1, "≥ 1 day": 1}
+    assert ages["open"] == 1 and ages["ended"] == 7
