@@ -110,8 +110,6 @@ def diff(
     emit(data, as_json, render.diff)
 
 
-
-
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="the run id")],
