@@ -1,8 +1,14 @@
-"""``conveyor status``, ``quota``, ``reconcile`` and ``diff``: what runs did (they only read)."""
+"""``conveyor status``, ``quota``, ``reconcile``, ``diff`` and ``report``: what runs did (they only read)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, TextIO
 
 import typer
 
@@ -16,7 +22,7 @@ from conveyor.cli.common import (
     emit,
     store_for,
 )
-from conveyor.errors import NotFound, StoreMissing
+from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB
 
 
@@ -104,3 +110,91 @@ def diff(
     emit(data, as_json, render.diff)
 
 
+@app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="the run id")],
+    html: Annotated[str | None, typer.Option("--html", metavar="FILE", help="write the report as one "
+                                             "self-contained HTML page to FILE (-: stdout)")] = None,
+    db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report's data as one JSON object on "
+                                          "stdout")] = False,
+    sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
+                                        "quality sample (0: none)")] = 3,
+    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
+                                                     "this field of the accepted record (dotted path); repeat "
+                                                     "for more")] = None,
+    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
+) -> None:
+    """A report you can mail: the reconciliation, throughput over time, time from submission to outcome,
+    attempts and errors by class, cost per accepted item and a quality sample, as one HTML page with inline
+    charts (--html FILE) or as data (--json). Exits 0 once written, whatever the run's outcomes."""
+    from conveyor.cli.htmlreport import render_html
+    from conveyor.service.records import SampleOptions
+    from conveyor.service.report import find_run
+    from conveyor.service.runreport import run_report
+
+    if html is None and not as_json:
+        raise UserError("say where the report goes: --html FILE (- for stdout), or --json")
+    if html == "-" and as_json:
+        raise UserError("--html - and --json would both print on stdout; give --html a FILE")
+    with page_output(html) as page:
+        try:
+            with store_for(db, create=False) as store:
+                data = run_report(store, find_run(store, run_id), open_blobs(blobs),
+                                  SampleOptions(sample, tuple(slices or ()), seed))
+        except StoreMissing as exc:
+            raise NotFound(f"no run {run_id!r}: {exc}") from None
+        if page is not None:
+            page(render_html(data))
+    if as_json:
+        emit(data, True, lambda _: None)
+    if html not in (None, "-"):
+        typer.echo(f"wrote the report of run {data['run_id']} to {html}", err=True)
+
+
+@contextmanager
+def page_output(path: str | None) -> Iterator[Callable[[str], None] | None]:
+    """A function that writes the page: to stdout for ``-``, else to a temporary file beside ``path`` that
+    replaces it only when the block ends without an error (a failed report never leaves half a page); an
+    unwritable path fails before any work."""
+    if path is None or path == "-":
+        yield None if path is None else _stdout
+        return
+    target = Path(path)
+    with _unwritable(path):
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
+            yield lambda text: _write(handle, text, path)
+        with _unwritable(path):
+            os.chmod(temp, 0o666 & ~_umask())
+            os.replace(temp, target)
+    finally:
+        Path(temp).unlink(missing_ok=True)
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _write(handle: TextIO, text: str, path: str) -> None:
+    with _unwritable(path):
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@contextmanager
+def _unwritable(path: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; give --html a file in a writable "
+                        "folder") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1,9 +1,11 @@
 """A run's progress: where it stands (``overview``) and how it went over time (``timeline``), for the dashboard
 and the report, in bounded work at any run size.
 
-``timeline(store, run_id)``: one entry per time bucket in which attempts of the run ended, oldest first:
+``timeline(store, run_id, bucket_s)``: one entry per time bucket (a whole number of minutes, the resolution of
+the run's running totals) in which attempts of the run ended, oldest first:
 ``{"t", "attempts", "succeeded", "failed", "accepted", "published", "tokens", "cost_usd"}`` (``t``: the
-bucket's start, epoch seconds; ``succeeded``: attempts that ended their task done, memo answers included;
+bucket's start, epoch seconds; ``succeeded``: attempts that ended their task done, memo answers found at claim
+time included (tasks answered from the memo as they were created have no attempt and are not in the timeline);
 ``failed``: attempts that did not (retries included); ``accepted``/``published``: successes at the run's
 acceptance stages (its record stage when it declares none) and at its publish stages).
 """
