@@ -300,3 +300,16 @@ def test_conveyor_serve_evaluates_alerts_and_its_relay_delivers_them_signed(stor
     assert (sent["type"], sent["data"]["alert"], sent["data"]["value"]) == ("alert.firing", "dead_letters_per_hour", 4)
     assert len(receiver.calls) == 1
     assert query(store_url, "SELECT delivery FROM events WHERE type = 'alert.firing'") == [("delivered",)]
+
+
+def test_an_alert_no_longer_declared_is_dropped_at_the_next_evaluation(store_url: str, tmp_path: Path) -> None:
+    pipeline = _run(tmp_path, store_url, ["unsure1"])
+    now = _store_now(store_url)
+    assert [t.alert for t in _race(store_url, pipeline, now + HOUR + 5)] == ["review_overdue"]
+    redeclared = Pipeline("watched", alerts=Alerts(dead_letters_per_hour=3))
+    store = open_store(store_url)
+    try:
+        assert evaluate(store, redeclared, now + HOUR + 10, every=0, operator_webhook="") == []
+    finally:
+        store.close()
+    assert [(a["alert"], a["state"]) for a in list_alerts_of(store_url)] == [("dead_letters_per_hour", "ok")]

@@ -43,14 +43,17 @@ class AlertQueries:
     db: Dialect
 
     def claim_alert_evaluation(self, pipeline: str, thresholds: dict[str, float], now: float, every: float) -> bool:
-        """Make the pipeline's alert rows (state ok) if new; True unless another process evaluated them within
-        ``every`` seconds (then this one skips its turn). A claim writes ``evaluated_at``."""
+        """Make the pipeline's alert rows (state ok) if new, and drop those of alerts it no longer declares;
+        True unless another process evaluated them within ``every`` seconds (then this one skips its turn).
+        A claim writes ``evaluated_at``."""
+        marks = ",".join("?" * len(thresholds))
         with self.db.transaction():
+            self.db.execute(f"DELETE FROM alerts WHERE pipeline = ? AND alert NOT IN ({marks})",
+                            (pipeline, *sorted(thresholds)))
             self.db.executemany(
                 f"INSERT INTO alerts ({COLUMNS}) VALUES (?, ?, 'ok', 0, ?, ?, ?, 0) ON CONFLICT (pipeline, alert) "
                 "DO NOTHING", [(pipeline, name, threshold, now, now - every - 1) for name, threshold in
                                sorted(thresholds.items())])
-            marks = ",".join("?" * len(thresholds))
             return self.db.execute_rowcount(
                 f"UPDATE alerts SET evaluated_at = ? WHERE pipeline = ? AND alert IN ({marks}) AND evaluated_at <= ?",
                 (now, pipeline, *sorted(thresholds), now - every)) > 0
