@@ -22,7 +22,7 @@ from conveyor.errors import PipelineError
 from conveyor.metrics import exposition, new_registry
 from conveyor.metrics.collector import shared_store
 from conveyor.pipeline import Retry
-from conveyor.runtime.alerts import Transition, evaluate
+from conveyor.runtime.alerts import Transition, evaluate, operator_webhook_url
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service import review
@@ -313,3 +313,27 @@ def test_an_alert_no_longer_declared_is_dropped_at_the_next_evaluation(store_url
     finally:
         store.close()
     assert [(a["alert"], a["state"]) for a in list_alerts_of(store_url)] == [("dead_letters_per_hour", "ok")]
+
+
+def test_the_operators_webhook_gets_every_alert_beside_the_declared_one(
+        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = _run(tmp_path, store_url, [f"poison{i}" for i in range(4)], "https://team.example/hook")
+    monkeypatch.setenv("CONVEYOR_ALERT_WEBHOOK", "https://ops.example/alerts")
+    store = open_store(store_url)
+    try:
+        assert len(evaluate(store, pipeline, store.clock(), every=0)) == 1
+    finally:
+        store.close()
+    assert sorted(query(store_url, "SELECT webhook_url, delivery FROM events WHERE type = 'alert.firing'")) == [
+        ("https://ops.example/alerts", "pending"), ("https://team.example/hook", "pending")]
+
+
+def test_a_bad_operator_webhook_is_a_one_line_error_before_a_worker_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_ALERT_WEBHOOK", "ops.example/alerts")
+    pipeline = Pipeline("watched", alerts=Alerts(review_overdue=True))
+    with pytest.raises(PipelineError) as caught:
+        Worker(pipeline, "x.py:pipe", f"sqlite:///{tmp_path}/c.db", FilesystemBlobs(tmp_path / "blobs"))
+    assert str(caught.value) == ("CONVEYOR_ALERT_WEBHOOK: 'ops.example/alerts' must be http:// or https:// with "
+                                 "a host")
+    assert operator_webhook_url({"CONVEYOR_ALERT_WEBHOOK": " "}) is None

@@ -43,7 +43,7 @@ class Alerts:
         if not isinstance(self.review_overdue, bool):
             raise PipelineError(f"Alerts(review_overdue={self.review_overdue!r}) must be True or False")
         if self.webhook is not None:
-            _check_url(self.webhook)
+            check_url(self.webhook, "Alerts(webhook=...)")
         if not self.thresholds():
             raise PipelineError("Alerts(...) declares no alert; give dead_letters_per_hour=N and/or "
                                 "review_overdue=True")
@@ -58,19 +58,21 @@ class Alerts:
         return found
 
 
-def _check_url(url: object) -> None:
-    """The URL's shape only: where it resolves to is checked by the relay at each delivery."""
+def check_url(url: object, where: str) -> str:
+    """``url`` when it is an http(s) URL with a host and no credentials (its shape only: where it resolves to is
+    checked by the relay at each delivery); a one-line PipelineError naming ``where`` otherwise."""
     if not isinstance(url, str) or len(url) > MAX_URL:
-        raise PipelineError(f"Alerts(webhook={url!r}) must be an http(s) URL of at most {MAX_URL} characters")
+        raise PipelineError(f"{where}: {url!r} must be an http(s) URL of at most {MAX_URL} characters")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a bad port
     except ValueError as exc:
-        raise PipelineError(f"Alerts(webhook={url[:200]!r}) is not a URL ({exc})") from None
+        raise PipelineError(f"{where}: {url[:200]!r} is not a URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PipelineError(f"Alerts(webhook={url[:200]!r}) must be http:// or https:// with a host")
+        raise PipelineError(f"{where}: {url[:200]!r} must be http:// or https:// with a host")
     if parts.username or parts.password:
-        raise PipelineError("Alerts(webhook=...) must not carry a user name or password; alert webhooks are signed")
+        raise PipelineError(f"{where} must not carry a user name or password; alert webhooks are signed")
+    return url
 
 
 def declared_alerts(alerts: object, pipeline: str) -> Alerts | None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline
-from conveyor.pipeline.alerts import DEAD_LETTERS_PER_HOUR, REVIEW_OVERDUE
+from conveyor.pipeline.alerts import DEAD_LETTERS_PER_HOUR, REVIEW_OVERDUE, check_url
 from conveyor.store import SqlStore, open_store
 from conveyor.store.alerts import AlertEvent, AlertRow
 
@@ -33,6 +33,13 @@ WINDOW_S = 3600.0  # dead letters are counted over the last hour
 COUNT_CAP = 100_000  # a rate is counted up to this (or just past the threshold, when that is higher)
 ALERTS_TENANT = "_alerts"  # whose webhook secret signs alert webhooks (no tenant can be named so)
 OPERATOR_WEBHOOK = "CONVEYOR_ALERT_WEBHOOK"  # the operator's URL for every pipeline's alerts
+
+
+def operator_webhook_url(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The operator's URL for every pipeline's alerts (``CONVEYOR_ALERT_WEBHOOK``), checked: a one-line error
+    for one that is not an http(s) URL."""
+    url = environ.get(OPERATOR_WEBHOOK, "").strip()
+    return check_url(url, OPERATOR_WEBHOOK) if url else None
 
 
 def every_seconds(environ: Mapping[str, str] = os.environ) -> float:
@@ -63,7 +70,8 @@ class Transition(NamedTuple):
 def evaluate(store: SqlStore, pipeline: Pipeline, now: float, every: float | None = None,
              operator_webhook: str | None = None) -> list[Transition]:
     """Evaluate the pipeline's alerts unless another process did within ``every`` seconds; the transitions
-    made here (each logged, and in the outbox)."""
+    made here (each logged, and in the outbox). ``operator_webhook``: the operator's URL ("": none; None: read
+    from CONVEYOR_ALERT_WEBHOOK)."""
     if pipeline.alerts is None:
         return []
     every = every_seconds() if every is None else every
@@ -77,7 +85,7 @@ def apply(store: SqlStore, pipeline: Pipeline, now: float, operator_webhook: str
     assert pipeline.alerts is not None
     values = {name: reading(store, pipeline.name, name, threshold, now)
               for name, threshold in pipeline.alerts.thresholds().items()}
-    urls = webhooks(pipeline, os.environ.get(OPERATOR_WEBHOOK) if operator_webhook is None else operator_webhook)
+    urls = webhooks(pipeline, operator_webhook_url() if operator_webhook is None else operator_webhook)
     moved: list[Transition] = []
     with store.transaction():
         for name, threshold in sorted(pipeline.alerts.thresholds().items()):
@@ -156,6 +164,7 @@ class AlertWatch:
         self.url = url
         self.pipelines = [p for p in pipelines if p.alerts is not None]
         self.every = every_seconds() if every is None else every
+        self.operator_webhook = (operator_webhook_url() if self.pipelines else None) or ""  # a bad one fails here
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="conveyor-alerts", daemon=True)
 
@@ -174,7 +183,7 @@ class AlertWatch:
             try:
                 store = store or open_store(self.url, migrate=False)
                 for pipeline in self.pipelines:
-                    evaluate(store, pipeline, store.clock(), self.every)
+                    evaluate(store, pipeline, store.clock(), self.every, self.operator_webhook)
             except Exception:  # the store restarting, say: the next turn tries again with a new connection
                 log.warning("alert evaluation failed; trying again in %g s", self.every, exc_info=True,
                             extra={"event": "alert_evaluation_failed"})

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.runtime.alerts import evaluate as evaluate_alerts
-from conveyor.runtime.alerts import every_seconds
+from conveyor.runtime.alerts import every_seconds, operator_webhook_url
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
@@ -105,6 +105,7 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alerts_every = every_seconds()
+        self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
         self._alerts_due = time.monotonic() + self._alerts_every  # the pipeline's alerts (runtime/alerts.py)
 
     # --- entry points ----------------------------------------------------
@@ -426,7 +427,8 @@ class Worker:
         if self.pipeline.alerts is None or time.monotonic() < self._alerts_due:
             return
         self._alerts_due = time.monotonic() + self._alerts_every
-        fired = sum(1 for t in evaluate_alerts(self.store, self.pipeline, self.clock(), self._alerts_every) if t.firing)
+        moved = evaluate_alerts(self.store, self.pipeline, self.clock(), self._alerts_every, self._alerts_hook)
+        fired = sum(1 for t in moved if t.firing)
         if fired:
             self.stats["alerts_fired"] += fired
 
