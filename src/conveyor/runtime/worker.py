@@ -106,7 +106,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alerts_every = every_seconds()
         self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
-        self._alerts_due = time.monotonic() + self._alerts_every  # the pipeline's alerts (runtime/alerts.py)
+        self._alerts_due = float("-inf")  # the pipeline's alerts (runtime/alerts.py): from the first keeper round
 
     # --- entry points ----------------------------------------------------
 
