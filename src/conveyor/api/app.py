@@ -10,11 +10,12 @@ from typing import Any
 from fastapi import FastAPI
 
 from conveyor import __version__
-from conveyor.api import batches, jobs, metrics, operations, problems, webhooks, workers
+from conveyor.api import alerts, batches, jobs, metrics, operations, problems, webhooks, workers
 from conveyor.api.context import Services
 from conveyor.api.openapi import document
 from conveyor.api.relay import Relay
 from conveyor.api.settings import ApiSettings
+from conveyor.runtime.alerts import AlertWatch
 
 log = logging.getLogger("conveyor.api")
 
@@ -31,7 +32,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        parts = [*_background(settings), app.state.batch_keeper, *background]
+        parts = [*_background(settings), app.state.batch_keeper, app.state.alert_watch, *background]
         for part in parts:
             part.start()
         try:
@@ -46,6 +47,8 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
                               "Server-Sent Events or signed webhooks.")
     app.state.services = svc
     app.state.batch_keeper = batches.keeper(svc)  # reads accepted batches, ends finished ones
+    # Evaluates the served pipelines' alerts (as workers do), so they are watched with no worker running.
+    app.state.alert_watch = AlertWatch(settings.db, [pipeline for pipeline, _ in svc.pipelines.values()])
     problems.install(app)
     app.openapi = lambda: document(app, settings.auth)  # type: ignore[method-assign]  # errors as problems
     app.include_router(jobs.router)
@@ -53,6 +56,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
     app.include_router(operations.router)
     app.include_router(webhooks.router)
     app.include_router(workers.router)
+    app.include_router(alerts.router)
     metrics.install(app, svc)
 
     @app.get("/healthz", tags=["service"])

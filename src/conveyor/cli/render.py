@@ -259,6 +259,24 @@ def workers(data: dict[str, Any]) -> None:
     out.print(table)
 
 
+def alerts(data: dict[str, Any]) -> None:
+    if data.get("webhook_secret"):
+        out.print(f"alert webhooks are signed with {data['webhook_secret']}")
+    if not data["alerts"]:
+        out.print("no alerts evaluated yet: declare them with Pipeline(..., alerts=Alerts(...)); workers evaluate "
+                  "them every 30 s")
+        return
+    table = Table(title="alerts")
+    for column in ("pipeline", "alert", "state", "value", "threshold", "since", "fired"):
+        table.add_column(column, justify="right" if column in ("value", "threshold", "fired") else "left")
+    for a in data["alerts"]:
+        since = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(a["since"]))
+        state = "[bold red]firing[/]" if a["state"] == "firing" else "ok"
+        table.add_row(escape(a["pipeline"]), a["alert"], state, f"{a['value']:g}", f"{a['threshold']:g}", since,
+                      str(a["firings"]))
+    out.print(table)
+
+
 def _errors(errors: dict[str, int] | None) -> None:
     if errors:
         out.print("failed attempts by class: " + ", ".join(f"{k} {v}" for k, v in errors.items())

@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import (
+    CounterMetricFamily,
     GaugeHistogramMetricFamily,
     GaugeMetricFamily,
     Metric,
@@ -47,6 +48,7 @@ class StoreCollector(Collector):
         yield from review_families(snap)
         yield from totals_families(snap.totals)
         yield from quota_families(snap)
+        yield from alert_families(snap)
         last_hour = GaugeMetricFamily("conveyor_dead_letters_last_hour",
                                       "Dead letters created in the last hour (all pipelines)")
         last_hour.add_metric([], snap.dead_last_hour)
@@ -107,6 +109,18 @@ def quota_families(snap: Snapshot) -> Iterator[Metric]:
         if q.rpm is not None:
             limit_r.add_metric([q.key], q.rpm)
     yield from (used_t, limit_t, used_r, limit_r)
+
+
+def alert_families(snap: Snapshot) -> Iterator[Metric]:
+    """Each declared alert (conveyor.Alerts): whether it fires now, and how many times it fired."""
+    firing = GaugeMetricFamily("conveyor_alert_firing", "1 while the alert fires, else 0",
+                               labels=["pipeline", "alert"])
+    fired = CounterMetricFamily("conveyor_alerts", "Times the alert fired (episodes, each counted once across "
+                                "the fleet)", labels=["pipeline", "alert"])
+    for row in snap.alerts:
+        firing.add_metric([row.pipeline, row.alert], 1 if row.state == "firing" else 0)
+        fired.add_metric([row.pipeline, row.alert], row.firings)
+    yield from (firing, fired)
 
 
 def _le(bound: float) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from conveyor.acceptance.declare import Accept
 from conveyor.acceptance.record import Target
 from conveyor.errors import PipelineError
+from conveyor.pipeline.alerts import Alerts, declared_alerts
 from conveyor.pipeline.budget import Breaker, budget
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.retry import Retry
@@ -97,6 +98,7 @@ class Pipeline:
         self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0,
         provider: Callable[[], Any] | None = None, limits: Mapping[str, RateLimit] | None = None,
         max_backlog: int = 20_000, budget_usd: float | None = None, breaker: Breaker | None = Breaker(),
+        alerts: Alerts | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise PipelineError("Pipeline(name) needs a non-empty name")
@@ -118,6 +120,8 @@ class Pipeline:
         if breaker is not None and not isinstance(breaker, Breaker):
             raise PipelineError(f"Pipeline({name!r}, breaker={breaker!r}): pass conveyor.Breaker(...) or None")
         self.breaker = breaker
+        # Alerts on rates (dead letters per hour, reviews past their deadline): see conveyor.pipeline.alerts.
+        self.alerts = declared_alerts(alerts, name)
         self._stages: dict[str, Stage] = {}
 
     def stage(

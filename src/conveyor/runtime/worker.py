@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime.alerts import evaluate as evaluate_alerts
+from conveyor.runtime.alerts import every_seconds, operator_webhook_url
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
@@ -102,6 +104,9 @@ class Worker:
         self._paused_read = float("-inf")
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._alerts_every = every_seconds()
+        self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
+        self._alerts_due = float("-inf")  # the pipeline's alerts (runtime/alerts.py): from the first keeper round
 
     # --- entry points ----------------------------------------------------
 
@@ -384,7 +389,7 @@ class Worker:
             # The leases are read here, on the event loop that changes them, not on the store's thread.
             held = [Lease(task_id, token) for task_id, token in self._leases.items()]
             steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, (len(held), self._done)),
-                     (self._expire_reviews, ()))
+                     (self._expire_reviews, ()), (self._evaluate_alerts, ()))
             for step, args in steps:
                 try:
                     await self._call(step, *args)
@@ -415,6 +420,17 @@ class Worker:
         if self._reviewed:
             counts = self.transitions.expire_reviews(self.clock())
             self.stats.update({f"review_{k}": v for k, v in counts.items()})
+
+    def _evaluate_alerts(self) -> None:
+        """Every ``CONVEYOR_ALERT_EVERY_S`` (30 s): the pipeline's alerts, unless another process of the fleet
+        evaluated them meanwhile."""
+        if self.pipeline.alerts is None or time.monotonic() < self._alerts_due:
+            return
+        self._alerts_due = time.monotonic() + self._alerts_every
+        moved = evaluate_alerts(self.store, self.pipeline, self.clock(), self._alerts_every, self._alerts_hook)
+        fired = sum(1 for t in moved if t.firing)
+        if fired:
+            self.stats["alerts_fired"] += fired
 
     async def _drain(self) -> None:
         """Stop starting tasks; let started ones finish (leases still renewed) up to the grace period."""

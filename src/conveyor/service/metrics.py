@@ -13,6 +13,7 @@ from conveyor.pipeline import Pipeline, RateLimit, find_limit
 from conveyor.runtime.quota import window_seconds
 from conveyor.service.forecast import limits_of
 from conveyor.store import SqlStore
+from conveyor.store.alerts import AlertRow
 from conveyor.store.metrics import LABEL_SEP, MetricIncrement, QueueRow, StageCount
 
 HOUR_S = 3600.0
@@ -37,15 +38,16 @@ class Snapshot(NamedTuple):
     totals: list[MetricIncrement]
     dead_last_hour: int
     quota: list[QuotaRow]
+    alerts: list[AlertRow]
 
 
 def snapshot(store: SqlStore, pipelines: Iterable[Pipeline] = ()) -> Snapshot:
     """Everything one scrape reports, each part a bounded read (the hot queue's partial indexes, the running
-    totals, the last hour of dead letters, the quota's window)."""
+    totals, the last hour of dead letters, the quota's window, a row per declared alert)."""
     now = store.clock()
     return Snapshot(now, store.queue_rows(now), store.suspect_counts(), store.running_counts(),
                     store.review_backlog(), store.metric_totals(), store.dead_letters_since(now - HOUR_S),
-                    quota_rows(store, pipelines))
+                    quota_rows(store, pipelines), store.alert_rows())
 
 
 def quota_rows(store: SqlStore, pipelines: Iterable[Pipeline]) -> list[QuotaRow]:

@@ -208,7 +208,9 @@ def webhook_client(settings: RelaySettings, concurrency: int = 8) -> httpx.Async
 
 def payload(delivery: Delivery) -> str:
     """The body POSTed for an event, the same on every attempt: ``{"type", "timestamp", "data"}``."""
-    data = {**json.loads(delivery.data), "job_id": delivery.job_id, "event_id": delivery.id}
+    data = {**json.loads(delivery.data), "event_id": delivery.id}
+    if delivery.job:  # an alert's event tells of no job
+        data["job_id"] = delivery.job_id
     when = datetime.fromtimestamp(delivery.created_at, UTC).isoformat().replace("+00:00", "Z")
     return json.dumps({"type": delivery.type, "timestamp": when, "data": data}, sort_keys=True)
 

@@ -82,6 +82,7 @@ class Delivery(NamedTuple):
     url: str
     tenant: str
     secret: str
+    job: bool = True  # False for an event that is not a job's (an alert): its data names no job
 
 
 class JobTask(NamedTuple):
@@ -278,11 +279,14 @@ class JobQueries:
                 return []
             marks = ",".join("?" * len(ids))
             self.db.execute(f"UPDATE events SET delivery_lease_until = ? WHERE id IN ({marks})", (now + lease_s, *ids))
+            # A job's event goes to its job's webhook, signed with its tenant's secret; an alert's names both.
             rows = self.db.execute(
-                "SELECT e.id, e.job_id, e.type, e.data, e.created_at, e.delivery_attempts, j.webhook_url, j.tenant, "
-                f"t.webhook_secret FROM events e JOIN jobs j ON j.job_id = e.job_id JOIN tenants t "
-                f"ON t.tenant = j.tenant WHERE e.id IN ({marks}) ORDER BY e.id", ids)
-            return [Delivery(int(r[0]), r[1], r[2], r[3], float(r[4]), int(r[5]), r[6], r[7], r[8]) for r in rows]
+                "SELECT e.id, e.job_id, e.type, e.data, e.created_at, e.delivery_attempts, "
+                "COALESCE(e.webhook_url, j.webhook_url), t.tenant, t.webhook_secret, e.tenant IS NULL "
+                "FROM events e LEFT JOIN jobs j ON j.job_id = e.job_id AND e.tenant IS NULL JOIN tenants t "
+                f"ON t.tenant = COALESCE(e.tenant, j.tenant) WHERE e.id IN ({marks}) ORDER BY e.id", ids)
+            return [Delivery(int(r[0]), r[1], r[2], r[3], float(r[4]), int(r[5]), r[6], r[7], r[8], bool(r[9]))
+                    for r in rows]
 
     def delivery_done(self, event_id: int, now: float) -> None:
         with self.db.transaction():
@@ -307,8 +311,10 @@ class JobQueries:
         clauses, params = _given((("j.tenant = ?", tenant), ("e.delivery = ?", state)))
         clauses.append("e.delivery IS NOT NULL")
         cols = ", ".join(f"e.{c.strip()}" for c in EVENT_COLUMNS.split(","))
-        rows = self.db.execute(f"SELECT {cols}, j.webhook_url FROM events e JOIN jobs j ON j.job_id = e.job_id "
-                               f"WHERE {' AND '.join(clauses)} ORDER BY e.id DESC LIMIT ?", (*params, limit))
+        # Alerts' events have no job: an operator (no tenant) sees them too.
+        rows = self.db.execute(f"SELECT {cols}, COALESCE(e.webhook_url, j.webhook_url) FROM events e LEFT JOIN jobs j "
+                               f"ON j.job_id = e.job_id WHERE {' AND '.join(clauses)} ORDER BY e.id DESC LIMIT ?",
+                               (*params, limit))
         return [(EventRow(*r[:-1]), r[-1]) for r in rows]
 
     # --- what a tenant sees: the runs of its own jobs -------------------------

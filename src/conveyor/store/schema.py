@@ -497,7 +497,7 @@ CREATE TABLE metric_totals (
 CREATE INDEX dead_letters_created ON dead_letters (created_at);
 """,
     ),
-(
+    (
         13,
         "a run's running totals (task states, attempts, usage, timeline), kept by the transactions that change them",
         """
@@ -515,5 +515,30 @@ CREATE TABLE run_totals (
 ){without_rowid};
 -- What the store holds already is counted once, by the statements of store/runtotals.py RECOUNT.
 """ + RECOUNT.replace("{only}", "").replace("{only_a}", "") + """""",
+    ),
+    (
+        14,
+        "alerts on rates: a state row per declared alert, events that are not a job's",
+        """
+-- One row per (pipeline, alert) a pipeline declares (conveyor.Alerts). state is 'ok' or 'firing'; since: when it
+-- entered that state; firings: how many times it fired. Any worker or server may evaluate an alert: a transition
+-- is a change of this row under its lock, so a fleet raises (and resolves) each episode once. evaluated_at lets
+-- the others skip an evaluation made a moment ago.
+CREATE TABLE alerts (
+    pipeline TEXT NOT NULL,
+    alert TEXT NOT NULL,
+    state TEXT NOT NULL,
+    value {real} NOT NULL,
+    threshold {real} NOT NULL,
+    since {real} NOT NULL,
+    evaluated_at {real} NOT NULL,
+    firings INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (pipeline, alert)
+);
+-- An event that is not a job's (alert.firing, alert.resolved): where it goes and the tenant whose webhook
+-- secret signs it (NULL for a job's event: the job says both). job_id then names the alert (alert:PIPELINE:NAME).
+ALTER TABLE events ADD COLUMN webhook_url TEXT;
+ALTER TABLE events ADD COLUMN tenant TEXT;
+""",
     ),
 ]

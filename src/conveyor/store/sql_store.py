@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from conveyor.errors import StoreError
+from conveyor.store.alerts import AlertQueries
 from conveyor.store.budget import BudgetQueries
 from conveyor.store.compare import CompareQueries
 from conveyor.store.dialect import Dialect
@@ -33,7 +34,7 @@ from conveyor.store.workers import WorkerQueries
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries):
+               ProgressQueries, AlertQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
