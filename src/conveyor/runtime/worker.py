@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime import tracing
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
@@ -447,6 +448,7 @@ class Worker:
                  extra={"event": "worker_stopped", "run": self.opts.run_id})
         self._db.shutdown(wait=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(tracing.flush)  # spans still buffered leave before the process may exit
 
 
 def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:

@@ -495,4 +495,13 @@ CREATE TABLE metric_totals (
 CREATE INDEX dead_letters_created ON dead_letters (created_at);
 """,
     ),
+    (
+        13,
+        "traces: an item's trace context (W3C traceparent), stored with it when it is traced",
+        """
+-- NULL unless tracing was on when the item was admitted and the sampler kept it (runtime/tracing.py). Set on
+-- root items only: a fan-out child's attempts join its root's trace.
+ALTER TABLE items ADD COLUMN traceparent TEXT;
+""",
+    ),
 ]

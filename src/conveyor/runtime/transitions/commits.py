@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
+from conveyor.runtime import tracing
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.provenance import decode, encode
@@ -62,7 +63,9 @@ class Commits(JobEvents):
             with self.store.transaction():
                 fresh = self._write(writes)
                 self.stale_stages.update(n.stage for n in writes.notices)
-                return writes.counts, fresh, self._claim(claim, now, fresh)
+                claimed = self._claim(claim, now, fresh)
+            self._trace(outcomes, writes)
+            return writes.counts, fresh, claimed
         except (LeaseLost, MemoTaken):
             pass
         # Redo, inside one transaction, for the leases still held, and with the memo's answer for any key
@@ -77,7 +80,22 @@ class Commits(JobEvents):
             self._take_fresh(writes, claim, now)
             fresh = self._write(writes, memo_checked=False)
             self.stale_stages.update(n.stage for n in writes.notices)
-            return writes.counts, fresh, self._claim(claim, now, fresh)
+            claimed = self._claim(claim, now, fresh)
+        self._trace(outcomes, writes)
+        return writes.counts, fresh, claimed
+
+    def _trace(self, outcomes: Sequence[Outcome], w: Writes) -> None:
+        """With tracing on, a span for each attempt just committed (runtime/spans.py). Tracing never fails
+        a commit: it is done already; a span that cannot be made is logged and left out."""
+        tracer = tracing.active()
+        if tracer is None:
+            return
+        try:
+            tracer.record_attempts(self.store, self.pipeline.name, {o.task.id: o.task for o in outcomes},
+                                   [*w.attempts, *w.plain_attempts])
+        except Exception:
+            log.warning("could not record the spans of %d attempts", len(outcomes), exc_info=True,
+                        extra={"event": "trace_failed"})
 
     def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Outcomes whose own result lost a memo race take the memo's result instead."""
