@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.tracing")
 DEFAULT_RATIO = 0.1  # of the items of a batch run traced when OTEL_TRACES_SAMPLER is not set
+BSP_QUEUE = 16_384  # spans buffered for export (the SDK's BatchSpanProcessor), unless OTEL_BSP_MAX_QUEUE_SIZE
 INSTALL = "pip install 'conveyor[tracing]'"
 SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
             "parentbased_traceidratio")
@@ -82,8 +83,11 @@ def configure(environ: Mapping[str, str] = os.environ) -> bool:
         resource = resource.merge(Resource({"service.name": "conveyor"}))
     chosen, exporters = sampler(environ), _exporters(environ)
     provider = TracerProvider(sampler=chosen, resource=resource)
+    # A commit ends a thousand attempts' spans at once: the SDK's default queue (2,048) would drop spans of
+    # a burst before its exporter thread wakes; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
+    queue = None if environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else BSP_QUEUE
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=queue))
     install(provider)
     return True
 
