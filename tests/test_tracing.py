@@ -24,6 +24,7 @@ from conveyor.blobs import FilesystemBlobs
 from conveyor.errors import UserError
 from conveyor.runtime import tracing
 from conveyor.runtime.target import load_target
+from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.submit import submit
 from conveyor.store import open_store
@@ -221,6 +222,38 @@ def test_memo_answers_are_short_spans_in_the_items_trace(tmp_path: Path, store_u
     assert cached and all(_attr(s, "conveyor.outcome") == "cached" and s.status.is_unset for s in cached)
     by_item = {(_attr(s, "conveyor.item_key"), s.context.trace_id) for s in attempts if s.context is not None}
     assert len(by_item) == 2 and len({key for key, _ in by_item}) == 2
+
+
+def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(
+    tmp_path: Path, store_url: str, spans: Any,
+) -> None:
+    exporter = spans(ALWAYS_ON)
+    target, blobs = write_pipeline(tmp_path, PLAIN), tmp_path / "blobs"
+    run_id = _submit(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
+    pipeline = load_target(target)
+    store = open_store(store_url)
+    try:
+        now = store.clock()
+        (task,) = Transitions(pipeline, store, "host:1:dead").claim(["parse"], 10, now, 30.0, run_id)
+        assert Transitions(pipeline, store, "host:2:alive").reclaim_expired(now + 40)["requeued"] == 1
+        with store.transaction():  # requeued as of the reclaim, 40 s ahead: due now
+            store.db.execute("UPDATE tasks SET available_at = 0 WHERE run_id = ? AND status = 'queued'", (run_id,))
+    finally:
+        store.close()
+    work(target, store_url, blobs, run_id=run_id)
+
+    (parent,) = query(store_url, "SELECT traceparent FROM items WHERE item_key = ?", task.item_key)
+    attempts = sorted((s for s in exporter.get_finished_spans() if s.name != "conveyor.item"),
+                      key=lambda s: (s.name != "conveyor.attempt parse", _attr(s, "conveyor.attempt")))
+    assert {f"{s.context.trace_id:032x}" for s in attempts if s.context is not None} == {parent[0].split("-")[1]}
+    assert [(s.name, _attr(s, "conveyor.attempt"), _attr(s, "conveyor.outcome")) for s in attempts] == [
+        ("conveyor.attempt parse", 1, "lease_expired"), ("conveyor.attempt parse", 2, "succeeded"),
+        ("conveyor.attempt count", 1, "succeeded")]
+    died = attempts[0]
+    assert _attr(died, "conveyor.worker") == "host:1:dead" and _attr(died, "conveyor.error_class") == "lease_expired"
+    assert died.status.description == "lease_expired" and not died.status.is_ok
+    assert died.start_time == pytest.approx(now * 1e9, abs=1e3)
+    assert died.end_time == pytest.approx((now + 40) * 1e9, abs=1e3)
 
 
 def test_sampled_out_items_make_no_span_and_store_no_context(tmp_path: Path, store_url: str, spans: Any) -> None:

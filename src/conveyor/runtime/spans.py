@@ -21,7 +21,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from conveyor import __version__
-from conveyor.store import AttemptRecord, ClaimedTask, PlainAttempt, SqlStore
+from conveyor.store import AttemptRecord, ClaimedTask, ExpiredLease, PlainAttempt, SqlStore
 
 log = logging.getLogger("conveyor.tracing")
 CACHE_ITEMS = 100_000  # items whose trace context a worker keeps at hand between batches
@@ -63,7 +63,7 @@ class ItemTracer:
     def record_attempts(self, store: SqlStore, pipeline: str, tasks: Mapping[int, ClaimedTask],
                         attempts: Sequence[AttemptRecord | PlainAttempt]) -> int:
         """A span for each committed attempt of a traced item; returns how many were made."""
-        parents = self._parents_of(store, tasks.values())
+        parents = self._parents_of(store, {(t.run_id, t.root_key) for t in tasks.values()})
         made = 0
         for attempt in attempts:
             task = tasks.get(attempt.task_id)
@@ -73,9 +73,31 @@ class ItemTracer:
                 made += 1
         return made
 
-    def _parents_of(self, store: SqlStore, tasks: Iterable[ClaimedTask]) -> dict[tuple[str, str], Context | None]:
-        """The stored trace context of the tasks' items (one read per batch for the items not seen yet)."""
-        roots = {(t.run_id, t.root_key) for t in tasks}
+    def record_reclaimed(self, store: SqlStore, pipeline: str, expired: Sequence[ExpiredLease], now: float) -> int:
+        """A span for each attempt of a traced item whose worker stopped renewing its lease (it died or
+        stalled): from its claim to its reclaim, outcome and error class ``lease_expired``."""
+        parents = self._parents_of(store, {(lease.run_id, lease.root_key) for lease in expired})
+        made = 0
+        for lease in expired:
+            parent = parents.get((lease.run_id, lease.root_key))
+            if parent is None:
+                continue
+            attributes = _where(pipeline, lease.run_id, lease.stage, lease.item_key, lease.root_key)
+            attributes.update({"conveyor.attempt": lease.attempts, "conveyor.outcome": "lease_expired",
+                               "conveyor.error_class": "lease_expired", "conveyor.cached": False,
+                               "conveyor.invoked": True})
+            if lease.lease_owner:
+                attributes["conveyor.worker"] = lease.lease_owner
+            start = _ns(lease.started_at if lease.started_at is not None else now)
+            span = self.tracer.start_span(f"conveyor.attempt {lease.stage}", context=parent, kind=SpanKind.INTERNAL,
+                                          start_time=start, attributes=attributes)
+            span.set_status(Status(StatusCode.ERROR, "lease_expired"))
+            span.end(end_time=max(start, _ns(now)))
+            made += 1
+        return made
+
+    def _parents_of(self, store: SqlStore, roots: set[tuple[str, str]]) -> dict[tuple[str, str], Context | None]:
+        """The stored trace context of these items (one read per batch for the items not seen yet)."""
         missing = [root for root in roots if root not in self._parents]
         if missing:
             if len(self._parents) + len(missing) > CACHE_ITEMS:
@@ -99,13 +121,9 @@ class ItemTracer:
 
 
 def _attributes(pipeline: str, task: ClaimedTask, a: AttemptRecord | PlainAttempt) -> dict[str, AttributeValue]:
-    attributes: dict[str, AttributeValue] = {
-        "conveyor.pipeline": pipeline, "conveyor.run_id": task.run_id, "conveyor.stage": task.stage,
-        "conveyor.item_key": task.item_key, "conveyor.attempt": a.attempt, "conveyor.outcome": a.outcome,
-        "conveyor.cached": a.outcome == "cached", "conveyor.invoked": bool(a.invoked),
-    }
-    if task.root_key != task.item_key:
-        attributes["conveyor.root_key"] = task.root_key
+    attributes = _where(pipeline, task.run_id, task.stage, task.item_key, task.root_key)
+    attributes.update({"conveyor.attempt": a.attempt, "conveyor.outcome": a.outcome,
+                       "conveyor.cached": a.outcome == "cached", "conveyor.invoked": bool(a.invoked)})
     if a.worker:
         attributes["conveyor.worker"] = a.worker
     if isinstance(a, PlainAttempt):
@@ -121,6 +139,15 @@ def _attributes(pipeline: str, task: ClaimedTask, a: AttemptRecord | PlainAttemp
         if a.model:
             attributes["gen_ai.request.model"] = a.model
     return attributes
+
+
+def _where(pipeline: str, run_id: str, stage: str, item_key: str, root_key: str) -> dict[str, AttributeValue]:
+    """Where an attempt ran: its pipeline, run, stage and item (and root, for a fan-out child)."""
+    where: dict[str, AttributeValue] = {"conveyor.pipeline": pipeline, "conveyor.run_id": run_id,
+                                        "conveyor.stage": stage, "conveyor.item_key": item_key}
+    if root_key != item_key:
+        where["conveyor.root_key"] = root_key
+    return where
 
 
 def _traceparent(span: Span) -> str:
