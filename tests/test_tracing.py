@@ -224,6 +224,37 @@ def test_memo_answers_are_short_spans_in_the_items_trace(tmp_path: Path, store_u
     assert len(by_item) == 2 and len({key for key, _ in by_item}) == 2
 
 
+FANOUT = """
+    from conveyor import Pipeline
+
+    pipe = Pipeline("fanned")
+
+    @pipe.stage(version="1", kind="fanout")
+    def split(ctx, source: bytes) -> list[str]:
+        return source.decode().split()
+
+    @pipe.stage(version="1", after=split)
+    def shout(ctx, word: str) -> str:
+        return word.upper()
+"""
+
+
+def test_fan_out_children_join_their_roots_trace(tmp_path: Path, store_url: str, spans: Any) -> None:
+    exporter = spans(ALWAYS_ON)
+    target, blobs = write_pipeline(tmp_path, FANOUT), tmp_path / "blobs"
+    run_id = _submit(target, make_docs(tmp_path / "docs", 2, "alpha beta gamma {i}"), store_url, blobs)
+    work(target, store_url, blobs, run_id=run_id)
+    parents = dict(query(store_url, "SELECT item_key, traceparent FROM items WHERE run_id = ?", run_id))
+    children = [key for key in parents if key not in ("doc0000.txt", "doc0001.txt")]
+    assert len(children) == 8 and all(parents[key] is None for key in children), "children store no context"
+    shouts = [s for s in exporter.get_finished_spans() if s.name == "conveyor.attempt shout"]
+    assert sorted(_attr(s, "conveyor.item_key") for s in shouts) == sorted(children)
+    for span in shouts:
+        root = _attr(span, "conveyor.root_key")
+        assert span.context is not None and root in ("doc0000.txt", "doc0001.txt")
+        assert f"{span.context.trace_id:032x}" == parents[root].split("-")[1]
+
+
 def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(
     tmp_path: Path, store_url: str, spans: Any,
 ) -> None:
