@@ -26,6 +26,7 @@ from conveyor.runtime import tracing
 from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.worker import Worker, WorkerOptions
+from conveyor.service import review
 from conveyor.service.submit import submit
 from conveyor.store import open_store
 from tests.helpers import SRC, cli, make_docs, query, work, write_pipeline
@@ -253,6 +254,45 @@ def test_fan_out_children_join_their_roots_trace(tmp_path: Path, store_url: str,
         root = _attr(span, "conveyor.root_key")
         assert span.context is not None and root in ("doc0000.txt", "doc0001.txt")
         assert f"{span.context.trace_id:032x}" == parents[root].split("-")[1]
+
+
+REVIEWED = """
+    from conveyor import Pipeline
+    from conveyor.acceptance import Accept, Review
+
+    pipe = Pipeline("reviewed")
+
+    @pipe.stage(version="1", accept=Accept(confidence="confidence", threshold=0.8, review=Review(deadline="1h")))
+    def extract(ctx, source: bytes) -> dict:
+        return {"answer": source.decode(), "confidence": 0.5}
+
+    @pipe.stage(version="1", after=extract)
+    def keep(ctx, record: dict) -> int:
+        return len(record)
+"""
+
+
+def test_a_review_decision_is_a_span_of_the_items_trace(tmp_path: Path, store_url: str, spans: Any) -> None:
+    exporter = spans(ALWAYS_ON)
+    target, blobs = write_pipeline(tmp_path, REVIEWED), tmp_path / "blobs"
+    run_id = _submit(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
+    work(target, store_url, blobs, run_id=run_id)
+    store = open_store(store_url)
+    try:
+        (entry,) = review.review_list(store)["reviews"]
+        review.approve(store, FilesystemBlobs(blobs), [entry["id"]], by="bob", why="fine as it is")
+    finally:
+        store.close()
+    work(target, store_url, blobs, run_id=run_id)
+    (parent,) = query(store_url, "SELECT traceparent FROM items WHERE run_id = ?", run_id)
+    attempts = sorted((s for s in exporter.get_finished_spans() if s.name != "conveyor.item"),
+                      key=lambda s: s.start_time or 0)
+    assert [(s.name, _attr(s, "conveyor.outcome"), _attr(s, "conveyor.error_class")) for s in attempts] == [
+        ("conveyor.attempt extract", "awaiting_review", "low_confidence"),
+        ("conveyor.attempt extract", "approved", None), ("conveyor.attempt keep", "succeeded", None)]
+    assert {f"{s.context.trace_id:032x}" for s in attempts if s.context is not None} == {parent[0].split("-")[1]}
+    assert _attr(attempts[1], "conveyor.worker") == "review:bob" and attempts[1].status.is_unset
+    assert not any("fine as it is" in str(v) for s in attempts for v in (s.attributes or {}).values())
 
 
 def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(

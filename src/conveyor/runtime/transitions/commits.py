@@ -7,7 +7,6 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from conveyor.runtime import tracing
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.provenance import decode, encode
@@ -85,17 +84,9 @@ class Commits(JobEvents):
         return writes.counts, fresh, claimed
 
     def _trace(self, outcomes: Sequence[Outcome], w: Writes) -> None:
-        """With tracing on, a span for each attempt just committed (runtime/spans.py). Tracing never fails
-        a commit: it is done already; a span that cannot be made is logged and left out."""
-        tracer = tracing.active()
-        if tracer is None:
-            return
-        try:
-            tracer.record_attempts(self.store, self.pipeline.name, {o.task.id: o.task for o in outcomes},
-                                   [*w.attempts, *w.plain_attempts])
-        except Exception:
-            log.warning("could not record the spans of %d attempts", len(outcomes), exc_info=True,
-                        extra={"event": "trace_failed"})
+        """A span for each attempt just committed, when tracing is on."""
+        self.trace(f"{len(outcomes)} attempts", lambda tracer: tracer.record_attempts(
+            self.store, self.pipeline.name, {o.task.id: o.task for o in outcomes}, [*w.attempts, *w.plain_attempts]))
 
     def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Outcomes whose own result lost a memo race take the memo's result instead."""

@@ -9,7 +9,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from conveyor.errors import PipelineError
-from conveyor.runtime import tracing
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.provenance import decode
 from conveyor.runtime.transitions.events import JobEvents
@@ -24,7 +23,6 @@ from conveyor.store import (
     ClaimedTask,
     Crashed,
     Ended,
-    ExpiredLease,
     Lease,
     NewDeadLetter,
     StoredOutput,
@@ -148,19 +146,10 @@ class Leases(JobEvents):
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()
         counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
-        self._trace_reclaimed(expired, now)
+        # A span for each attempt whose worker died, from its claim to this reclaim, when tracing is on.
+        self.trace(f"{len(expired)} reclaimed attempts",
+                   lambda tracer: tracer.record_reclaimed(self.store, self.pipeline.name, expired, now))
         return counts
-
-    def _trace_reclaimed(self, expired: Sequence[ExpiredLease], now: float) -> None:
-        """With tracing on, a span for each attempt whose worker died, from its claim to its reclaim."""
-        tracer = tracing.active()
-        if tracer is None:
-            return
-        try:
-            tracer.record_reclaimed(self.store, self.pipeline.name, expired, now)
-        except Exception:
-            log.warning("could not record the spans of %d reclaimed attempts", len(expired), exc_info=True,
-                        extra={"event": "trace_failed"})
 
     def _lease_budget(self, stage: str, recorded: int) -> int:
         """Attempts a task may spend on lost leases: its stage's policy for ``lease_expired``."""

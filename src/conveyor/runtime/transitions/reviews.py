@@ -47,12 +47,15 @@ class Reviews(JobEvents):
                 done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
             if decision not in ("approved", "edited", "accepted") and not done:
                 raise ReviewTaken(entry.id)
-            self.store.insert_attempts([AttemptRecord(
+            decided = AttemptRecord(
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
-                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)])
+                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
+            self.store.insert_attempts([decided])
             self._tell_job(task, decision, by, now)
             self._tally_decision(task.stage, decision)
             self.store.notify()
+        self.trace("a review decision", lambda tracer: tracer.record_attempts(
+            self.store, self.pipeline.name, {task.id: task}, [decided]))
         return queued
 
     def _tally_decision(self, stage: str, decision: str) -> None:
