@@ -9,7 +9,6 @@ or an error message (which may quote the input).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +22,6 @@ from opentelemetry.util.types import AttributeValue
 from conveyor import __version__
 from conveyor.store import AttemptRecord, ClaimedTask, ExpiredLease, PlainAttempt, SqlStore
 
-log = logging.getLogger("conveyor.tracing")
 CACHE_ITEMS = 100_000  # items whose trace context a worker keeps at hand between batches
 _W3C = TraceContextTextMapPropagator()
 
