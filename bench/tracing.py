@@ -151,7 +151,7 @@ def traced(ratio: float | None, endpoint: str) -> Counted:
 
 
 def measure(backend: str, manifest: Path, items: int, repeat: int, mode: str, endpoint: str) -> dict[str, Any]:
-    calls, spans, before = 0, 0, arrived(endpoint)
+    calls, spans, before, load = 0, 0, arrived(endpoint), os.getloadavg()[0]
     real_active = tracing.active
 
     def counting() -> Any:
@@ -177,7 +177,7 @@ def measure(backend: str, manifest: Path, items: int, repeat: int, mode: str, en
                     tracing.uninstall()
     submit_s = statistics.median(t[0] for t in times)
     process_s = statistics.median(t[1] for t in times)
-    return {"backend": backend, "mode": mode, "submit_s": submit_s, "process_s": process_s,
+    return {"backend": backend, "mode": mode, "load": load, "submit_s": submit_s, "process_s": process_s,
             "items_per_s": items / submit_s, "stages_per_s": items * STAGES / process_s,
             "spans": spans // repeat, "spans_per_s": spans / repeat / (submit_s + process_s),
             "arrived": (arrived(endpoint) - before) // repeat,
@@ -191,15 +191,19 @@ def table(rows: list[dict[str, Any]], items: int, repeat: int, loaded: list[str]
              f"N = {items:,} items through bench/noop_pipeline.py (a → b → c) in one process: submit, then one "
              f"worker until idle; median of {repeat} runs. On: spans go through the SDK's BatchSpanProcessor and "
              "OTLP/HTTP exporter to a receiver in another process that counts and discards them (*arrived*).", "",
-             "| backend | tracing | submit s | items/s | process s | item-stages/s | spans | spans/s | arrived |"
+             "| backend | tracing | load | submit s | items/s | process s | item-stages/s | spans | spans/s | arrived |"
              " `tracing.active()` calls |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['backend']} | {r['mode']} | {r['submit_s']:.2f} | {r['items_per_s']:,.0f} | "
+        lines.append(f"| {r['backend']} | {r['mode']} | {r['load']:.1f} | {r['submit_s']:.2f} | "
+                     f"{r['items_per_s']:,.0f} | "
                      f"{r['process_s']:.2f} | {r['stages_per_s']:,.0f} | {r['spans']:,} | {r['spans_per_s']:,.0f} | "
                      f"{r['arrived']:,} | "
                      f"{'' if r['active_calls'] is None else r['active_calls']} |")
-    lines += ["", f"- Off, OpenTelemetry modules imported by the runs: {loaded or 'none'}.", END]
+    lines += ["", "*load*: the 1-minute load average as the mode's runs started (on 2 cores, other work shows there); "
+              "*spans*: made per run (root and attempt spans); *arrived*: received by the collector per run; "
+              "`tracing.active()` calls: what tracing adds to the submit and commit paths when off, per run.",
+              "", f"- Off, OpenTelemetry modules imported by the runs: {loaded or 'none'}.", END]
     return "\n".join(lines)
 
 
