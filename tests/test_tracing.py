@@ -27,6 +27,8 @@ from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service import review
+from conveyor.service.report import find_run
+from conveyor.service.show import show_item
 from conveyor.service.submit import submit
 from conveyor.store import open_store
 from tests.helpers import SRC, cli, make_docs, query, work, write_pipeline
@@ -168,6 +170,11 @@ def test_one_items_journey_is_one_trace_across_stages_retries_and_workers(
     (parent,) = query(store_url, "SELECT traceparent FROM items WHERE run_id = ? AND item_key = 'doc1.txt'", run_id)
     _, trace_hex, root_hex, flags = parent[0].split("-")
     assert int(flags, 16) & 1, "sampled"
+    store = open_store(store_url)
+    try:  # `conveyor show` names the item's trace
+        assert show_item(store, FilesystemBlobs(blobs), run_id, "doc1.txt")["trace_id"] == trace_hex
+    finally:
+        store.close()
     journey = [s for s in finished if s.context is not None and s.context.trace_id == int(trace_hex, 16)]
     assert all(_attr(s, "conveyor.item_key") == "doc1.txt" for s in journey), "one trace per item"
     (root,) = [s for s in journey if s.name == "conveyor.item"]
@@ -372,6 +379,12 @@ def test_tracing_off_stores_nothing_and_never_loads_opentelemetry(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     assert query(store_url, "SELECT COUNT(*), COUNT(traceparent) FROM items") == [(3, 0)]
+    store = open_store(store_url)
+    try:
+        run_id = find_run(store, None).run_id  # the latest
+        assert show_item(store, FilesystemBlobs(tmp_path / "blobs"), run_id, "doc0000.txt")["trace_id"] is None
+    finally:
+        store.close()
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -424,6 +437,9 @@ def test_spans_leave_the_process_over_otlp_when_an_endpoint_is_set(
     assert services == {"conveyor-test"}
     stored = {row[0].split("-")[1] for row in query(store_url, "SELECT traceparent FROM items")}
     assert {span.trace_id.hex() for span, _ in spans} == stored
+    ((run_id, trace_id),) = query(store_url, "SELECT run_id, traceparent FROM items WHERE item_key = 'doc0000.txt'")
+    shown = cli("show", run_id, "doc0000.txt", "--db", store_url, cwd=tmp_path, check=True)
+    assert f"trace: {trace_id.split('-')[1]}" in shown.stdout
 
 
 def test_configuration_is_read_from_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
