@@ -19,6 +19,7 @@ from typer.exceptions import TyperException
 from conveyor import __version__
 from conveyor.cli.common import ACCEPT_CODE, INTERRUPTED, app
 from conveyor.errors import ConveyorError, UserError
+from conveyor.runtime import tracing
 
 
 def main() -> None:
@@ -27,6 +28,7 @@ def main() -> None:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _every_stage_when_unnamed(sys.argv)
     try:
+        tracing.configure()  # off, unless the environment asks for traces: then OpenTelemetry is loaded
         code = app(standalone_mode=False)
     except TyperException as exc:  # a usage error: Typer's own parser found it
         ctx = getattr(exc, "ctx", None)

@@ -48,6 +48,8 @@ def render_item(data: dict[str, Any]) -> None:
               f"{read}", markup=False, highlight=False)
     if data["meta"]:
         _line(f"meta: {json.dumps(data['meta'], ensure_ascii=False)}")
+    if data["trace_id"]:
+        _line(f"trace: {data['trace_id']}")
     if not data["tasks"]:
         _line("no tasks")
     for task in data["tasks"]:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.runtime import tracing
 from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.alerts import every_seconds, operator_webhook_url
 from conveyor.runtime.clock import FleetClock
@@ -463,6 +464,7 @@ class Worker:
                  extra={"event": "worker_stopped", "run": self.opts.run_id})
         self._db.shutdown(wait=True)
         self._cpu.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(tracing.flush)  # spans still buffered leave before the process may exit
 
 
 def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:

@@ -27,7 +27,7 @@ TEXT_MAX = 200  # characters of a bytes output shown as text
 
 
 def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: str | None = None) -> dict[str, Any]:
-    """One item of a run: ``{"run_id", "item_key", "pipeline", "outcome", "meta", "source", "tasks"}`` (the
+    """One item of a run: ``{"run_id", "item_key", "pipeline", "outcome", "meta", "source", "trace_id", "tasks"}`` (the
     README's JSON output section names every field). ``item_key`` is a root item (its fan-out descendants'
     tasks come after its own) or a child (``doc.pdf¶3``: it and its descendants); ``stage`` keeps one stage."""
     run = find_run(store, run_id)
@@ -41,9 +41,14 @@ def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: 
     return {
         "run_id": run.run_id, "item_key": item.item_key, "pipeline": run.pipeline,
         "outcome": _outcome(store, run, root.root_key), "meta": json.loads(root.meta) if root.meta else None,
-        "source": {"digest": root.source_digest, "size": root.source_size},
+        "source": {"digest": root.source_digest, "size": root.source_size}, "trace_id": _trace_id(root),
         "tasks": _tasks(store, blobs, run.run_id, tasks),
     }
+
+
+def _trace_id(root: ItemRow) -> str | None:
+    """The id of the item's trace (runtime/tracing.py), to look it up in a tracing backend; None when untraced."""
+    return root.traceparent.split("-")[1] if root.traceparent else None
 
 
 def _item(store: SqlStore, run: RunRecord, item_key: str) -> ItemRow:

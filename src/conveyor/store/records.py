@@ -272,6 +272,8 @@ class ExpiredLease:
     lease_token: int
     lease_owner: str | None
     crashes: int
+    root_key: str = ""  # the item's root (its trace lives there: store/traces.py)
+    started_at: float | None = None  # when the attempt was claimed
 
 
 @dataclass(frozen=True)

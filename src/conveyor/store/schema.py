@@ -541,4 +541,13 @@ ALTER TABLE events ADD COLUMN webhook_url TEXT;
 ALTER TABLE events ADD COLUMN tenant TEXT;
 """,
     ),
+    (
+        15,
+        "traces: an item's trace context (W3C traceparent), stored with it when it is traced",
+        """
+-- NULL unless tracing was on when the item was admitted and the sampler kept it (runtime/tracing.py). Set on
+-- root items only: a fan-out child's attempts join its root's trace.
+ALTER TABLE items ADD COLUMN traceparent TEXT;
+""",
+    ),
 ]

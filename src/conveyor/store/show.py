@@ -25,6 +25,7 @@ class ItemRow(NamedTuple):
     source_digest: str | None
     source_size: int | None
     meta: str | None  # the manifest line's meta, as JSON text
+    traceparent: str | None = None  # its trace's root context, when it was traced (a root: store/traces.py)
 
 
 class ReplayedLetter(NamedTuple):
@@ -40,12 +41,12 @@ class ShowQueries:
     db: Dialect
 
     def item_row(self, run_id: str, item_key: str) -> ItemRow | None:
-        rows = self.db.execute("SELECT item_key, parent_key, root_key, source_digest, source_size, meta FROM items "
-                               "WHERE run_id = ? AND item_key = ?", (run_id, item_key))
+        rows = self.db.execute("SELECT item_key, parent_key, root_key, source_digest, source_size, meta, traceparent "
+                               "FROM items WHERE run_id = ? AND item_key = ?", (run_id, item_key))
         if not rows:
             return None
-        key, parent, root, digest, size, meta = rows[0]
-        return ItemRow(str(key), parent, str(root), digest, None if size is None else int(size), meta)
+        key, parent, root, digest, size, meta, traceparent = rows[0]
+        return ItemRow(str(key), parent, str(root), digest, None if size is None else int(size), meta, traceparent)
 
     def item_tasks(self, run_id: str, root_key: str, item_key: str, stage: str | None = None) -> list[SelectedTask]:
         """The tasks of ``item_key`` and of its fan-out descendants (one range of the (run, root, item, stage)

@@ -28,13 +28,14 @@ from conveyor.store.schema import MIGRATIONS
 from conveyor.store.selection import SelectionQueries
 from conveyor.store.show import ShowQueries
 from conveyor.store.tasks import TaskQueries
+from conveyor.store.traces import TraceQueries
 from conveyor.store.workers import WorkerQueries
 
 
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries, AlertQueries):
+               ProgressQueries, AlertQueries, TraceQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

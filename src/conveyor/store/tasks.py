@@ -410,7 +410,8 @@ class TaskQueries(RunTotalsQueries):
 
     def expired_leases(self, pipeline: str, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(
-            f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes
+            f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes,
+                root_key, started_at
             FROM tasks WHERE status = 'running' AND pipeline = ? AND lease_expires_at < ?
             ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",
             (pipeline, now, limit),

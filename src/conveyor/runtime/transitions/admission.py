@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from conveyor.runtime import tracing
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref
 from conveyor.store import NewItem
@@ -30,8 +31,12 @@ class Admission(Base):
         tasks, new_items, cached = x.plan(seeds, now, items)
         x.refuse_bad(tasks, run_id, bad, now)
         notices = self.stale_notices(x.take_stale(), now)
+        tracer = tracing.active()
+        traced = tracer.start_items(self.pipeline.name, run_id, [i.item_key for i in items], now) if tracer else None
         with self.store.transaction():
             self.store.insert_items(new_items)
+            if traced is not None and traced.traceparents:
+                self.store.set_item_traces(run_id, traced.traceparents)
             if metas:
                 self.store.set_item_meta(run_id, {key: json.dumps(meta, sort_keys=True) for key, meta in metas.items()})
             if base and replayed:
@@ -44,4 +49,6 @@ class Admission(Base):
                 self.store.insert_tasks(tasks)
             if notices:
                 self.store.add_notices(notices)
+        if traced is not None:
+            traced.end()  # the items exist: their root spans may be exported
         return cached, len(tasks.queued)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from conveyor.pipeline import Pipeline
+from conveyor.runtime import tracing
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Expander
 from conveyor.runtime.memo import refusal_ref
 from conveyor.runtime.provenance import encode
 from conveyor.store import ClaimedTask, NewOutput, Notice, SqlStore
+
+if TYPE_CHECKING:
+    from conveyor.runtime.spans import ItemTracer
+
+log = logging.getLogger("conveyor.transitions")
 
 
 class Base:
@@ -39,3 +48,14 @@ class Base:
         ref = refusal_ref(failure)
         return NewOutput(task.task_key, task.stage, ref.kind, ref.digest, ref.inline, ref.size, task.run_id, now,
                          self.memos[task.stage].code, encode(made_by))
+
+    def trace(self, what: str, record: Callable[[ItemTracer], int]) -> None:
+        """With tracing on, ``record`` the spans of what was just committed (runtime/spans.py). Tracing never
+        fails a transition, which is done already: spans that cannot be made are logged and left out."""
+        tracer = tracing.active()
+        if tracer is None:
+            return
+        try:
+            record(tracer)
+        except Exception:
+            log.warning("could not record the spans of %s", what, exc_info=True, extra={"event": "trace_failed"})

@@ -64,7 +64,9 @@ class Commits(JobEvents):
             with self.store.transaction():
                 fresh = self._write(writes, where)
                 self.stale_stages.update(n.stage for n in writes.notices)
-                return writes.counts, fresh, self._claim(claim, now, fresh)
+                claimed = self._claim(claim, now, fresh)
+            self._trace(outcomes, writes)
+            return writes.counts, fresh, claimed
         except (LeaseLost, MemoTaken):
             pass
         # Redo, inside one transaction, for the leases still held, and with the memo's answer for any key
@@ -79,7 +81,14 @@ class Commits(JobEvents):
             self._take_fresh(writes, claim, now)
             fresh = self._write(writes, where, memo_checked=False)
             self.stale_stages.update(n.stage for n in writes.notices)
-            return writes.counts, fresh, self._claim(claim, now, fresh)
+            claimed = self._claim(claim, now, fresh)
+        self._trace(outcomes, writes)
+        return writes.counts, fresh, claimed
+
+    def _trace(self, outcomes: Sequence[Outcome], w: Writes) -> None:
+        """A span for each attempt just committed, when tracing is on."""
+        self.trace(f"{len(outcomes)} attempts", lambda tracer: tracer.record_attempts(
+            self.store, self.pipeline.name, {o.task.id: o.task for o in outcomes}, [*w.attempts, *w.plain_attempts]))
 
     def _adopt_memo(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Outcomes whose own result lost a memo race take the memo's result instead."""

@@ -148,6 +148,9 @@ class Leases(JobEvents):
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()
         counts.update(requeued=len(requeue), dead_lettered=len(w.dead))
+        # A span for each attempt whose worker died, from its claim to this reclaim, when tracing is on.
+        self.trace(f"{len(expired)} reclaimed attempts",
+                   lambda tracer: tracer.record_reclaimed(self.store, self.pipeline.name, expired, now))
         return counts
 
     def _lease_budget(self, stage: str, recorded: int) -> int:

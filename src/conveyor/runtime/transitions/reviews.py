@@ -52,17 +52,19 @@ class Reviews(JobEvents):
                 done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
             if decision not in ("approved", "edited", "accepted") and not done:
                 raise ReviewTaken(entry.id)
-            attempt = AttemptRecord(
+            decided = AttemptRecord(
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
                 self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
-            self.store.insert_attempts([attempt])
+            self.store.insert_attempts([decided])
             totals = RunTally()
             totals.move(task.run_id, task.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
-            totals.attempts({task.id: task.stage}, [attempt])
+            totals.attempts({task.id: task.stage}, [decided])
             self.store.add_run_totals(totals)
             self._tell_job(task, decision, by, now)
             self._tally_decision(task.stage, decision)
             self.store.notify()
+        self.trace("a review decision", lambda tracer: tracer.record_attempts(
+            self.store, self.pipeline.name, {task.id: task}, [decided]))
         return queued
 
     def _tally_decision(self, stage: str, decision: str) -> None:
