@@ -152,9 +152,10 @@ def _some(outcomes: Mapping[str, int], names: Sequence[str]) -> bool:
     return any(outcomes.get(name) for name in names)
 
 
-def list_status(store: SqlStore, limit: int = 20, tenant: str | None = None) -> dict[str, Any]:
-    """The newest runs' ``run_status``."""
-    runs = store.list_runs(limit) if tenant is None else tenant_runs(store, tenant, limit)
+def list_status(store: SqlStore, limit: int = 20, tenant: str | None = None,
+                before: float | None = None) -> dict[str, Any]:
+    """The newest runs' ``run_status`` (those created before ``before``, when given: the next page)."""
+    runs = store.list_runs(limit, before) if tenant is None else tenant_runs(store, tenant, limit, before)
     return {"runs": [run_status(store, run) for run in runs]}
 
 
@@ -269,13 +270,19 @@ def all_unpriced(usage: dict[str, Any]) -> bool:
 
 def dlq_list(
     store: SqlStore, run_id: str | None = None, stage: str | None = None, error_class: str | None = None,
-    include_replayed: bool = False, limit: int = 1000, tenant: str | None = None,
+    include_replayed: bool = False, limit: int = 1000, tenant: str | None = None, after: int | None = None,
 ) -> dict[str, Any]:
+    """Dead letters by id (``after``: those after that id, the next page)."""
     if tenant is None:
-        entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit)
+        entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit, after)
     else:
-        entries = store.tenant_dead_letters(tenant, run_id, stage, error_class, include_replayed, limit)
+        entries = store.tenant_dead_letters(tenant, run_id, stage, error_class, include_replayed, limit, after)
     return {"entries": [e.as_json() for e in entries]}
+
+
+def dlq_classes(store: SqlStore, run_id: str, tenant: str | None = None) -> dict[str, int]:
+    """A run's dead letters not replayed yet, by error class."""
+    return store.dead_letter_classes(find_run(store, run_id, tenant).run_id)
 
 
 def dlq_show(store: SqlStore, dead_letter_id: int, tenant: str | None = None) -> dict[str, Any]:

@@ -49,13 +49,14 @@ def expire_due(store: SqlStore, now: float | None = None) -> dict[str, int]:
 
 def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
                 include_decided: bool = False, limit: int = 1000, now: float | None = None,
-                tenant: str | None = None) -> dict[str, Any]:
-    """The queue (``expired``: entries the deadlines just decided, store-wide, so a tenant is told none)."""
+                tenant: str | None = None, after: int | None = None) -> dict[str, Any]:
+    """The queue by id (``after``: the entries after that id, the next page; ``expired``: entries the
+    deadlines just decided, store-wide, so a tenant is told none)."""
     expired = expire_due(store, now)
     if tenant is None:
-        entries = store.reviews(run_id, stage, include_decided, limit)
+        entries = store.reviews(run_id, stage, include_decided, limit, after)
     else:
-        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit)
+        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit, after)
         expired = {}
     return {"reviews": [_summary(e) for e in entries], "expired": expired}
 

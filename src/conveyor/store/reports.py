@@ -243,13 +243,18 @@ class ReportQueries:
 
     def dead_letters(
         self, run_id: str | None, stage: str | None, error_class: str | None,
-        include_replayed: bool = False, limit: int = 1000,
+        include_replayed: bool = False, limit: int = 1000, after: int | None = None,
     ) -> list[DeadLetter]:
-        clauses, params = [], []
+        """Dead letters by id (those after id ``after``, when given: the next page)."""
+        clauses: list[str] = []
+        params: list[str | int] = []
         for column, value in (("run_id", run_id), ("stage", stage), ("error_class", error_class)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if after is not None:
+            clauses.append("id > ?")
+            params.append(after)
         if not include_replayed:
             clauses.append("replayed_at IS NULL")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
@@ -257,6 +262,13 @@ class ReportQueries:
             f"SELECT {DLQ_COLUMNS} FROM dead_letters {where} ORDER BY id LIMIT ?", (*params, limit)
         )
         return [DeadLetter(*r) for r in rows]
+
+    def dead_letter_classes(self, run_id: str) -> dict[str, int]:
+        """The run's dead letters not replayed yet, by error class (the (run_id, replayed_at) index)."""
+        rows = self.db.execute(
+            "SELECT error_class, COUNT(*) FROM dead_letters WHERE run_id = ? AND replayed_at IS NULL "
+            "GROUP BY error_class ORDER BY error_class", (run_id,))
+        return {str(r[0]): int(r[1]) for r in rows}
 
     def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
         rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE id = ?", (dead_letter_id,))
