@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check bench bench-providers bench-api bench-metrics soak clean
+.PHONY: setup test demo check bench bench-providers bench-api bench-metrics bench-dashboard soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench-api: setup
 
 bench-metrics: setup
 	PYTHONPATH=src $(BIN)/python bench/metrics.py
+
+bench-dashboard: setup
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/dashboard.py
 
 soak: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python -m pytest -q -m soak
