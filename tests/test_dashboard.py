@@ -59,6 +59,8 @@ def test_login_logout_and_the_redirect_to_login(server: Server) -> None:
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie  # plain http here
         page = b.get("/")
         assert page.status_code == 200 and "Log out" in page.text and "acme" in page.text
+        assert page.headers["x-frame-options"] == "DENY" and page.headers["cache-control"] == "no-store"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
 
         refused = b.post("/logout", data={})
         assert refused.status_code == 403 and "session check failed" in refused.text

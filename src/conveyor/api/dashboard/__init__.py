@@ -13,10 +13,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from conveyor.api.dashboard import actions, pages
+from conveyor.api.dashboard.session import local_secret
 
 
 def install(app: FastAPI) -> None:
     """Add the dashboard's pages, forms and static files to ``app``."""
+    app.state.dashboard_secret = local_secret()
     app.include_router(actions.router)
     app.include_router(pages.router)
     app.mount("/static/dashboard", StaticFiles(directory=str(files("conveyor.api.dashboard") / "static")),

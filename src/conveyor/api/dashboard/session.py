@@ -25,7 +25,6 @@ from conveyor.service.tokens import LOCAL, Caller, authenticate
 
 COOKIE = "conveyor_session"
 _CSRF_CONTEXT = b"conveyor dashboard csrf v1"
-_LOCAL_SECRET = secrets.token_bytes(32)  # --no-auth: the CSRF key of this process
 
 
 @dataclass(frozen=True)
@@ -46,19 +45,24 @@ class Viewer:
         return f"dashboard:{self.caller.tenant}"
 
 
-def csrf_for(token: str | None) -> str:
-    key = token.encode() if token else _LOCAL_SECRET
+def csrf_for(key: bytes) -> str:
+    """The CSRF value of a session keyed by ``key`` (its token; under --no-auth, the app's own secret)."""
     return hmac.new(key, _CSRF_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def local_secret() -> bytes:
+    """A fresh key for the CSRF values of ``--no-auth`` (made per app: a restart makes open forms stale)."""
+    return secrets.token_bytes(32)
 
 
 async def viewer(request: Request) -> Viewer:
     """The page's viewer (a FastAPI dependency): LoginNeeded without a valid session."""
     svc = services(request)
     if not svc.settings.auth:
-        found = Viewer(LOCAL, csrf_for(None))
+        found = Viewer(LOCAL, csrf_for(request.app.state.dashboard_secret))
     elif request.headers.get("authorization"):
         header = request.headers["authorization"]
-        found = Viewer(await svc.call(authenticate, header), csrf_for(header.partition(" ")[2].strip()))
+        found = Viewer(await svc.call(authenticate, header), csrf_for(header.partition(" ")[2].strip().encode()))
     else:
         found = await _from_cookie(request)
     request.state.viewer = found
@@ -76,7 +80,7 @@ async def _from_cookie(request: Request) -> Viewer:
         raise LoginNeeded(here, "revoked") from None
     except Unauthorized:
         raise LoginNeeded(here, "unknown") from None
-    return Viewer(caller, csrf_for(token), cookie=True)
+    return Viewer(caller, csrf_for(token.encode()), cookie=True)
 
 
 def _here(request: Request) -> str:
