@@ -193,31 +193,30 @@ def test_actions_need_the_csrf_value_and_do_what_the_api_does(server: Server) ->
     assert decided[approved] == ("approved", "dashboard:acme") and decided[rejected] == ("rejected", "dashboard:acme")
 
 
+def walk(b: httpx.Client, path: str | None, pattern: str) -> list[str]:
+    """Every match of ``pattern`` on a page and the pages after it (its rel="next" links)."""
+    seen: list[str] = []
+    while path is not None:
+        html = b.get(path).text
+        seen += re.findall(pattern, html)
+        found = re.search(r'rel="next" href="([^"]+)"', html)
+        path = found.group(1).replace("&amp;", "&") if found else None
+    return seen
+
+
 def test_every_list_is_paginated(server: Server) -> None:
     acme = server.token("acme")
     jobs = [submit(server, acme, f"unsure {n}", ("awaiting_review",)) for n in range(3)]
     poison = [submit(server, acme, f"poison {n}") for n in range(2)]
-    with browser(server, acme) as b:
-        seen: list[str] = []
-        path: str | None = "/?limit=2"
-        while path is not None:
-            html = b.get(path).text
-            seen += re.findall(r'<tr data-run="([^"]+)"', html)
-            found = re.search(r'rel="next" href="([^"]+)"', html)
-            path = found.group(1).replace("&amp;", "&") if found else None
-        assert seen == [*reversed(poison), *reversed(jobs)]  # newest first, each once
-
-        reviews: list[str] = []
-        path = "/reviews?limit=1"
-        while path is not None:
-            html = b.get(path).text
-            reviews += re.findall(r'data-review="(\d+)"', html)
-            found = re.search(r'rel="next" href="([^"]+)"', html)
-            path = found.group(1).replace("&amp;", "&") if found else None
-        assert len(reviews) == 3 and reviews == sorted(reviews, key=int)
-
-        assert b.get("/?limit=1000").status_code == 422  # a page is at most 100 rows
-        assert "less than or equal to 100" in b.get("/reviews?limit=101").text
+    newest_first = [*reversed(poison), *reversed(jobs)]
+    for token in (acme, server.token("ops", operator=True)):  # a tenant's runs, and every run
+        with browser(server, token) as b:
+            assert walk(b, "/?limit=2", r'<tr data-run="([^"]+)"') == newest_first  # each once
+            reviews = walk(b, "/reviews?limit=1", r'data-review="(\d+)"')
+            assert len(reviews) == 3 and reviews == sorted(reviews, key=int)
+            assert walk(b, f"/reviews?run={jobs[1]}&limit=1", r'data-review="(\d+)"') == [reviews[1]]
+            assert b.get("/?limit=1000").status_code == 422  # a page is at most 100 rows
+            assert "less than or equal to 100" in b.get("/reviews?limit=101").text
 
 
 def test_no_auth_opens_the_pages_without_login(tmp_path: Path, store_url: str) -> None:
@@ -229,3 +228,26 @@ def test_no_auth_opens_the_pages_without_login(tmp_path: Path, store_url: str) -
             assert b.get("/workers").status_code == 200
             page = b.get(f"/runs/{job}").text
             assert "Log out" not in page and 'data-stage="extract"' in page
+
+
+def test_a_runs_dead_letters_come_in_pages(tmp_path: Path, store_url: str) -> None:
+    from conveyor.service import dashboard
+    from tests.helpers import make_docs, submit_and_work
+
+    target = write_pipeline(tmp_path, PIPELINE)
+    docs = make_docs(tmp_path / "docs", 5, "poison {i}")
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    store = open_store(store_url)
+    try:
+        first = dashboard.dead_letters_page(store, run_id, None, None, limit=2)
+        assert first["classes"] == {"value_error": 5} and len(first["entries"]) == 2
+        seen = [e["id"] for e in first["entries"]]
+        after = first["next_after"]
+        while after is not None:
+            page = dashboard.dead_letters_page(store, run_id, None, None, limit=2, after=after)
+            seen += [e["id"] for e in page["entries"]]
+            after = page["next_after"]
+        assert len(seen) == 5 and seen == sorted(seen)
+        assert dashboard.dead_letters_page(store, run_id, None, "timeout", limit=2)["entries"] == []
+    finally:
+        store.close()

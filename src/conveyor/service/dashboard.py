@@ -123,8 +123,7 @@ def reviews_page(store: SqlStore, blobs: Blobs, tenant: str | None, run_id: str 
     entries = review.review_list(store, run_id, stage, False, limit + 1, None, tenant, after)["reviews"]
     shown = entries[:limit]
     for entry in shown:
-        candidate = review.review_show(store, blobs, entry["id"], tenant)["candidate"]
-        entry["preview"] = preview(candidate)
+        entry["preview"] = preview(review.review_candidate(store, blobs, entry["id"], tenant))
     return {"reviews": shown, "run": run_id, "stage": stage,
             "next_after": shown[-1]["id"] if len(entries) > limit else None}
 

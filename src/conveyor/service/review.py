@@ -67,6 +67,11 @@ def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | Non
                               "attempts": store.task_attempts(entry.task_id)}
 
 
+def review_candidate(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> Any:
+    """One entry's answer, as ``review_show`` gives it (``candidate``), without reading its attempts."""
+    return _candidate(_entry(store, review_id, tenant), blobs)
+
+
 def approve(store: SqlStore, blobs: Blobs, ids: Sequence[int], by: str | None = None, why: str | None = None,
             now: float | None = None, tenant: str | None = None) -> dict[str, Any]:
     """Accept candidates as they are; their items continue down the pipeline."""
