@@ -287,7 +287,7 @@ def dlq_classes(store: SqlStore, run_id: str, tenant: str | None = None) -> dict
 
 def dlq_show(store: SqlStore, dead_letter_id: int, tenant: str | None = None) -> dict[str, Any]:
     entry = _dead_letter(store, dead_letter_id, tenant)
-    return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
+    return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id, entry.run_id)}
 
 
 def _dead_letter(store: SqlStore, dead_letter_id: int, tenant: str | None) -> DeadLetter:

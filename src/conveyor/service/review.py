@@ -64,7 +64,7 @@ def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = 
 def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> dict[str, Any]:
     entry = _entry(store, review_id, tenant)
     return _summary(entry) | {"candidate": _candidate(entry, blobs), "edits": _json(entry.edits),
-                              "attempts": store.task_attempts(entry.task_id)}
+                              "attempts": store.task_attempts(entry.task_id, entry.run_id)}
 
 
 def review_candidate(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> Any:

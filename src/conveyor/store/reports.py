@@ -274,11 +274,14 @@ class ReportQueries:
         rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE id = ?", (dead_letter_id,))
         return DeadLetter(*rows[0]) if rows else None
 
-    def task_attempts(self, task_id: int) -> list[dict[str, Any]]:
+    def task_attempts(self, task_id: int, run_id: str | None = None) -> list[dict[str, Any]]:
+        """A task's attempts, oldest first; give its ``run_id`` to read them through the (run_id, task_id)
+        index (without it, every attempt row is read)."""
+        scope, params = ("run_id = ? AND ", (run_id, task_id)) if run_id is not None else ("", (task_id,))
         rows = self.db.execute(
-            """SELECT attempt, outcome, invoked, error_class, message, worker, lease_token, stage_version,
-            code_version, started_at, duration FROM attempts WHERE task_id = ? ORDER BY id""",
-            (task_id,),
+            f"""SELECT attempt, outcome, invoked, error_class, message, worker, lease_token, stage_version,
+            code_version, started_at, duration FROM attempts WHERE {scope}task_id = ? ORDER BY id""",
+            params,
         )
         keys = ("attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
                 "stage_version", "code_version", "started_at", "duration")
