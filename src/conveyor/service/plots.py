@@ -32,15 +32,15 @@ Point = tuple[float, float]
 
 
 def line_chart(series: Mapping[str, Sequence[Point]], *, title: str, y_label: str, x_is_time: bool = True,
-               width: int = 640, height: int = 220) -> str:
+               width: int = 640, height: int = 220, empty: str = EMPTY_TEXT) -> str:
     """Lines for named series of (x, y) points; x is epoch seconds (shown in UTC) when ``x_is_time``.
 
     Points that are not finite numbers are dropped; a series of one point is drawn as a dot; when no series
-    has a point the chart says "no data yet"."""
+    has a point the chart says ``empty`` ("no data yet")."""
     clean = {name: _finite_sorted(points) for name, points in series.items()}
     drawn = {name: points for name, points in clean.items() if points}
     if not drawn:
-        return _empty(title, y_label, width, height)
+        return _empty(title, y_label, width, height, empty)
     legend_rows = _legend_rows(list(clean), width)
     top, bottom = TITLE_H + 6, height - X_AXIS_H - LEGEND_ROW_H * len(legend_rows)
     xs = [x for points in drawn.values() for x, _ in points]
@@ -59,12 +59,13 @@ def line_chart(series: Mapping[str, Sequence[Point]], *, title: str, y_label: st
 
 
 def bar_chart(bars: Sequence[tuple[str, float]], *, title: str, y_label: str, width: int = 640,
-              height: int = 220) -> str:
+              height: int = 220, empty: str = EMPTY_TEXT) -> str:
     """One vertical bar per (label, value), in the order given, with the value above each bar; a label too
-    long for its slot is shortened with an ellipsis (the full text stays in the bar's tooltip)."""
+    long for its slot is shortened with an ellipsis (the full text stays in the bar's tooltip); no bar: the
+    chart says ``empty``."""
     clean = [(label, value) for label, value in bars if math.isfinite(value)]
     if not clean:
-        return _empty(title, y_label, width, height)
+        return _empty(title, y_label, width, height, empty)
     top, bottom = TITLE_H + 14, height - X_AXIS_H
     values = [value for _, value in clean]
     y_ticks = nice_ticks(min(0.0, min(values)), max(0.0, max(values)))
@@ -122,13 +123,13 @@ def _title(title: str, width: int) -> str:
             f'{escape(_fit(title, (width - LEFT) / 7.2))}</text>')
 
 
-def _empty(title: str, y_label: str, width: int, height: int) -> str:
+def _empty(title: str, y_label: str, width: int, height: int, text: str) -> str:
     return "\n".join([
-        _open(title, f"{y_label}: {EMPTY_TEXT}", width, height), _title(title, width),
+        _open(title, f"{y_label}: {text}", width, height), _title(title, width),
         f'<rect class="cv-frame" x="{LEFT}" y="{TITLE_H + 6}" width="{width - LEFT - RIGHT}" '
         f'height="{max(1, height - TITLE_H - 6 - X_AXIS_H)}" fill="none" stroke="#e5e7eb"/>',
         f'<text class="cv-empty" x="{_px((LEFT + width - RIGHT) / 2)}" y="{_px((TITLE_H + height - X_AXIS_H) / 2)}" '
-        f'text-anchor="middle" font-size="12" fill="#6b7280">{EMPTY_TEXT}</text>',
+        f'text-anchor="middle" font-size="12" fill="#6b7280">{escape(_fit(text, (width - LEFT) / 6.8))}</text>',
         "</svg>"])
 
 
@@ -182,10 +183,12 @@ def _number_axis(frame: _Frame) -> list[str]:
 
 
 def _x_tick(frame: _Frame, value: float, label: str) -> str:
+    """A tick and its label; a label that would run past the right edge ends at its tick instead."""
     x = _px(frame.x(value))
+    anchor = "end" if frame.x(value) + len(label) * CHAR_W / 2 > frame.right + RIGHT else "middle"
     return (f'<line class="cv-tick cv-x-tick" x1="{x}" y1="{_px(frame.bottom)}" x2="{x}" y2="{_px(frame.bottom + 4)}" '
             f'stroke="#9ca3af"/>\n<text class="cv-tick-label cv-x-tick-label" x="{x}" y="{_px(frame.bottom + 16)}" '
-            f'text-anchor="middle" font-size="11" fill="#4b5563">{escape(label)}</text>')
+            f'text-anchor="{anchor}" font-size="11" fill="#4b5563">{escape(label)}</text>')
 
 
 def _x_caption(frame: _Frame, text: str) -> str:
