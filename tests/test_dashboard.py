@@ -155,9 +155,11 @@ def test_actions_need_the_csrf_value_and_do_what_the_api_does(server: Server) ->
         done = b.post(replay, data={"csrf": csrf(dead)})
         assert done.status_code == 303 and done.headers["location"].endswith("?replayed=1")
         assert "Replayed 1 dead letter" in b.get(done.headers["location"]).text
+        assert server.wait_for(acme, poison, FINAL)["status"] == "dead_lettered"  # still poison
         again = b.post(replay, data={"csrf": csrf(dead)})
         assert again.status_code == 409 and "replayed already" in again.text
-        assert server.wait_for(acme, poison, FINAL)["status"] == "dead_lettered"  # still poison
+        with server.client(acme) as api:  # a replay that replays nothing leaves the ended job ended
+            assert api.get(f"/v1/jobs/{poison}").json()["status"] == "dead_lettered"
         by_class = b.post(f"/runs/{poison}/dead-letters/replay",
                           data={"csrf": csrf(dead), "error_class": "value_error"})
         assert by_class.status_code == 303 and "replayed=" in by_class.headers["location"]

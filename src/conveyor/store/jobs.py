@@ -207,13 +207,16 @@ class JobQueries:
             reopened += ids
         return reopened
 
-    def runs_of_dead_letters(self, ids: Sequence[int]) -> set[str]:
-        """The runs these dead letters belong to (a replay re-opens their jobs)."""
+    def runs_of_dead_letters(self, ids: Sequence[int], replayed_at: float | None = None) -> set[str]:
+        """The runs these dead letters belong to (a replay re-opens their jobs); with ``replayed_at``, only
+        those of the dead letters replayed then (the ones a replay just queued again, not those replayed
+        before, whose jobs may have ended since)."""
         runs: set[str] = set()
+        when, at = ("AND replayed_at = ?", [replayed_at]) if replayed_at is not None else ("", [])
         for part in chunks(list(ids), 500):
             marks = ",".join("?" * len(part))
             runs.update(str(r[0]) for r in self.db.execute(
-                f"SELECT DISTINCT run_id FROM dead_letters WHERE id IN ({marks})", part))
+                f"SELECT DISTINCT run_id FROM dead_letters WHERE id IN ({marks}) {when}", [*part, *at]))
         return runs
 
     def unfinished_batches(self, limit: int) -> list[JobRow]:
