@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from conveyor import __version__
-from conveyor.api import alerts, batches, jobs, metrics, operations, problems, webhooks, workers
+from conveyor.api import alerts, batches, dashboard, jobs, metrics, operations, problems, webhooks, workers
 from conveyor.api.context import Services
 from conveyor.api.openapi import document
 from conveyor.api.relay import Relay
@@ -58,6 +58,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
     app.include_router(workers.router)
     app.include_router(alerts.router)
     metrics.install(app, svc)
+    dashboard.install(app)  # the pages at /, after the API's routes
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, Any]:

@@ -39,7 +39,8 @@ def serve(
     no_relay: Annotated[bool, typer.Option("--no-relay", help="deliver no webhooks from this process")] = False,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
 ) -> None:
-    """Serve the HTTP API (see the README's "HTTP API"): submit jobs, follow them, review, replay."""
+    """Serve the HTTP API (see the README's "HTTP API"): submit jobs, follow them, review, replay; and the
+    dashboard's pages at / (the README's "Dashboard")."""
     try:
         import uvicorn
 
@@ -62,7 +63,8 @@ def serve(
         typer.echo("warning: --no-auth: every request is served as the one local user, with no token; "
                    "do not expose this server to other people", err=True)
     typer.echo(f"conveyor serving {', '.join(sorted(api.state.services.pipelines)) or 'no pipeline'} on "
-               f"http://{host}:{port} ({workers} worker(s) per pipeline)", err=True)
+               f"http://{host}:{port} ({workers} worker(s) per pipeline); the dashboard is at http://{host}:{port}/",
+               err=True)
     uvicorn.run(api, host=host, port=port, log_level=os.environ.get("CONVEYOR_LOG", "warning").lower(),
                 timeout_graceful_shutdown=5)
 

@@ -152,9 +152,10 @@ def _some(outcomes: Mapping[str, int], names: Sequence[str]) -> bool:
     return any(outcomes.get(name) for name in names)
 
 
-def list_status(store: SqlStore, limit: int = 20, tenant: str | None = None) -> dict[str, Any]:
-    """The newest runs' ``run_status``."""
-    runs = store.list_runs(limit) if tenant is None else tenant_runs(store, tenant, limit)
+def list_status(store: SqlStore, limit: int = 20, tenant: str | None = None,
+                before: float | None = None) -> dict[str, Any]:
+    """The newest runs' ``run_status`` (those created before ``before``, when given: the next page)."""
+    runs = store.list_runs(limit, before) if tenant is None else tenant_runs(store, tenant, limit, before)
     return {"runs": [run_status(store, run) for run in runs]}
 
 
@@ -220,8 +221,7 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     counts = store.task_counts(run.run_id)
     status = run_status(store, run, counts=counts)
     status["stage_activity"] = stage_activity(store, run, counts)
-    outcomes = _outcomes(store, run, RunGraph.of(run), _settled(run, status))
-    outcomes.pop("missing", None)
+    outcomes = outcomes_of(store, run, status)
     status["outcomes"] = outcomes
     status["unaccounted"] = status["expected"] - sum(outcomes.values())
     status["usage"] = status["usage"] | _per_accepted_item(status["usage"], outcomes)
@@ -237,6 +237,19 @@ def quota_report(store: SqlStore) -> dict[str, Any]:
 
     window = window_seconds()
     return {"window_s": window, "models": store.quota_usage(window)}
+
+
+def outcomes_of(store: SqlStore, run: RunRecord, status: dict[str, Any]) -> dict[str, int]:
+    """Items by outcome as ``reconcile`` counts them (``status``: the run's ``run_status``); reads every item
+    of an unsettled run."""
+    outcomes = _outcomes(store, run, RunGraph.of(run), _settled(run, status))
+    outcomes.pop("missing", None)
+    return outcomes
+
+
+def per_accepted_item_usage(usage: dict[str, Any], accepted: int) -> dict[str, Any]:
+    """``usage`` per accepted item (``_per_accepted_item``) for a count of accepted items known otherwise."""
+    return _per_accepted_item(usage, {"accepted": accepted})
 
 
 def _per_accepted_item(usage: dict[str, Any], outcomes: dict[str, int]) -> dict[str, Any]:
@@ -269,18 +282,24 @@ def all_unpriced(usage: dict[str, Any]) -> bool:
 
 def dlq_list(
     store: SqlStore, run_id: str | None = None, stage: str | None = None, error_class: str | None = None,
-    include_replayed: bool = False, limit: int = 1000, tenant: str | None = None,
+    include_replayed: bool = False, limit: int = 1000, tenant: str | None = None, after: int | None = None,
 ) -> dict[str, Any]:
+    """Dead letters by id (``after``: those after that id, the next page)."""
     if tenant is None:
-        entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit)
+        entries = store.dead_letters(run_id, stage, error_class, include_replayed, limit, after)
     else:
-        entries = store.tenant_dead_letters(tenant, run_id, stage, error_class, include_replayed, limit)
+        entries = store.tenant_dead_letters(tenant, run_id, stage, error_class, include_replayed, limit, after)
     return {"entries": [e.as_json() for e in entries]}
+
+
+def dlq_classes(store: SqlStore, run_id: str, tenant: str | None = None) -> dict[str, int]:
+    """A run's dead letters not replayed yet, by error class."""
+    return store.dead_letter_classes(find_run(store, run_id, tenant).run_id)
 
 
 def dlq_show(store: SqlStore, dead_letter_id: int, tenant: str | None = None) -> dict[str, Any]:
     entry = _dead_letter(store, dead_letter_id, tenant)
-    return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id)}
+    return entry.as_json() | {"attempt_history": store.task_attempts(entry.task_id, entry.run_id)}
 
 
 def _dead_letter(store: SqlStore, dead_letter_id: int, tenant: str | None) -> DeadLetter:

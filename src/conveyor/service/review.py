@@ -49,13 +49,14 @@ def expire_due(store: SqlStore, now: float | None = None) -> dict[str, int]:
 
 def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
                 include_decided: bool = False, limit: int = 1000, now: float | None = None,
-                tenant: str | None = None) -> dict[str, Any]:
-    """The queue (``expired``: entries the deadlines just decided, store-wide, so a tenant is told none)."""
+                tenant: str | None = None, after: int | None = None) -> dict[str, Any]:
+    """The queue by id (``after``: the entries after that id, the next page; ``expired``: entries the
+    deadlines just decided, store-wide, so a tenant is told none)."""
     expired = expire_due(store, now)
     if tenant is None:
-        entries = store.reviews(run_id, stage, include_decided, limit)
+        entries = store.reviews(run_id, stage, include_decided, limit, after)
     else:
-        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit)
+        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit, after)
         expired = {}
     return {"reviews": [_summary(e) for e in entries], "expired": expired}
 
@@ -63,7 +64,12 @@ def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = 
 def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> dict[str, Any]:
     entry = _entry(store, review_id, tenant)
     return _summary(entry) | {"candidate": _candidate(entry, blobs), "edits": _json(entry.edits),
-                              "attempts": store.task_attempts(entry.task_id)}
+                              "attempts": store.task_attempts(entry.task_id, entry.run_id)}
+
+
+def review_candidate(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> Any:
+    """One entry's answer, as ``review_show`` gives it (``candidate``), without reading its attempts."""
+    return _candidate(_entry(store, review_id, tenant), blobs)
 
 
 def approve(store: SqlStore, blobs: Blobs, ids: Sequence[int], by: str | None = None, why: str | None = None,

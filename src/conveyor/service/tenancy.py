@@ -14,7 +14,7 @@ def visible(store: SqlStore, tenant: str | None, run_id: str) -> bool:
     return job is not None and job.tenant == tenant
 
 
-def tenant_runs(store: SqlStore, tenant: str, limit: int) -> list[RunRecord]:
-    """The runs of ``tenant``'s jobs, newest first."""
-    runs = (store.get_run(job.job_id) for job in store.list_jobs(tenant, limit))
+def tenant_runs(store: SqlStore, tenant: str, limit: int, before: float | None = None) -> list[RunRecord]:
+    """The runs of ``tenant``'s jobs, newest first (those made before ``before``, when given)."""
+    runs = (store.get_run(job.job_id) for job in store.list_jobs(tenant, limit, before))
     return [run for run in runs if run is not None]

@@ -208,13 +208,16 @@ class JobQueries:
             reopened += ids
         return reopened
 
-    def runs_of_dead_letters(self, ids: Sequence[int]) -> set[str]:
-        """The runs these dead letters belong to (a replay re-opens their jobs)."""
+    def runs_of_dead_letters(self, ids: Sequence[int], replayed_at: float | None = None) -> set[str]:
+        """The runs these dead letters belong to (a replay re-opens their jobs); with ``replayed_at``, only
+        those of the dead letters replayed then (the ones a replay just queued again, not those replayed
+        before, whose jobs may have ended since)."""
         runs: set[str] = set()
+        when, at = ("AND replayed_at = ?", [replayed_at]) if replayed_at is not None else ("", [])
         for part in chunks(list(ids), 500):
             marks = ",".join("?" * len(part))
             runs.update(str(r[0]) for r in self.db.execute(
-                f"SELECT DISTINCT run_id FROM dead_letters WHERE id IN ({marks})", part))
+                f"SELECT DISTINCT run_id FROM dead_letters WHERE id IN ({marks}) {when}", [*part, *at]))
         return runs
 
     def unfinished_batches(self, limit: int) -> list[JobRow]:
@@ -320,9 +323,9 @@ class JobQueries:
     # --- what a tenant sees: the runs of its own jobs -------------------------
 
     def tenant_reviews(self, tenant: str, run_id: str | None, stage: str | None, include_decided: bool,
-                       limit: int) -> list[ReviewEntry]:
+                       limit: int, after: int | None = None) -> list[ReviewEntry]:
         """Review entries of ``tenant``'s jobs, as ``reviews()`` lists them."""
-        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage)))
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage)), after)
         if not include_decided:
             clauses.append("decided_at IS NULL")
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE {' AND '.join(clauses)} ORDER BY id "
@@ -330,9 +333,10 @@ class JobQueries:
         return [ReviewEntry(*r) for r in rows]
 
     def tenant_dead_letters(self, tenant: str, run_id: str | None, stage: str | None, error_class: str | None,
-                            include_replayed: bool, limit: int) -> list[DeadLetter]:
+                            include_replayed: bool, limit: int, after: int | None = None) -> list[DeadLetter]:
         """Dead letters of ``tenant``'s jobs, as ``dead_letters()`` lists them."""
-        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage), ("error_class", error_class)))
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage), ("error_class", error_class)),
+                                    after)
         if not include_replayed:
             clauses.append("replayed_at IS NULL")
         rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE {' AND '.join(clauses)} ORDER BY id "
@@ -349,9 +353,11 @@ class JobQueries:
         return bool(rows)
 
 
-def _narrowed(tenant: str, filters: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[Any]]:
-    """WHERE clauses (and their parameters) for the rows of ``tenant``'s runs matching the given ``filters``."""
-    clauses, params = _given([(f"{column} = ?", value) for column, value in filters])
+def _narrowed(tenant: str, filters: Sequence[tuple[str, str | None]],
+              after: int | None = None) -> tuple[list[str], list[Any]]:
+    """WHERE clauses (and their parameters) for the rows of ``tenant``'s runs matching the given ``filters``
+    (with ids after ``after``, when given)."""
+    clauses, params = _given([*((f"{column} = ?", value) for column, value in filters), ("id > ?", after)])
     return ["run_id IN (SELECT job_id FROM jobs WHERE tenant = ?)", *clauses], [tenant, *params]
 
 

@@ -236,13 +236,18 @@ class ReportQueries(RunTotalsQueries):
 
     def dead_letters(
         self, run_id: str | None, stage: str | None, error_class: str | None,
-        include_replayed: bool = False, limit: int = 1000,
+        include_replayed: bool = False, limit: int = 1000, after: int | None = None,
     ) -> list[DeadLetter]:
-        clauses, params = [], []
+        """Dead letters by id (those after id ``after``, when given: the next page)."""
+        clauses: list[str] = []
+        params: list[str | int] = []
         for column, value in (("run_id", run_id), ("stage", stage), ("error_class", error_class)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if after is not None:
+            clauses.append("id > ?")
+            params.append(after)
         if not include_replayed:
             clauses.append("replayed_at IS NULL")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
@@ -251,15 +256,25 @@ class ReportQueries(RunTotalsQueries):
         )
         return [DeadLetter(*r) for r in rows]
 
+    def dead_letter_classes(self, run_id: str) -> dict[str, int]:
+        """The run's dead letters not replayed yet, by error class (the (run_id, replayed_at) index)."""
+        rows = self.db.execute(
+            "SELECT error_class, COUNT(*) FROM dead_letters WHERE run_id = ? AND replayed_at IS NULL "
+            "GROUP BY error_class ORDER BY error_class", (run_id,))
+        return {str(r[0]): int(r[1]) for r in rows}
+
     def dead_letter(self, dead_letter_id: int) -> DeadLetter | None:
         rows = self.db.execute(f"SELECT {DLQ_COLUMNS} FROM dead_letters WHERE id = ?", (dead_letter_id,))
         return DeadLetter(*rows[0]) if rows else None
 
-    def task_attempts(self, task_id: int) -> list[dict[str, Any]]:
+    def task_attempts(self, task_id: int, run_id: str | None = None) -> list[dict[str, Any]]:
+        """A task's attempts, oldest first; give its ``run_id`` to read them through the (run_id, task_id)
+        index (without it, every attempt row is read)."""
+        scope, params = ("run_id = ? AND ", (run_id, task_id)) if run_id is not None else ("", (task_id,))
         rows = self.db.execute(
-            """SELECT attempt, outcome, invoked, error_class, message, worker, lease_token, stage_version,
-            code_version, started_at, duration FROM attempts WHERE task_id = ? ORDER BY id""",
-            (task_id,),
+            f"""SELECT attempt, outcome, invoked, error_class, message, worker, lease_token, stage_version,
+            code_version, started_at, duration FROM attempts WHERE {scope}task_id = ? ORDER BY id""",
+            params,
         )
         keys = ("attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
                 "stage_version", "code_version", "started_at", "duration")

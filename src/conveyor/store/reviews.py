@@ -133,12 +133,17 @@ class ReviewQueries:
     # --- reading the queue ----------------------------------------------------------------------------
 
     def reviews(self, run_id: str | None = None, stage: str | None = None, include_decided: bool = False,
-                limit: int = 1000) -> list[ReviewEntry]:
-        clauses, params = ([] if include_decided else ["decided_at IS NULL"]), []
+                limit: int = 1000, after: int | None = None) -> list[ReviewEntry]:
+        """Review entries by id (those after id ``after``, when given: the next page)."""
+        clauses: list[str] = [] if include_decided else ["decided_at IS NULL"]
+        params: list[str | int] = []
         for column, value in (("run_id", run_id), ("stage", stage)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if after is not None:
+            clauses.append("id > ?")
+            params.append(after)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews {where} ORDER BY id LIMIT ?", (*params, limit))
         return [ReviewEntry(*r) for r in rows]

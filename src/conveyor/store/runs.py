@@ -52,8 +52,13 @@ class RunQueries:
         rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return _run(rows[0]) if rows else None
 
-    def list_runs(self, limit: int = 20) -> list[RunRecord]:
-        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+    def list_runs(self, limit: int = 20, before: float | None = None) -> list[RunRecord]:
+        """The newest runs (created before ``before``, when given: the next page), newest first."""
+        if before is None:
+            rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        else:
+            rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE created_at < ? ORDER BY created_at DESC "
+                                   "LIMIT ?", (before, limit))
         return [_run(r) for r in rows]
 
     # --- the submission's heartbeat -------------------------------------------

@@ -1,0 +1,25 @@
+"""The dashboard: server-rendered pages at ``/`` over the same service functions and tokens as the API.
+
+Pages (GET): ``/`` runs, ``/runs/{run_id}``, ``/runs/{run_id}/dead-letters``, ``/runs/{run_id}/items/{item_key}``,
+``/reviews``, ``/reviews/{review_id}``, ``/workers``; ``/login`` and ``/logout``; ``/static/dashboard/`` its
+stylesheet and script. No front-end build step: Jinja templates and one small plain-JavaScript file.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from conveyor.api.dashboard import actions, pages
+from conveyor.api.dashboard.session import local_secret
+
+
+def install(app: FastAPI) -> None:
+    """Add the dashboard's pages, forms and static files to ``app``."""
+    app.state.dashboard_secret = local_secret()
+    app.include_router(actions.router)
+    app.include_router(pages.router)
+    app.mount("/static/dashboard", StaticFiles(directory=str(files("conveyor.api.dashboard") / "static")),
+              name="dashboard-static")

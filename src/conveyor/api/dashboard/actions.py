@@ -1,0 +1,131 @@
+"""The dashboard's forms (POST): log in and out, replay dead letters, decide review entries.
+
+Each action needs the session's CSRF value and calls the service function its API endpoint calls, with the
+same tenant rules (another tenant's entry is 404); a decision or replay is recorded as by
+``dashboard:<tenant>``. The browser is then sent back to the page it came from (303), told what was done
+through a query parameter of fixed meaning (``?replayed=N``, ``?decided=approved&id=N``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from conveyor.api.context import Svc, services
+from conveyor.api.dashboard.render import PageRoute, page
+from conveyor.api.dashboard.session import (
+    Viewer,
+    check_csrf,
+    clear_session,
+    safe_next,
+    set_session,
+    viewer,
+)
+from conveyor.api.operations import Name, RowId
+from conveyor.errors import Unauthorized
+from conveyor.service import report, review
+from conveyor.service.tokens import authenticate
+from conveyor.store import SqlStore
+
+router = APIRouter(route_class=PageRoute, include_in_schema=False)
+TEXT = r"^[^\x00]*$"
+Who = Annotated[Viewer, Depends(viewer)]
+Csrf = Annotated[str | None, Form(max_length=200)]
+Why = Annotated[str, Form(max_length=10_000, pattern=TEXT)]
+Next = Annotated[str | None, Form(max_length=2000)]
+LOGIN_REASONS = {"revoked": "That token was revoked; log in with another.",
+                 "unknown": "Your session's token is no longer known; log in again."}
+
+
+# --- login -----------------------------------------------------------------------------------------------
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request, next: Annotated[str | None, Query(max_length=2000)] = None,
+                     reason: Annotated[str | None, Query(max_length=20)] = None) -> Response:
+    if not services(request).settings.auth:
+        return RedirectResponse(safe_next(next), status_code=303)
+    return page(request, "login.html", next=safe_next(next), message=LOGIN_REASONS.get(reason or ""))
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, svc: Svc, token: Annotated[str, Form(max_length=500)], next: Next = None) -> Response:
+    """Check the token; a good one is set as the session cookie."""
+    token = token.strip()
+    try:
+        await svc.call(authenticate, f"Bearer {token}")
+    except Unauthorized as exc:
+        return page(request, "login.html", status=401, next=safe_next(next), message=str(exc))
+    response = RedirectResponse(safe_next(next), status_code=303)
+    set_session(request, response, token)
+    return response
+
+
+@router.post("/logout")
+async def logout(who: Who, csrf: Csrf = None) -> Response:
+    check_csrf(who, csrf)
+    response = RedirectResponse("/login", status_code=303)
+    clear_session(response)
+    return response
+
+
+# --- dead letters ----------------------------------------------------------------------------------------
+
+@router.post("/runs/{run_id}/dead-letters/{dead_letter_id}/replay")
+async def replay_dead_letter(run_id: Name, dead_letter_id: RowId, svc: Svc, who: Who, csrf: Csrf = None) -> Response:
+    """Queue one dead letter's task again (``dlq_replay_entry``, as ``POST /v1/dead-letters/{id}/replay``)."""
+    check_csrf(who, csrf)
+    done = await svc.call(report.dlq_replay_entry, dead_letter_id, f"replayed from the dashboard by {who.by}",
+                          who.tenant)
+    return _back(f"/runs/{quote(run_id, safe='')}/dead-letters", replayed=done["replayed"])
+
+
+@router.post("/runs/{run_id}/dead-letters/replay")
+async def replay_class(run_id: Name, svc: Svc, who: Who, csrf: Csrf = None,
+                       error_class: Annotated[str | None, Form(max_length=1000, pattern=TEXT)] = None) -> Response:
+    """Queue again every dead letter of the run (of ``error_class``, when given) not replayed yet."""
+    check_csrf(who, csrf)
+    done = await svc.call(_replay_class, run_id, error_class or None, who)
+    return _back(f"/runs/{quote(run_id, safe='')}/dead-letters", replayed=done["replayed"])
+
+
+def _replay_class(store: SqlStore, run_id: str, error_class: str | None, who: Viewer) -> dict[str, object]:
+    run = report.find_run(store, run_id, who.tenant)  # a tenant replays its own runs only
+    reason = f"replayed from the dashboard by {who.by}" + (f" (error class {error_class})" if error_class else "")
+    return report.dlq_replay(store, [], reason, run_id=run.run_id, error_class=error_class)
+
+
+# --- the review queue ------------------------------------------------------------------------------------
+
+@router.post("/reviews/{review_id}/approve")
+async def approve(review_id: RowId, svc: Svc, who: Who, csrf: Csrf = None, why: Annotated[str | None, Form(
+        max_length=10_000, pattern=TEXT)] = None, next: Next = None) -> Response:
+    check_csrf(who, csrf)
+    await svc.call(review.approve, svc.blobs, [review_id], who.by, why or None, None, who.tenant)
+    return _back(safe_next(next or "/reviews"), decided="approved", id=review_id)
+
+
+@router.post("/reviews/{review_id}/edit")
+async def edit(review_id: RowId, svc: Svc, who: Who,
+               fields: Annotated[str, Form(min_length=1, max_length=1_000_000, pattern=TEXT)], csrf: Csrf = None,
+               why: Annotated[str | None, Form(max_length=10_000, pattern=TEXT)] = None) -> Response:
+    """Accept the answer with the edited fields (a JSON object merged over it, checked by the stage's schema)."""
+    check_csrf(who, csrf)
+    await svc.call(review.edit, svc.blobs, review_id, fields, who.by, why or None, None, who.tenant)
+    return _back("/reviews", decided="edited", id=review_id)
+
+
+@router.post("/reviews/{review_id}/reject")
+async def reject(review_id: RowId, svc: Svc, who: Who, why: Why, csrf: Csrf = None, next: Next = None) -> Response:
+    check_csrf(who, csrf)
+    await svc.call(review.reject, [review_id], why, who.by, None, who.tenant)
+    return _back(safe_next(next or "/reviews"), decided="rejected", id=review_id)
+
+
+def _back(path: str, **told: object) -> RedirectResponse:
+    """To ``path`` (a page of this site), telling it what was done."""
+    base, _, query = path.partition("?")
+    kept = [part for part in query.split("&") if part and part.split("=")[0] not in {*told, "fragment"}]
+    return RedirectResponse(f"{base}?{'&'.join([*kept, urlencode(told)])}", status_code=303)

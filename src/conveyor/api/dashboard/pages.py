@@ -1,0 +1,98 @@
+"""The dashboard's pages (GET): runs, one run, its dead letters, the review queue, one review, one item's
+journey, the workers. Each is one call of service/dashboard.py in the thread pool, rendered by a template; a
+page with a ``live`` block is refreshed every 2 s by static/dashboard.js through ``?fragment=1``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from conveyor.api.context import Svc
+from conveyor.api.dashboard.render import PageRoute, page
+from conveyor.api.dashboard.session import Viewer, viewer
+from conveyor.api.operations import Name, RowId
+from conveyor.errors import Forbidden
+from conveyor.service import dashboard
+from conveyor.service.progress import AGE_CAP
+from conveyor.service.workers import list_workers
+
+router = APIRouter(route_class=PageRoute, include_in_schema=False)
+TEXT = r"^[^\x00]*$"
+Who = Annotated[Viewer, Depends(viewer)]
+Limit = Annotated[int, Query(ge=1, le=dashboard.MAX_PAGE)]
+After = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
+Before = Annotated[float | None, Query(ge=0)]
+Filter = Annotated[str | None, Query(min_length=1, max_length=1000, pattern=TEXT)]
+Decided = Annotated[Literal["approved", "edited", "rejected"] | None, Query()]
+Count = Annotated[int | None, Query(ge=0)]
+WORKERS_SHOWN = 500
+
+
+@router.get("/", response_class=HTMLResponse)
+async def runs(request: Request, svc: Svc, who: Who, before: Before = None, limit: Limit = 20) -> HTMLResponse:
+    """The newest runs with their accepted and published items of expected; ``?before=`` pages on."""
+    data = await svc.call(dashboard.runs_page, who.tenant, limit, before)
+    live = any(r["status"] != "finished" for r in data["runs"])
+    return page(request, "runs.html", data=data, live=live, limit=limit)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run(request: Request, run_id: Name, svc: Svc, who: Who) -> HTMLResponse:
+    """One run: per-stage counts, queued ages, outcomes (runs of up to 20,000 items), throughput and cost over
+    time."""
+    data = await svc.call(dashboard.run_page, run_id, who.tenant)
+    return page(request, "run.html", run=data, live=data["status"] != "finished", age_cap=AGE_CAP)
+
+
+@router.get("/runs/{run_id}/dead-letters", response_class=HTMLResponse)
+async def dead_letters(request: Request, run_id: Name, svc: Svc, who: Who, error_class: Filter = None,
+                       after: After = None, limit: Limit = 50, replayed: Count = None) -> HTMLResponse:
+    """A run's dead letters by error class, with a Replay button per entry and per class."""
+    data = await svc.call(dashboard.dead_letters_page, run_id, who.tenant, error_class, limit, after)
+    return page(request, "dead_letters.html", data=data, limit=limit, replayed=replayed)
+
+
+@router.get("/runs/{run_id}/items", response_class=HTMLResponse)
+async def find_item(run_id: Name, key: Annotated[str, Query(min_length=1, max_length=1000, pattern=TEXT)],
+                    who: Who) -> RedirectResponse:
+    """The run page's "find an item" box: to that item's page."""
+    from urllib.parse import quote
+
+    return RedirectResponse(f"/runs/{quote(run_id, safe='')}/items/{quote(key, safe='')}", status_code=303)
+
+
+@router.get("/runs/{run_id}/items/{item_key:path}", response_class=HTMLResponse)
+async def item(request: Request, run_id: Name, item_key: str, svc: Svc, who: Who,
+               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> HTMLResponse:
+    """One item's journey: its tasks stage by stage, their attempts, provenance and outputs."""
+    data = await svc.call(dashboard.item_page, svc.blobs, run_id, item_key, who.tenant, offset)
+    return page(request, "item.html", item=data)
+
+
+@router.get("/reviews", response_class=HTMLResponse)
+async def reviews(request: Request, svc: Svc, who: Who, run: Filter = None, stage: Filter = None,
+                  after: After = None, limit: Limit = 20, decided: Decided = None, id: Count = None) -> HTMLResponse:
+    """The open review queue with Approve, Edit and Reject per entry."""
+    data = await svc.call(dashboard.reviews_page, svc.blobs, who.tenant, run, stage, limit, after)
+    return page(request, "reviews.html", data=data, limit=limit, decided=decided, decided_id=id)
+
+
+@router.get("/reviews/{review_id}", response_class=HTMLResponse)
+async def review(request: Request, review_id: RowId, svc: Svc, who: Who) -> HTMLResponse:
+    """One entry: its whole answer in a text area to edit, its attempts, and the three decisions."""
+    data = await svc.call(dashboard.review_page, svc.blobs, review_id, who.tenant)
+    return page(request, "review.html", entry=data)
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers(request: Request, svc: Svc, who: Who,
+                  every: Annotated[bool, Query(alias="all")] = False) -> HTMLResponse:
+    """The fleet (operators only, as ``GET /v1/workers``)."""
+    if not who.caller.operator:
+        raise Forbidden("the workers are an operator's view; log in with an operator token")
+    data = await svc.call(list_workers, every, WORKERS_SHOWN + 1)
+    rows = data["workers"]
+    return page(request, "workers.html", workers=rows[:WORKERS_SHOWN], more=len(rows) > WORKERS_SHOWN, every=every,
+                live=True)

@@ -1,0 +1,116 @@
+"""Who looks at a page: the API's own tokens, sent by a browser as a cookie.
+
+A browser cannot send ``Authorization: Bearer`` when it navigates, so /login takes the token once, checks it,
+and sets it as an HttpOnly, SameSite=Strict cookie (Secure over https). Every page accepts that cookie or the
+Authorization header, and checks the token on each request (a revoked token stops working at once). A POST
+(replay, approve, edit, reject, logout) also needs the session's CSRF value in a hidden form field: an HMAC
+of the token, which a page of another site can neither read nor make. ``conveyor serve --no-auth`` serves
+the one local user without a login; its CSRF value is keyed by a secret the app makes at start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from fastapi import Request, Response
+
+from conveyor.api.context import services
+from conveyor.api.dashboard.render import LoginNeeded
+from conveyor.errors import Forbidden, Unauthorized
+from conveyor.service.tokens import LOCAL, Caller, authenticate
+
+COOKIE = "conveyor_session"
+_CSRF_CONTEXT = b"conveyor dashboard csrf v1"
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The caller of a page, the CSRF value its forms carry, and whether it logged in with the cookie."""
+
+    caller: Caller
+    csrf: str
+    cookie: bool = False
+
+    @property
+    def tenant(self) -> str | None:
+        return self.caller.scope
+
+    @property
+    def by(self) -> str:
+        """Who a decision or replay made from the dashboard is recorded as."""
+        return f"dashboard:{self.caller.tenant}"
+
+
+def csrf_for(key: bytes) -> str:
+    """The CSRF value of a session keyed by ``key`` (its token; under --no-auth, the app's own secret)."""
+    return hmac.new(key, _CSRF_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def local_secret() -> bytes:
+    """A fresh key for the CSRF values of ``--no-auth`` (made per app: a restart makes open forms stale)."""
+    return secrets.token_bytes(32)
+
+
+async def viewer(request: Request) -> Viewer:
+    """The page's viewer (a FastAPI dependency): LoginNeeded without a valid session."""
+    svc = services(request)
+    if not svc.settings.auth:
+        found = Viewer(LOCAL, csrf_for(request.app.state.dashboard_secret))
+    elif request.headers.get("authorization"):
+        header = request.headers["authorization"]
+        found = Viewer(await svc.call(authenticate, header), csrf_for(header.partition(" ")[2].strip().encode()))
+    else:
+        found = await _from_cookie(request)
+    request.state.viewer = found
+    return found
+
+
+async def _from_cookie(request: Request) -> Viewer:
+    token = request.cookies.get(COOKIE)
+    here = _here(request)
+    if not token:
+        raise LoginNeeded(here)
+    try:
+        caller = await services(request).call(authenticate, f"Bearer {token}")
+    except Forbidden:
+        raise LoginNeeded(here, "revoked") from None
+    except Unauthorized:
+        raise LoginNeeded(here, "unknown") from None
+    return Viewer(caller, csrf_for(token.encode()), cookie=True)
+
+
+def _here(request: Request) -> str:
+    """Where to come back to after logging in: this page (a form's POST comes back to the runs page)."""
+    if request.method != "GET":
+        return "/"
+    path = request.url.path
+    return f"{path}?{request.url.query}" if request.url.query else path
+
+
+def check_csrf(found: Viewer, given: str | None) -> None:
+    """Forbidden unless a form carries the session's CSRF value."""
+    if not given or not hmac.compare_digest(given, found.csrf):
+        raise Forbidden("this form's session check failed (it is stale, or came from another site); reload the "
+                        "page and try again")
+
+
+def safe_next(path: str | None) -> str:
+    """Where to go after login: a path on this site only (never another host), else the runs page."""
+    if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return "/"
+    parts = urlsplit(path)
+    return path if not parts.scheme and not parts.netloc else "/"
+
+
+def set_session(request: Request, response: Response, token: str) -> None:
+    public = services(request).settings.public_url or ""
+    secure = request.url.scheme == "https" or public.startswith("https://")
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/")
+
+
+def clear_session(response: Response) -> None:
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")

@@ -1,0 +1,176 @@
+"""What the dashboard's pages show, each page one call: the same service functions as the CLI and the API
+(``list_status``, ``progress.overview``, ``timeline``, ``dlq_list``, ``review_list``, ``show_item``, ...), composed
+and cut to a page.
+
+Every list is a page of at most ``MAX_PAGE`` rows with a keyset cursor to the next (``next_before`` for runs,
+newest first; ``next_after`` for dead letters and reviews, by id), so no page grows with the store. ``tenant``
+narrows every call as it does for the API (None: an operator, who sees every run).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.blobs import Blobs
+from conveyor.service import report, review
+from conveyor.service.plots import line_chart
+from conveyor.service.progress import overview, timeline
+from conveyor.service.records import RunGraph
+from conveyor.service.show import show_item
+from conveyor.store import RunRecord, SqlStore
+
+MAX_PAGE = 100
+PREVIEW_CHARS = 2_000  # characters of JSON shown of a candidate or an output on a page
+EDIT_CHARS = 200_000  # a candidate longer than this is edited with `conveyor review edit`, not in a text area
+TASKS_SHOWN = 200  # tasks of one item on a page (a fan-out root may have thousands)
+REPLAYS_SHOWN = 20
+OUTCOMES_UP_TO = 20_000  # items of a run whose outcomes a run page counts (each read)
+# Timeline buckets: the smallest that gives at most BUCKETS points over the run's life.
+BUCKETS = 120
+# The timeline's resolution is a minute (a run's running totals).
+BUCKET_SIZES = (60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+
+
+def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | None = None) -> dict[str, Any]:
+    """The newest runs (``run_status`` each) with their accepted and published items of expected."""
+    runs = report.list_status(store, limit + 1, tenant, before)["runs"]
+    shown = runs[:limit]
+    for status in shown:
+        run = store.get_run(status["run_id"])
+        status["progress"] = progress_of(run, status) if run is not None else None
+    return {"runs": shown, "next_before": shown[-1]["created_at"] if len(runs) > limit else None}
+
+
+def progress_of(run: RunRecord, status: dict[str, Any]) -> dict[str, Any]:
+    """Accepted and published items of expected, from the per-stage counts of ``run_status``: tasks done at
+    the run's acceptance stages (its record stage when it declares none) and at its publish stages, as
+    ``timeline`` counts them; ``published`` is None for a run without a publish stage."""
+    graph = RunGraph.of(run)
+    accept = graph.stages.accept or ((graph.record_stage,) if graph.record_stage else ())
+    expected = int(status["expected"] or 0)
+    accepted = _done(status["stages"], accept)
+    published = _done(status["stages"], graph.stages.publish) if graph.stages.publish else None
+    return {"expected": expected, "accepted": accepted, "published": published,
+            "accepted_pct": _pct(accepted, expected), "published_pct": _pct(published, expected)}
+
+
+def _done(stages: dict[str, dict[str, int]], names: Sequence[str]) -> int:
+    return sum(stages.get(name, {}).get("succeeded", 0) for name in names)
+
+
+def _pct(count: int | None, expected: int) -> float | None:
+    if count is None or expected <= 0:
+        return None
+    return round(min(100.0, 100.0 * count / expected), 1)
+
+
+def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = True) -> dict[str, Any]:
+    """One run, in bounded work at any size: ``progress.overview`` (stages with their activity and queued ages,
+    usage, accepted and published), its items by outcome when it has at most OUTCOMES_UP_TO items (else None:
+    counting them reads every item; `conveyor reconcile` does), its replays, its dead letters by error class,
+    and (``charts``) its throughput and cost over time as SVG."""
+    run = report.find_run(store, run_id, tenant)
+    status = overview(store, run.run_id)
+    status["progress"] = progress_of(run, status)
+    accepted = status["progress"]["accepted"]
+    status["outcomes"] = report.outcomes_of(store, run, status) if status["expected"] <= OUTCOMES_UP_TO else None
+    if status["outcomes"] is not None:
+        status["unaccounted"] = status["expected"] - sum(status["outcomes"].values())
+        accepted = sum(status["outcomes"].get(k, 0) for k in report.ACCEPTED)
+    status["usage"] = status["usage"] | report.per_accepted_item_usage(status["usage"], accepted)
+    replays = store.replays_of(run.run_id)
+    status["replays_total"] = len(replays)
+    status["replays"] = [{"id": i, "reason": reason, "note": note, "at": at, "by": by, "reopened": reopened,
+                          "superseded": superseded}
+                         for i, reason, note, at, by, reopened, superseded in replays[-REPLAYS_SHOWN:]]
+    status["dead_letter_classes"] = store.dead_letter_classes(run.run_id)
+    status["charts"] = _charts(store, run) if charts else None
+    return status
+
+
+def bucket_for(span_s: float) -> int:
+    """The timeline's bucket for a run that has lived ``span_s`` seconds."""
+    for size in BUCKET_SIZES:
+        if span_s / size <= BUCKETS:
+            return size
+    return BUCKET_SIZES[-1]
+
+
+def _charts(store: SqlStore, run: RunRecord) -> dict[str, str]:
+    bucket = bucket_for(max(0.0, store.clock() - run.created_at))
+    points = timeline(store, run.run_id, bucket)
+    per_minute = 60.0 / bucket
+    throughput = {name: [(p["t"], p[name] * per_minute) for p in points]
+                  for name in ("succeeded", "failed", "accepted", "published")}
+    cost, spent = [], 0.0
+    for p in points:
+        spent += p["cost_usd"]
+        cost.append((p["t"], spent))
+    tokens = [(p["t"], float(p["tokens"])) for p in points]
+    return {
+        "throughput": line_chart(throughput, title=f"Throughput (attempts per minute, {bucket} s buckets)",
+                                 y_label="per minute"),
+        "cost": line_chart({"cost (USD, cumulative)": cost}, title="Cost over time", y_label="USD"),
+        "tokens": line_chart({"tokens": tokens}, title=f"Tokens per {bucket} s", y_label="tokens"),
+    }
+
+
+def dead_letters_page(store: SqlStore, run_id: str, tenant: str | None, error_class: str | None, limit: int,
+                      after: int | None = None) -> dict[str, Any]:
+    """A run's dead letters not replayed yet: their count by error class, and a page of them by id."""
+    run = report.find_run(store, run_id, tenant)
+    entries = report.dlq_list(store, run.run_id, None, error_class, False, limit + 1, tenant, after)["entries"]
+    shown = entries[:limit]
+    for entry in shown:
+        entry["error_line"] = (entry["error"] or "").splitlines()[0] if entry["error"] else None
+    return {"run_id": run.run_id, "pipeline": run.pipeline, "classes": report.dlq_classes(store, run.run_id, tenant),
+            "error_class": error_class, "entries": shown,
+            "next_after": shown[-1]["id"] if len(entries) > limit else None}
+
+
+def reviews_page(store: SqlStore, blobs: Blobs, tenant: str | None, run_id: str | None, stage: str | None,
+                 limit: int, after: int | None = None) -> dict[str, Any]:
+    """A page of the open review queue, each entry with a preview of its answer."""
+    entries = review.review_list(store, run_id, stage, False, limit + 1, None, tenant, after)["reviews"]
+    shown = entries[:limit]
+    for entry in shown:
+        entry["preview"] = preview(review.review_candidate(store, blobs, entry["id"], tenant))
+    return {"reviews": shown, "run": run_id, "stage": stage,
+            "next_after": shown[-1]["id"] if len(entries) > limit else None}
+
+
+def review_page(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None) -> dict[str, Any]:
+    """One review entry: its answer (whole, for editing, when not too long) and its attempts."""
+    entry = review.review_show(store, blobs, review_id, tenant)
+    text = json.dumps(entry["candidate"], indent=2, ensure_ascii=False)
+    entry["editable"] = isinstance(entry["candidate"], dict) and len(text) <= EDIT_CHARS
+    entry["candidate_json"] = text if entry["editable"] else None
+    entry["preview"] = preview(entry["candidate"])
+    return entry
+
+
+def item_page(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, tenant: str | None,
+              offset: int = 0) -> dict[str, Any]:
+    """One item's journey (``conveyor show``): its tasks stage by stage with their attempts, provenance and
+    outputs (a preview each), ``TASKS_SHOWN`` tasks from ``offset``."""
+    run = report.find_run(store, run_id, tenant)
+    item = show_item(store, blobs, run.run_id, item_key)
+    total = len(item["tasks"])
+    item["tasks"] = item["tasks"][offset:offset + TASKS_SHOWN]
+    for task in item["tasks"]:
+        task["output_preview"] = None if task["output"] is None else preview(task["output"])
+        task["provenance_json"] = json.dumps(task["provenance"], ensure_ascii=False) if task["provenance"] else None
+    item["tasks_total"] = total
+    item["offset"] = offset
+    item["next_offset"] = offset + TASKS_SHOWN if offset + TASKS_SHOWN < total else None
+    return item
+
+
+def preview(value: Any) -> str:
+    """A value as indented JSON, cut to ``PREVIEW_CHARS`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) <= PREVIEW_CHARS:
+        return text
+    return f"{text[:PREVIEW_CHARS]}\n… ({len(text) - PREVIEW_CHARS:,} more characters)"

@@ -1,0 +1,255 @@
+"""The dashboard over HTTP: a real `conveyor serve`, an httpx client acting as a browser (cookies, forms), both
+backends. Login and logout, the redirect to /login, tenant isolation, every page with data, pagination, the
+CSRF check, and the actions (replay, approve, edit, reject)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.service.tokens import revoke_token
+from conveyor.store import open_store
+from tests.apiserver import Server, served
+from tests.helpers import write_pipeline
+from tests.test_api_operations import FINAL, PIPELINE, submit
+
+COOKIE = "conveyor_session"
+
+
+@pytest.fixture
+def server(tmp_path: Path, store_url: str) -> Any:
+    with served(tmp_path, store_url, write_pipeline(tmp_path, PIPELINE)) as s:
+        yield s
+
+
+@contextmanager
+def browser(server: Server, token: str | None = None) -> Iterator[httpx.Client]:
+    """A client that keeps cookies and does not follow redirects; logged in with ``token`` when given."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        if token is not None:
+            answer = client.post("/login", data={"token": token, "next": "/"})
+            assert answer.status_code == 303, answer.text
+        yield client
+
+
+def csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "the page has no form with a CSRF value"
+    return found.group(1)
+
+
+def test_login_logout_and_the_redirect_to_login(server: Server) -> None:
+    acme = server.token("acme")
+    with browser(server) as b:
+        answer = b.get("/reviews?stage=extract")
+        assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2Freviews%3Fstage%3Dextract"
+        login = b.get("/login", params={"next": "/reviews"})
+        assert login.status_code == 200 and 'name="token"' in login.text
+        wrong = b.post("/login", data={"token": "cvy_000000000000_nope-nope-nope-nope-nope", "next": "/"})
+        assert wrong.status_code == 401 and "not known" in wrong.text and COOKIE not in b.cookies
+        right = b.post("/login", data={"token": acme, "next": "https://evil.example/"})
+        assert right.status_code == 303 and right.headers["location"] == "/"  # never to another site
+        cookie = right.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie  # plain http here
+        page = b.get("/")
+        assert page.status_code == 200 and "Log out" in page.text and "acme" in page.text
+        assert page.headers["x-frame-options"] == "DENY" and page.headers["cache-control"] == "no-store"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+        refused = b.post("/logout", data={})
+        assert refused.status_code == 403 and "session check failed" in refused.text
+        out = b.post("/logout", data={"csrf": csrf(page.text)})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert b.get("/").status_code == 303
+
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {acme}"}) as api:
+        assert api.get("/").status_code == 200  # the API's header works as well
+    with httpx.Client(base_url=server.url, headers={"Authorization": "Bearer cvy_nope"}) as api:
+        assert api.get("/").status_code == 401
+
+    revoked = server.token("initech")
+    with browser(server, revoked) as b:
+        store = open_store(server.store_url)
+        try:
+            revoke_token(store, revoked)
+        finally:
+            store.close()
+        answer = b.get("/")
+        assert answer.status_code == 303 and "reason=revoked" in answer.headers["location"]
+        assert "was revoked" in b.get(answer.headers["location"]).text
+
+
+def test_every_page_renders_and_a_tenant_sees_only_its_runs(server: Server) -> None:
+    acme, globex = server.token("acme"), server.token("globex")
+    operator = server.token("ops", operator=True)
+    sure = submit(server, acme, "a sure thing")
+    unsure = submit(server, acme, "unsure <b>bold</b>", ("awaiting_review",))
+    poison = submit(server, acme, "poison pill")
+    theirs = submit(server, globex, "globex's own")
+    with browser(server, acme) as b:
+        runs = b.get("/").text
+        assert all(job in runs for job in (sure, unsure, poison)) and theirs not in runs
+        assert 'data-accepted>1</span> / 1 accepted' in runs and 'data-published>1</span> / 1 published' in runs
+
+        run = b.get(f"/runs/{sure}").text
+        assert 'data-stage="extract"' in run and 'data-stage="publish"' in run and "<svg" in run
+        assert "Throughput" in run and "Cost over time" in run and 'data-outcome="published">1<' in run
+
+        dead = b.get(f"/runs/{poison}/dead-letters").text
+        assert 'data-class="value_error"' in dead and "poison document" in dead and "Replay all 1" in dead
+
+        queue = b.get("/reviews").text
+        assert f"/runs/{unsure}/items/" in queue and "&lt;b&gt;bold&lt;/b&gt;" in queue and "<b>bold" not in queue
+        review_id = re.search(r'data-review="(\d+)"', queue).group(1)  # type: ignore[union-attr]
+        detail = b.get(f"/reviews/{review_id}").text
+        assert "<textarea" in detail and "unsure &lt;b&gt;bold&lt;/b&gt;" in detail
+
+        item_key = re.search(rf'href="/runs/{poison}/items/([^"]+)"', dead).group(1)  # type: ignore[union-attr]
+        journey = b.get(f"/runs/{poison}/items/{item_key}").text
+        assert 'data-task="extract"' in journey and "value_error" in journey and "dead_lettered" in journey
+        assert "2 attempts" in journey
+        published = b.get(f"/runs/{sure}/items/{sure}").text  # an API job's item key is its job id
+        assert "a sure thing" in published and "Output" in published
+        found = b.get(f"/runs/{poison}/items", params={"key": "no such item"})
+        assert found.status_code == 303
+        missing = b.get(found.headers["location"])
+        assert missing.status_code == 404 and "no item &#39;no such item&#39;" in missing.text
+        assert "Traceback" not in missing.text
+
+        workers = b.get("/workers")
+        assert workers.status_code == 403 and "operator" in workers.text
+
+    with browser(server, globex) as b:
+        assert sure not in b.get("/").text and theirs in b.get("/").text
+        for path in (f"/runs/{sure}", f"/runs/{poison}/dead-letters", f"/reviews/{review_id}",
+                     f"/runs/{poison}/items/{item_key}"):
+            answer = b.get(path)
+            assert answer.status_code == 404 and answer.headers["content-type"].startswith("text/html"), path
+        assert 'data-review="' not in b.get("/reviews").text
+    with browser(server, operator) as b:
+        everything = b.get("/").text
+        assert all(job in everything for job in (sure, unsure, poison, theirs))
+        assert b.get("/workers").status_code == 200
+        assert b.get(f"/runs/{sure}", params={"fragment": 1}).text.lstrip().startswith("<section")
+
+
+def test_actions_need_the_csrf_value_and_do_what_the_api_does(server: Server) -> None:
+    acme, globex = server.token("acme"), server.token("globex")
+    poison = submit(server, acme, "poison pill")
+    unsure = [submit(server, acme, f"unsure {n}", ("awaiting_review",)) for n in range(3)]
+    with browser(server, acme) as b:
+        dead = b.get(f"/runs/{poison}/dead-letters").text
+        entry = re.search(r'data-dead-letter="(\d+)"', dead).group(1)  # type: ignore[union-attr]
+        replay = f"/runs/{poison}/dead-letters/{entry}/replay"
+        assert b.post(replay, data={}).status_code == 403
+        assert b.post(replay, data={"csrf": "0" * 64}).status_code == 403
+        with browser(server, globex) as other:  # another tenant's entry does not exist for it
+            mine = csrf(other.get("/").text)
+            assert other.post(replay, data={"csrf": mine}).status_code == 404
+        done = b.post(replay, data={"csrf": csrf(dead)})
+        assert done.status_code == 303 and done.headers["location"].endswith("?replayed=1")
+        assert "Replayed 1 dead letter" in b.get(done.headers["location"]).text
+        assert server.wait_for(acme, poison, FINAL)["status"] == "dead_lettered"  # still poison
+        again = b.post(replay, data={"csrf": csrf(dead)})
+        assert again.status_code == 409 and "replayed already" in again.text
+        with server.client(acme) as api:  # a replay that replays nothing leaves the ended job ended
+            assert api.get(f"/v1/jobs/{poison}").json()["status"] == "dead_lettered"
+        by_class = b.post(f"/runs/{poison}/dead-letters/replay",
+                          data={"csrf": csrf(dead), "error_class": "value_error"})
+        assert by_class.status_code == 303 and "replayed=" in by_class.headers["location"]
+
+        queue = b.get("/reviews").text
+        entries = re.findall(r'data-review="(\d+)">\s*<header>\s*<strong>#\d+</strong> <a href="/runs/([^/]+)/', queue)
+        ids = dict(entries)
+        by_run = {run: int(review_id) for review_id, run in ids.items()}
+        approved, edited, rejected = (by_run[j] for j in unsure)
+        token = csrf(queue)
+        assert b.post(f"/reviews/{approved}/approve", data={}).status_code == 403
+        answer = b.post(f"/reviews/{approved}/approve", data={"csrf": token, "next": "/reviews"})
+        assert answer.status_code == 303 and answer.headers["location"] == f"/reviews?decided=approved&id={approved}"
+        assert f"Review {approved} approved" in b.get(answer.headers["location"]).text
+        assert b.post(f"/reviews/{approved}/approve", data={"csrf": token}).status_code == 409
+
+        bad = b.post(f"/reviews/{edited}/edit", data={"csrf": token, "fields": '{"confidence": "very"}'})
+        assert bad.status_code == 422 and "schema" in bad.text
+        not_json = b.post(f"/reviews/{edited}/edit", data={"csrf": token, "fields": "{oops"})
+        assert not_json.status_code == 422 and "not JSON" in not_json.text
+        fields = '{"title": "fixed", "confidence": 0.5}'
+        fixed = b.post(f"/reviews/{edited}/edit", data={"csrf": token, "fields": fields})
+        assert fixed.status_code == 303
+        assert b.post(f"/reviews/{rejected}/reject", data={"csrf": token}).status_code == 422  # why is needed
+        assert b.post(f"/reviews/{rejected}/reject", data={"csrf": token, "why": "not ours"}).status_code == 303
+
+    assert server.wait_for(acme, unsure[0], FINAL)["status"] == "published"
+    assert server.wait_for(acme, unsure[1], FINAL)["record"]["fields"] == {"title": "fixed"}
+    assert server.wait_for(acme, unsure[2], FINAL)["status"] == "rejected"
+    with server.client(server.token("ops", operator=True)) as api:
+        listed = api.get("/v1/reviews", params={"all": True}).json()["reviews"]
+    decided = {e["id"]: (e["status"], e["decided_by"]) for e in listed}
+    assert decided[approved] == ("approved", "dashboard:acme") and decided[rejected] == ("rejected", "dashboard:acme")
+
+
+def walk(b: httpx.Client, path: str | None, pattern: str) -> list[str]:
+    """Every match of ``pattern`` on a page and the pages after it (its rel="next" links)."""
+    seen: list[str] = []
+    while path is not None:
+        html = b.get(path).text
+        seen += re.findall(pattern, html)
+        found = re.search(r'rel="next" href="([^"]+)"', html)
+        path = found.group(1).replace("&amp;", "&") if found else None
+    return seen
+
+
+def test_every_list_is_paginated(server: Server) -> None:
+    acme = server.token("acme")
+    jobs = [submit(server, acme, f"unsure {n}", ("awaiting_review",)) for n in range(3)]
+    poison = [submit(server, acme, f"poison {n}") for n in range(2)]
+    newest_first = [*reversed(poison), *reversed(jobs)]
+    for token in (acme, server.token("ops", operator=True)):  # a tenant's runs, and every run
+        with browser(server, token) as b:
+            assert walk(b, "/?limit=2", r'<tr data-run="([^"]+)"') == newest_first  # each once
+            reviews = walk(b, "/reviews?limit=1", r'data-review="(\d+)"')
+            assert len(reviews) == 3 and reviews == sorted(reviews, key=int)
+            assert walk(b, f"/reviews?run={jobs[1]}&limit=1", r'data-review="(\d+)"') == [reviews[1]]
+            assert b.get("/?limit=1000").status_code == 422  # a page is at most 100 rows
+            assert "less than or equal to 100" in b.get("/reviews?limit=101").text
+
+
+def test_no_auth_opens_the_pages_without_login(tmp_path: Path, store_url: str) -> None:
+    with served(tmp_path, store_url, write_pipeline(tmp_path, PIPELINE), "--no-auth") as s:
+        job = submit(s, "", "a sure thing")
+        with httpx.Client(base_url=s.url) as b:
+            assert job in b.get("/").text
+            assert b.get("/login").status_code == 303
+            assert b.get("/workers").status_code == 200
+            page = b.get(f"/runs/{job}").text
+            assert "Log out" not in page and 'data-stage="extract"' in page
+
+
+def test_a_runs_dead_letters_come_in_pages(tmp_path: Path, store_url: str) -> None:
+    from conveyor.service import dashboard
+    from tests.helpers import make_docs, submit_and_work
+
+    target = write_pipeline(tmp_path, PIPELINE)
+    docs = make_docs(tmp_path / "docs", 5, "poison {i}")
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    store = open_store(store_url)
+    try:
+        first = dashboard.dead_letters_page(store, run_id, None, None, limit=2)
+        assert first["classes"] == {"value_error": 5} and len(first["entries"]) == 2
+        seen = [e["id"] for e in first["entries"]]
+        after = first["next_after"]
+        while after is not None:
+            page = dashboard.dead_letters_page(store, run_id, None, None, limit=2, after=after)
+            seen += [e["id"] for e in page["entries"]]
+            after = page["next_after"]
+        assert len(seen) == 5 and seen == sorted(seen)
+        assert dashboard.dead_letters_page(store, run_id, None, "timeout", limit=2)["entries"] == []
+    finally:
+        store.close()

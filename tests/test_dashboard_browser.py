@@ -1,0 +1,170 @@
+"""The dashboard in a real browser: Debian's headless Chromium (/usr/bin/chromium) driven by Playwright, against
+a real `conveyor serve` on SQLite. Log in, watch a run's progress move without reloading, replay a dead letter
+by clicking (its item then succeeds), approve a review entry by clicking. Screenshots go to test-artifacts/ at
+the repository's root. Without /usr/bin/chromium the tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.blobs import FilesystemBlobs
+from conveyor.runtime.target import load_target
+from conveyor.service.submit import submit as submit_run
+from conveyor.store import open_store
+from tests.apiserver import Server, served
+from tests.helpers import make_docs, write_pipeline
+from tests.test_api_operations import FINAL, submit
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+WAIT_MS = 20_000
+
+PIPELINE = """
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from conveyor import Pipeline, Retry
+from conveyor.acceptance import Accept, Record, Review
+
+HERE = Path(__file__).parent
+
+class Title(BaseModel):
+    title: str
+    confidence: float
+
+pipe = Pipeline("browse", retry=Retry(max_attempts=1))
+
+@pipe.stage(accept=Accept(schema=Title, confidence="confidence", threshold=0.8, review=Review(deadline="1h")))
+def extract(ctx, source: bytes) -> str:
+    text = source.decode()
+    if text.startswith("gated"):
+        while not (HERE / "gate").exists():  # the test opens the gate once it has seen the run waiting
+            time.sleep(0.05)
+        time.sleep(0.2)
+    if text.startswith("broken") and (HERE / "broken").exists():  # broken until the test "fixes" it
+        raise ValueError("broken until fixed")
+    return json.dumps({"title": text, "confidence": 0.5 if "unsure" in text else 0.9})
+
+@pipe.stage(after=extract, kind="publish", into="titles")
+def publish(ctx, record: dict) -> Record:
+    return Record(fields={"title": record["title"]})
+"""
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the browser tests need Debian's chromium at /usr/bin/chromium (scripts/ensure-tools.sh)")
+        pytest.skip("no /usr/bin/chromium: `apt-get install chromium` (scripts/ensure-tools.sh) to run these")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with served(tmp_path, f"sqlite:///{tmp_path}/conveyor.db", write_pipeline(tmp_path, PIPELINE)) as s:
+        yield s
+
+
+def logged_in(chromium: Any, server: Server, token: str) -> Any:
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{server.url}/")
+    assert "/login" in page.url  # no session: to the login form
+    page.fill("#token", token)
+    page.click("form.login button[type=submit]")
+    page.wait_for_url(f"{server.url}/")
+    return page
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def test_a_runs_progress_moves_on_the_page(chromium: Any, server: Server, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    docs = make_docs(tmp_path / "docs", 6, "gated document {i}")
+    target = write_pipeline(tmp_path, PIPELINE)
+    store = open_store(server.store_url)
+    try:
+        run_id = submit_run(load_target(target), target, str(docs), store, FilesystemBlobs(server.blobs)).run_id
+    finally:
+        store.close()
+    page = logged_in(chromium, server, server.token("ops", operator=True))
+    row = page.locator(f'tr[data-run="{run_id}"]')
+    expect(row.locator("[data-accepted]")).to_have_text("0")
+    shot(page, "runs-waiting")
+
+    page.click(f'a[href="/runs/{run_id}"]')
+    done = page.locator('tr[data-stage="extract"] [data-done]')
+    expect(done).to_have_text("0")
+    expect(page.locator("[data-status]")).to_have_text("submitted")
+    page.evaluate("window.notReloaded = true")
+    shot(page, "run-waiting")
+
+    (tmp_path / "gate").touch()
+    expect(done).to_have_text("6")  # the page refreshes itself every 2 s
+    expect(page.locator('tr[data-stage="publish"] [data-done]')).to_have_text("6")
+    expect(page.locator("[data-status]")).to_have_text("finished")
+    assert page.evaluate("window.notReloaded") is True
+    assert "6 / 6 published" in page.locator(".progress.wide").inner_text()
+    shot(page, "run-finished")
+
+    page.goto(f"{server.url}/")
+    expect(row.locator("[data-published]")).to_have_text("6")
+
+
+def test_replay_a_dead_letter_and_approve_a_review_by_clicking(chromium: Any, server: Server,
+                                                               tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    acme = server.token("acme")
+    (tmp_path / "broken").touch()
+    broken = submit(server, acme, "broken document")
+    unsure = submit(server, acme, "unsure document", ("awaiting_review",))
+    page = logged_in(chromium, server, acme)
+
+    page.goto(f"{server.url}/runs/{broken}/dead-letters")
+    entry = page.locator("tr[data-dead-letter]")
+    expect(entry).to_have_count(1)
+    expect(entry).to_contain_text("value_error")
+    shot(page, "dead-letters")
+    (tmp_path / "broken").unlink()  # the fix is in: a replay now succeeds
+    entry.get_by_role("button", name="Replay").click()
+    expect(page.locator("[data-notice]")).to_contain_text("Replayed 1 dead letter")
+    expect(page.locator("tr[data-dead-letter]")).to_have_count(0)
+    assert server.wait_for(acme, broken, FINAL)["status"] == "published"
+    page.goto(f"{server.url}/runs/{broken}/items/{broken}")
+    expect(page.locator("[data-outcome]")).to_have_text("published")
+    expect(page.locator("body")).to_contain_text("replayed from the dashboard by dashboard:acme")
+    shot(page, "item-after-replay")
+
+    page.click("text=Review queue")
+    review = page.locator(f'article[data-review]:has(a[href="/runs/{unsure}"])')
+    expect(review).to_contain_text("unsure document")
+    shot(page, "reviews")
+    review.get_by_role("button", name="Approve").click()
+    expect(page.locator("[data-notice]")).to_contain_text("approved: its item goes on")
+    expect(page.locator("article[data-review]")).to_have_count(0)
+    assert server.wait_for(acme, unsure, FINAL)["status"] == "published"
+    page.goto(f"{server.url}/runs/{unsure}")
+    expect(page.locator('[data-outcome="published"]')).to_have_text("1")
+    shot(page, "run-after-approve")
