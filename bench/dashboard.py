@@ -36,7 +36,7 @@ from selection import pg_database, populate  # noqa: E402
 
 from conveyor.api import ApiSettings, create_app  # noqa: E402
 from conveyor.service import report  # noqa: E402
-from conveyor.service.progress import timeline  # noqa: E402
+from conveyor.service.progress import overview, timeline  # noqa: E402
 from conveyor.service.tokens import create_token  # noqa: E402
 from conveyor.store import SqlStore, open_store  # noqa: E402
 
@@ -127,7 +127,9 @@ def service_calls(store: SqlStore, run_id: str, repeat: int) -> list[str]:
     run = report.find_run(store, run_id)
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("report.list_status(limit=21)", lambda: report.list_status(store, 21)),
-        ("report.status_report(run)", lambda: report.status_report(store, run)),
+        ("progress.overview(run) (the run page)", lambda: overview(store, run_id)),
+        ("report.status_report(run) (`conveyor status RUN`: items by outcome, each read)",
+         lambda: report.status_report(store, run)),
         ("progress.timeline(run, 60 s buckets)", lambda: timeline(store, run_id, 60)),
         ("store.dead_letter_classes(run)", lambda: store.dead_letter_classes(run_id)),
     ]

@@ -25,6 +25,12 @@ from conveyor.cli.common import (
 from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB
 
+# The quality sample's options, as `reconcile` and `report` take them.
+Sample = Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the quality "
+                                     "sample (0: none)")]
+Slices = Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by this "
+                                                  "field of the accepted record (dotted path); repeat for more")]
+Seed = Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")]
 
 @app.command()
 def status(
@@ -64,12 +70,7 @@ def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
 def reconcile(
     run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
     as_json: Json = False,
-    sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
-                                        "quality sample (0: none)")] = 3,
-    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
-                                                     "this field of the accepted record (dotted path); repeat "
-                                                     "for more")] = None,
-    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
+    sample: Sample = 3, slices: Slices = None, seed: Seed = None,
 ) -> None:
     """Every expected item with its outcome, cost per accepted item and a quality sample; exits 3 when items
     are unaccounted or not done, 4 when some failed or were rejected, 5 when some await review."""
@@ -118,12 +119,7 @@ def report(
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
     as_json: Annotated[bool, typer.Option("--json", help="print the report's data as one JSON object on "
                                           "stdout")] = False,
-    sample: Annotated[int, typer.Option("--sample", min=0, help="accepted records per slice value in the "
-                                        "quality sample (0: none)")] = 3,
-    slices: Annotated[list[str] | None, typer.Option("--slice", metavar="FIELD", help="also slice the sample by "
-                                                     "this field of the accepted record (dotted path); repeat "
-                                                     "for more")] = None,
-    seed: Annotated[str | None, typer.Option("--seed", help="the sample's seed (default: the run id)")] = None,
+    sample: Sample = 3, slices: Slices = None, seed: Seed = None,
 ) -> None:
     """A report you can mail: the reconciliation, throughput over time, time from submission to outcome,
     attempts and errors by class, cost per accepted item and a quality sample, as one HTML page with inline

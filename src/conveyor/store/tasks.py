@@ -175,6 +175,31 @@ def _by_run_stage(rows: Sequence[T], run: int, stage: int) -> dict[tuple[str, st
     return dict(groups)
 
 
+def set_item_values(db: Dialect, column: str, run_id: str, values: Mapping[str, str]) -> None:
+    """Set one text column (``meta``, ``traceparent``) of root items, by item key."""
+    db.executemany(f"UPDATE items SET {ITEM_COLUMNS[column]} = ? WHERE run_id = ? AND item_key = ?",
+                   [(value, run_id, key) for key, value in values.items()])
+
+
+def item_values(db: Dialect, column: str, roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """One text column of root items, by (run, key); items where it is NULL are left out."""
+    name = ITEM_COLUMNS[column]
+    found: dict[tuple[str, str], str] = {}
+    by_run: dict[str, list[str]] = {}
+    for run_id, key in set(roots):
+        by_run.setdefault(run_id, []).append(key)
+    for run_id, keys in by_run.items():
+        for part in chunks(keys, 900):
+            marks = ",".join("?" * len(part))
+            for key, value in db.execute(f"SELECT item_key, {name} FROM items WHERE run_id = ? AND item_key IN "
+                                         f"({marks}) AND {name} IS NOT NULL", (run_id, *part)):
+                found[run_id, str(key)] = str(value)
+    return found
+
+
+ITEM_COLUMNS = {"meta": "meta", "traceparent": "traceparent"}  # the item columns those two may name
+
+
 def chunks(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
@@ -194,23 +219,11 @@ class TaskQueries(RunTotalsQueries):
 
     def set_item_meta(self, run_id: str, metas: Mapping[str, str]) -> None:
         """Record root items' manifest ``meta`` (JSON text, by item key), after they are inserted."""
-        self.db.executemany("UPDATE items SET meta = ? WHERE run_id = ? AND item_key = ?",
-                            [(meta, run_id, key) for key, meta in metas.items()])
+        set_item_values(self.db, "meta", run_id, metas)
 
     def item_metas(self, roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """The ``meta`` JSON of root items, by (run, key); items without one are left out."""
-        found: dict[tuple[str, str], str] = {}
-        by_run: dict[str, list[str]] = {}
-        for run_id, key in set(roots):
-            by_run.setdefault(run_id, []).append(key)
-        for run_id, keys in by_run.items():
-            for part in chunks(keys, 900):
-                marks = ",".join("?" * len(part))
-                for key, meta in self.db.execute(
-                        f"SELECT item_key, meta FROM items WHERE run_id = ? AND item_key IN ({marks}) "
-                        "AND meta IS NOT NULL", (run_id, *part)):
-                    found[run_id, str(key)] = str(meta)
-        return found
+        return item_values(self.db, "meta", roots)
 
     def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
         """Insert new task rows; return the ones claimed as they were created (``tasks.running``). The run's
