@@ -471,3 +471,25 @@ def test_the_cli_says_in_one_line_what_is_wrong_with_the_tracing_variables(tmp_p
     proc = cli("status", cwd=tmp_path, env={"CONVEYOR_TRACING": "1", "OTEL_TRACES_SAMPLER_ARG": "lots"})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "OTEL_TRACES_SAMPLER_ARG='lots' is not a ratio" in proc.stderr
+
+
+def test_console_spans_go_to_stderr_and_leave_the_json_on_stdout_whole(tmp_path: Path) -> None:
+    import json
+
+    target = write_pipeline(tmp_path, """
+        from conveyor import Pipeline
+
+        pipe = Pipeline("console")
+
+        @pipe.stage
+        def parse(ctx, source: bytes) -> dict:
+            return {"n": len(source)}
+    """)
+    docs = make_docs(tmp_path / "docs", 3)
+    proc = cli("run", target, "--input", str(docs), "--json", "--db", f"sqlite:///{tmp_path}/c.db", "--blobs",
+               str(tmp_path / "blobs"), cwd=tmp_path,
+               env={"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "always_on"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["outcomes"] == {"completed": 3}
+    assert proc.stderr.count('"name": "conveyor.item"') == 3
+    assert proc.stderr.count('"name": "conveyor.attempt parse"') == 3

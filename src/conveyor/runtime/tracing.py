@@ -182,6 +182,9 @@ def _installed(module: str) -> bool:
 
 
 def _console() -> SpanExporter:
+    """Spans printed on stderr: stdout is the command's own output (one JSON object with --json)."""
+    import sys
+
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    return ConsoleSpanExporter()
+    return ConsoleSpanExporter(out=sys.stderr)
