@@ -30,7 +30,7 @@ from conveyor.service.alerts import alerts_secret, list_alerts
 from conveyor.service.webhooks import RelaySettings, deliver, parse_policy, webhook_client
 from conveyor.store import open_store
 from tests.apiserver import make_token, served
-from tests.helpers import cli_json, query, submit_and_work, write_pipeline
+from tests.helpers import cli, cli_json, query, submit_and_work, write_pipeline
 from tests.test_api_webhooks import Receiver, wait_until
 from tests.test_metrics import parse, value
 
@@ -339,3 +339,29 @@ def test_a_bad_operator_webhook_is_a_one_line_error_before_a_worker_starts(
     assert str(caught.value) == ("CONVEYOR_ALERT_WEBHOOK: 'ops.example/alerts' must be http:// or https:// with "
                                  "a host")
     assert operator_webhook_url({"CONVEYOR_ALERT_WEBHOOK": " "}) is None
+
+
+def test_a_short_conveyor_run_still_raises_the_alert_it_caused(tmp_path: Path) -> None:
+    """A run over in less than a keeper round: `conveyor run` evaluates the alerts once more as it ends."""
+    target = write_pipeline(tmp_path, """
+        from conveyor import Alerts, Pipeline, Retry
+
+        pipe = Pipeline("brief", retry=Retry(max_attempts=1), alerts=Alerts(dead_letters_per_hour=0))
+
+        @pipe.stage
+        def parse(ctx, source: bytes) -> dict:
+            if source.startswith(b"poison"):
+                raise ValueError("poison document")
+            return {"n": len(source)}
+    """)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("fine")
+    (docs / "b.txt").write_text("poison")
+    db = f"sqlite:///{tmp_path}/c.db"
+    proc = cli("run", target, "--input", str(docs), "--db", db, "--blobs", str(tmp_path / "blobs"), cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr  # an item dead-lettered
+    assert "alert dead_letters_per_hour firing on pipeline brief" in proc.stderr
+    shown = cli_json("alerts", "--json", "--db", db, cwd=tmp_path)["alerts"]
+    assert [(a["alert"], a["state"], a["value"], a["firings"]) for a in shown] == [
+        ("dead_letters_per_hour", "firing", 1, 1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import ConveyorError, UserError
 from conveyor.pipeline import Pipeline
+from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
@@ -26,6 +28,8 @@ from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 # Called every poll with a function that reads the run's status: the status is read (a count over the
 # run's tasks) only when the caller is about to show it.
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
+
+log = logging.getLogger("conveyor.run")
 
 
 def default_workers() -> int:
@@ -134,10 +138,23 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
             fleet.run_id = done.run_id
             if fleet.procs:
                 fleet.watch(progress)
+    last_alerts(store, pipeline)
     summary = reconcile(store, find_run(store, done.run_id))
     summary["workers"] = options.workers
     summary["resumed"] = done.resumed
     return summary
+
+
+def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
+    """Evaluate the pipeline's alerts once more as a run ends: a run shorter than its workers' first keeper round
+    (a small corpus) still raises what it caused. Logged, never raised: the run's summary comes first."""
+    if pipeline.alerts is None:
+        return
+    try:
+        evaluate_alerts(store, pipeline, store.clock(), 0.0)
+    except ConveyorError as exc:
+        log.warning("could not evaluate the alerts of %s at the end of the run: %s", pipeline.name, exc,
+                    extra={"event": "alerts_failed"})
 
 
 @contextmanager
