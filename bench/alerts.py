@@ -18,16 +18,13 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results import markers, write_section  # noqa: E402
+from results import markers, pg_database, write_section  # noqa: E402
 
 from conveyor import Alerts, Pipeline  # noqa: E402
 from conveyor.runtime.alerts import evaluate  # noqa: E402
@@ -81,20 +78,6 @@ def measure(url: str, old: int, recent: int, runs: int) -> str:
         store.close()
 
 
-@contextmanager
-def pg_database(admin: str) -> Iterator[str]:
-    """A fresh PostgreSQL database for the block; dropped afterwards."""
-    import psycopg
-
-    name = f"conveyor_bench_alerts_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield f"{admin.partition('?')[0].rpartition('/')[0]}/{name}"
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -109,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-alerts-") as scratch:
         rows = [measure(f"sqlite:///{Path(scratch) / 'store.db'}", args.old, args.recent, args.runs)]
     if args.pg:
-        with pg_database(args.pg) as url:
+        with pg_database(args.pg, "alerts") as url:
             rows.append(measure(url, args.old, args.recent, args.runs))
     load = os.getloadavg()[0]
     for row in rows:

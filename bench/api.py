@@ -54,7 +54,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from results import markers, write_section  # noqa: E402
+from results import markers, pg_database, write_section  # noqa: E402
 
 from conveyor.service.tokens import create_token  # noqa: E402
 from conveyor.store import open_store  # noqa: E402
@@ -313,20 +313,6 @@ def start_rows(work: Path, db: str, backend: str, args: argparse.Namespace) -> l
     return rows
 
 
-@contextmanager
-def pg_database(admin: str) -> Iterator[str]:
-    """A fresh PostgreSQL database for the block; dropped afterwards."""
-    import psycopg
-
-    name = f"conveyor_bench_api_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield f"{admin.partition('?')[0].rpartition('/')[0]}/{name}"
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -345,7 +331,7 @@ def main() -> None:
         (work / "pipe.py").write_text(PIPELINE)
         rows += bench(work, f"sqlite:///{work}/bench.db", "sqlite", args)
         if args.pg:
-            with pg_database(args.pg) as url:
+            with pg_database(args.pg, "api") as url:
                 rows += bench(work, url, "postgres", args)
     paces = " ".join(f"--pace {jobs}@{gap:g}" for jobs, gap in args.paces)
     command = (f"    .venv/bin/python bench/api.py --seconds {args.seconds:g} --clients {args.clients} {paces} "

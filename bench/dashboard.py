@@ -31,8 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results import markers, write_section  # noqa: E402
-from selection import pg_database, populate  # noqa: E402
+from results import (  # noqa: E402
+    markers,
+    pg_database,
+    write_section,
+)
+from selection import populate  # noqa: E402
 
 from conveyor.api import ApiSettings, create_app  # noqa: E402
 from conveyor.service import report  # noqa: E402
@@ -184,7 +188,7 @@ def main() -> None:
         rows += found[0]
         calls += found[1]
         if args.pg:
-            with pg_database(args.pg) as url:
+            with pg_database(args.pg, "dash") as url:
                 found = bench(url, "postgres", args, f"{work}/blobs")
                 rows += found[0]
                 calls += found[1]

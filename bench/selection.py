@@ -25,15 +25,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from results import markers, write_section  # noqa: E402
+from results import markers, pg_database, write_section  # noqa: E402
 
 from conveyor.service.selection import Selection, parse_where, select_report  # noqa: E402
 from conveyor.store import SqlStore, open_store  # noqa: E402
@@ -124,19 +123,6 @@ def bench(url: str, backend: str, items: int, failed: int) -> list[str]:
     return rows
 
 
-@contextmanager
-def pg_database(admin: str) -> Iterator[str]:
-    import psycopg
-
-    name = f"conveyor_bench_sel_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield f"{admin.rpartition('/')[0]}/{name}"
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -150,7 +136,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-sel-") as work:
         rows += bench(f"sqlite:///{work}/bench.db", "sqlite", args.items, args.failed)
     if args.pg:
-        with pg_database(args.pg) as url:
+        with pg_database(args.pg, "sel") as url:
             rows += bench(url, "postgres", args.items, args.failed)
     section = "\n".join([
         BEGIN, "## Selection (bench/selection.py)", "",
