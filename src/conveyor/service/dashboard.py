@@ -10,14 +10,12 @@ narrows every call as it does for the API (None: an operator, who sees every run
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.service import report, review
 from conveyor.service.plots import line_chart
-from conveyor.service.progress import overview, timeline
-from conveyor.service.records import RunGraph
+from conveyor.service.progress import done_at, overview, progress_stages, timeline
 from conveyor.service.show import show_item
 from conveyor.store import RunRecord, SqlStore
 
@@ -47,17 +45,12 @@ def progress_of(run: RunRecord, status: dict[str, Any]) -> dict[str, Any]:
     """Accepted and published items of expected, from the per-stage counts of ``run_status``: tasks done at
     the run's acceptance stages (its record stage when it declares none) and at its publish stages, as
     ``timeline`` counts them; ``published`` is None for a run without a publish stage."""
-    graph = RunGraph.of(run)
-    accept = graph.stages.accept or ((graph.record_stage,) if graph.record_stage else ())
+    accept, publish = progress_stages(run)
     expected = int(status["expected"] or 0)
-    accepted = _done(status["stages"], accept)
-    published = _done(status["stages"], graph.stages.publish) if graph.stages.publish else None
+    accepted = done_at(status["stages"], accept)
+    published = done_at(status["stages"], publish) if publish else None
     return {"expected": expected, "accepted": accepted, "published": published,
             "accepted_pct": _pct(accepted, expected), "published_pct": _pct(published, expected)}
-
-
-def _done(stages: dict[str, dict[str, int]], names: Sequence[str]) -> int:
-    return sum(stages.get(name, {}).get("succeeded", 0) for name in names)
 
 
 def _pct(count: int | None, expected: int) -> float | None:

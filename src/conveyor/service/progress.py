@@ -12,11 +12,12 @@ acceptance stages (its record stage when it declares none) and at its publish st
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conveyor.service.records import RunGraph
 from conveyor.service.report import find_run, run_status, stage_activity
-from conveyor.store import SqlStore
+from conveyor.store import RunRecord, SqlStore
 from conveyor.store.metrics import AGE_BUCKETS
 
 SUCCESSES = ("succeeded", "cached")
@@ -25,9 +26,7 @@ AGE_CAP = 10_000  # queued tasks counted per age bin, at most
 
 def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str | None = None) -> list[dict[str, Any]]:
     run = find_run(store, run_id, tenant)
-    graph = RunGraph.of(run)
-    accept = set(graph.stages.accept) or ({graph.record_stage} if graph.record_stage else set())
-    publish = set(graph.stages.publish)
+    accept, publish = progress_stages(run)
     buckets: dict[float, dict[str, Any]] = {}
     for row in store.timeline_rows(run.run_id, bucket_s):
         entry = buckets.setdefault(row.bucket, {"t": row.bucket, "attempts": 0, "succeeded": 0, "failed": 0,
@@ -60,12 +59,20 @@ def overview(store: SqlStore, run_id: str, tenant: str | None = None, age_cap: i
         entry["queue_ages"] = [{"le": bound, "tasks": n, "capped": n >= age_cap}
                                for bound, n in zip((*AGE_BUCKETS, None), bins, strict=False)]
     status["stage_activity"] = activity
-    graph = RunGraph.of(run)
-    accept = set(graph.stages.accept) or ({graph.record_stage} if graph.record_stage else set())
-    status["accepted"] = sum(_done(status["stages"].get(s, {})) for s in accept)
-    status["published"] = sum(_done(status["stages"].get(s, {})) for s in graph.stages.publish)
+    accept, publish = progress_stages(run)
+    status["accepted"] = done_at(status["stages"], accept)
+    status["published"] = done_at(status["stages"], publish)
     return status
 
 
-def _done(counts: dict[str, int]) -> int:
-    return counts.get("succeeded", 0)
+def progress_stages(run: RunRecord) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The stages whose done tasks a run's progress counts: its acceptance stages (its record stage when it
+    declares none), and its publish stages."""
+    graph = RunGraph.of(run)
+    accept = graph.stages.accept or ((graph.record_stage,) if graph.record_stage else ())
+    return accept, graph.stages.publish
+
+
+def done_at(stages: Mapping[str, Mapping[str, int]], names: Sequence[str]) -> int:
+    """Tasks done (succeeded) at ``names``, from ``run_status``'s per-stage counts."""
+    return sum(stages.get(name, {}).get("succeeded", 0) for name in names)
