@@ -13,6 +13,7 @@ Timestamps are epoch seconds (float) so the clock can be passed in.
 
 from __future__ import annotations
 
+from conveyor.store.queuecounts import MIGRATION as OPEN_TASK_SECONDS
 from conveyor.store.runtotals import RECOUNT
 
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -549,5 +550,10 @@ ALTER TABLE events ADD COLUMN tenant TEXT;
 -- root items only: a fan-out child's attempts join its root's trace.
 ALTER TABLE items ADD COLUMN traceparent TEXT;
 """,
+    ),
+    (
+        16,
+        "queue counts: open tasks per (pipeline, stage, second of available_at), kept by triggers on tasks",
+        OPEN_TASK_SECONDS,
     ),
 ]
