@@ -95,8 +95,8 @@ AGES = [-30.0, 2.0, 10.0, 40.0, 200.0, 600.0, 2000.0, 10_000.0, 50_000.0]
 
 
 def test_queue_age_histogram_is_exact_at_the_second(store_url: str, tmp_path: Path) -> None:
-    """Tasks made runnable at known ages (by SQL, which the counting triggers follow like any statement) land
-    in their bins; leased tasks are not queued; folding the writers' shards changes no count."""
+    """Tasks made runnable at known ages (by SQL, then counted again from the rows) land in their bins; leased
+    tasks are not queued; folding the writers' shards changes no count."""
     target = write_pipeline(tmp_path, PIPE)
     cli("submit", target, "--input", str(_docs(tmp_path)), "--db", store_url, "--blobs", str(tmp_path / "blobs"),
         cwd=tmp_path, check=True)
@@ -108,6 +108,7 @@ def test_queue_age_histogram_is_exact_at_the_second(store_url: str, tmp_path: Pa
         with store.transaction():
             for task_id, age in zip(ids, ages, strict=True):
                 store.db.execute("UPDATE tasks SET available_at = ? WHERE id = ?", (now - age, task_id))
+        store.recount_open_task_seconds()
         leased = store.claim("metered", ["parse"], 2, "test-owner", store.clock(), 600.0)
         store.compact_open_task_seconds()
         assert not store.open_task_mismatches()
@@ -278,7 +279,7 @@ def test_folding_the_counts_while_two_workers_run(store_url: str, tmp_path: Path
         rows = store.db.execute("SELECT COUNT(*) FROM open_task_seconds")[0][0]
     finally:
         store.close()
-    out, err = run.communicate()
+    _out, err = run.communicate()
     assert run.returncode == 0, err
     assert folds > 3
     assert rows == 0  # every task finished: nothing is open, and the fold dropped every spent row

@@ -162,6 +162,7 @@ def test_one_items_journey_is_one_trace_across_stages_retries_and_workers(
         try:
             with store.transaction():  # the retry is due now, for worker B
                 store.db.execute("UPDATE tasks SET available_at = 0 WHERE run_id = ? AND status = 'queued'", (run_id,))
+            store.recount_open_task_seconds()  # the rows were changed around the engine
         finally:
             store.close()
         work(target, store_url, blobs, run_id=run_id)
@@ -316,6 +317,7 @@ def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(
         assert Transitions(pipeline, store, "host:2:alive").reclaim_expired(now + 40)["requeued"] == 1
         with store.transaction():  # requeued as of the reclaim, 40 s ahead: due now
             store.db.execute("UPDATE tasks SET available_at = 0 WHERE run_id = ? AND status = 'queued'", (run_id,))
+            store.recount_open_task_seconds()  # the rows were changed around the engine
     finally:
         store.close()
     work(target, store_url, blobs, run_id=run_id)

@@ -231,6 +231,7 @@ class ClaimedTask(NamedTuple):
     lease_token: int
     lane_rank: int = 1
     tier: int = 0  # the escalation tier it runs at (conveyor.acceptance)
+    available_at: float = 0.0  # when it became runnable (its second is where the queue's counts hold it)
 
 
 class AttemptRecord(NamedTuple):
@@ -274,6 +275,7 @@ class ExpiredLease:
     crashes: int
     root_key: str = ""  # the item's root (its trace lives there: store/traces.py)
     started_at: float | None = None  # when the attempt was claimed
+    available_at: float = 0.0  # when it became runnable (store/queuecounts.py)
 
 
 @dataclass(frozen=True)

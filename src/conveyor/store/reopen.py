@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
+from conveyor.store.queuecounts import OPEN_STATUSES, OpenTally, QueueCountQueries
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
 from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
@@ -38,7 +39,7 @@ RETURNING id, stage
 
 # What SUPERSEDE will change, read first (with its rows locked) for the run's task totals.
 SUPERSEDED_BEFORE = f"""
-SELECT id, status, cached FROM tasks
+SELECT id, status, cached, pipeline, stage, available_at FROM tasks
 WHERE run_id = ? AND root_key = ? AND (status IN ({_ENDED_SQL}) OR (status = 'queued' AND replay_id = ?))
     AND ((item_key = ? AND stage IN ({{stages}})) OR (item_key > ? AND item_key < ? AND ? = 1))"""
 
@@ -70,7 +71,7 @@ class Downstream(NamedTuple):
     children: bool
 
 
-class ReopenQueries(RunTotalsQueries):
+class ReopenQueries(RunTotalsQueries, QueueCountQueries):
     db: Dialect
 
     def start_replay(self, reason: str, note: str | None, selection: str, downstream: bool, runs: str, now: float,
@@ -113,15 +114,17 @@ class ReopenQueries(RunTotalsQueries):
         ``message`` as an attempt of each. Returns the ids re-opened (a task no longer ended is left as it is).
         Runs in the caller's transaction."""
         self.forget_refusals(forget)
-        totals, changed = RunTally(), []
+        totals, opened, changed = RunTally(), OpenTally(), []
         for row in rows:
-            before = self.db.execute(f"SELECT run_id, stage, status, cached FROM tasks WHERE id = ?{self.db.row_lock}",
-                                     (row.task_id,))
+            before = self.db.execute("SELECT run_id, stage, status, cached, pipeline FROM tasks WHERE id = ?"
+                                     f"{self.db.row_lock}", (row.task_id,))
             if before and self.db.execute_rowcount(REOPEN, row):
-                run_id, stage, status, cached = before[0]
+                run_id, stage, status, cached, pipeline = before[0]
                 totals.move(str(run_id), str(stage), (str(status), int(cached)), ("queued", 0))
+                opened.add(str(pipeline), str(stage), row.available_at)  # it was ended: not open before
                 changed.append(row.task_id)
         self.add_run_totals(totals)
+        self.add_open_tasks(opened)
         self._closed(changed, message, worker, now, run_of, "replayed")
         return changed
 
@@ -131,19 +134,23 @@ class ReopenQueries(RunTotalsQueries):
         by_stage: dict[str, int] = {}
         touched: list[int] = []
         run_of: dict[int, str] = {}
-        totals = RunTally()
+        totals, opened = RunTally(), OpenTally()
         for d in parts:
             marks = ",".join("?" * len(d.stages)) if d.stages else "NULL"
             params = (replay_id, d.run_id, d.root_key, replay_id, d.item_key, *d.stages,
                       d.item_key + CHILD_MARK, d.item_key + CHILD_RANGE_END, int(d.children))
-            before = {int(i): (str(status), int(cached)) for i, status, cached in self.db.execute(
+            before = {int(r[0]): r[1:] for r in self.db.execute(
                 SUPERSEDED_BEFORE.replace("{stages}", marks) + self.db.row_lock, params[1:])}
             for task_id, stage in self.db.execute(SUPERSEDE.replace("{stages}", marks), params):
                 by_stage[str(stage)] = by_stage.get(str(stage), 0) + 1
                 touched.append(int(task_id))
                 run_of[int(task_id)] = d.run_id
-                totals.task(d.run_id, str(stage), *before[int(task_id)], value=-1)  # superseded: counted nowhere
+                status, cached, pipeline, _, available_at = before[int(task_id)]
+                totals.task(d.run_id, str(stage), str(status), int(cached), value=-1)  # superseded: counted nowhere
+                if status in OPEN_STATUSES:  # queued again by this replay, now superseded
+                    opened.add(str(pipeline), str(stage), float(available_at), -1)
         self.add_run_totals(totals)
+        self.add_open_tasks(opened)
         self._closed(touched, message, worker, now, run_of, "superseded")
         return by_stage
 

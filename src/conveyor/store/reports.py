@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.queuecounts import OpenTally, QueueCountQueries
 from conveyor.store.records import DeadLetter
 from conveyor.store.runtotals import OPEN as OPEN_STATE
 from conveyor.store.runtotals import USAGE_FIELDS, RunTally, RunTotalsQueries
@@ -70,7 +71,7 @@ def _among(column: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     return f"{column} IN ({','.join('?' * len(names))})", tuple(names)
 
 
-class ReportQueries(RunTotalsQueries):
+class ReportQueries(RunTotalsQueries, QueueCountQueries):
     db: Dialect
 
     # --- progress -----------------------------------------------------------
@@ -282,7 +283,7 @@ class ReportQueries(RunTotalsQueries):
 
     def replay_dead_letters(self, ids: Sequence[int], reason: str, now: float) -> int:
         """Queue dead-lettered tasks again with a fresh attempt budget; record why."""
-        replayed, totals = 0, RunTally()
+        replayed, totals, opened = 0, RunTally(), OpenTally()
         with self.db.transaction():
             for dead_letter_id in ids:
                 rows = self.db.execute(
@@ -294,13 +295,15 @@ class ReportQueries(RunTotalsQueries):
                     continue
                 queued = self.db.execute(
                     """UPDATE tasks SET status = 'queued', attempts = 0, available_at = ?, finished_at = NULL
-                    WHERE id = ? AND status = 'dead_lettered' RETURNING run_id, stage, cached""",
+                    WHERE id = ? AND status = 'dead_lettered' RETURNING run_id, stage, cached, pipeline""",
                     (now, rows[0][0]),
                 )
-                for run_id, stage, cached in queued:
+                for run_id, stage, cached, pipeline in queued:
                     totals.move(str(run_id), str(stage), ("dead_lettered", int(cached)), ("queued", int(cached)))
+                    opened.add(str(pipeline), str(stage), now)
                     replayed += 1
             self.add_run_totals(totals)
+            self.add_open_tasks(opened)
             self.db.notify()
         return replayed
 

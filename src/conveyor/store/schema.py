@@ -553,7 +553,7 @@ ALTER TABLE items ADD COLUMN traceparent TEXT;
     ),
     (
         16,
-        "queue counts: open tasks per (pipeline, stage, second of available_at), kept by triggers on tasks",
+        "queue counts: open tasks per (pipeline, stage, second of available_at)",
         OPEN_TASK_SECONDS,
     ),
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -97,19 +96,5 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
 
 
 def _statements(ddl: str) -> list[str]:
-    """The statements of a migration, split at semicolons except inside a PostgreSQL function body ($$ ... $$)
-    or a SQLite trigger's BEGIN ... END."""
     lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
-    statements, pending = [], ""
-    for piece in "\n".join(lines).split(";"):
-        pending = f"{pending};{piece}" if pending else piece
-        if pending.count("$$") % 2 or (_TRIGGER_BODY.search(pending) and not _BODY_END.search(pending)):
-            continue
-        if pending.strip():
-            statements.append(pending.strip())
-        pending = ""
-    return statements
-
-
-_TRIGGER_BODY = re.compile(r"\bCREATE\s+TRIGGER\b.*\bBEGIN\b", re.IGNORECASE | re.DOTALL)
-_BODY_END = re.compile(r"\bEND\s*$", re.IGNORECASE)
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -6,11 +6,13 @@ Each method runs inside the caller's transaction when there is one
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
+from conveyor.store.queuecounts import OpenTally, QueueCountQueries
 from conveyor.store.records import (
     AttemptRecord,
     ClaimedTask,
@@ -35,7 +37,7 @@ MemoRow = tuple[str, str, str, bytes | None, int, str | None, str | None]
 
 CLAIM_COLUMNS = (
     "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
-    "input_size, attempts, max_attempts, lease_token, lane_rank, tier"
+    "input_size, attempts, max_attempts, lease_token, lane_rank, tier, available_at"
 )
 
 _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
@@ -60,6 +62,7 @@ _FRESH = ("attempts = 0, input_inline = excluded.input_inline, output_digest = N
 # One statement per shape of NewTasks (see there); NULL columns are written by the statement, not bound.
 INSERT_QUEUED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
     status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0) {_revives(_FRESH)}"""
+QUEUED_AT = 14  # the position of available_at in an INSERT_QUEUED (and INSERT_RUNNING) row
 INSERT_RUNNING = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
     lease_owner, lease_expires_at, started_at, status, cached, attempts, lease_token)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_revives(
@@ -205,7 +208,7 @@ def chunks(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield rows[start : start + size]
 
 
-class TaskQueries(RunTotalsQueries):
+class TaskQueries(RunTotalsQueries, QueueCountQueries):
     """Batched task operations over one dialect's connection."""
 
     db: Dialect
@@ -227,10 +230,11 @@ class TaskQueries(RunTotalsQueries):
 
     def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
         """Insert new task rows; return the ones claimed as they were created (``tasks.running``). The run's
-        task totals grow by the rows each (run, stage) group really inserted (a row already there is kept)."""
-        totals = RunTally()
+        task totals and the queue's counts grow by the rows each group really inserted (a row already there is
+        kept)."""
+        totals, opened = RunTally(), OpenTally()
         with self.db.transaction():
-            self._insert_counted(INSERT_QUEUED, tasks.queued, totals, "queued", 0)
+            self._insert_queued(tasks.queued, totals, opened)
             self._insert_counted(INSERT_CACHED, tasks.cached, totals, "succeeded", 1)
             self._insert_counted(INSERT_FAILED, tasks.failed, totals, "failed", 1)
             rejected = [(r[0], r[4], r[3], r[2]) for r in tasks.failed if r[12] == "rejected"]
@@ -244,9 +248,12 @@ class TaskQueries(RunTotalsQueries):
             if tasks.provenance:
                 self.db.executemany(INSERT_PROVENANCE, tasks.provenance)
             claimed = self._insert_running(tasks.running) if tasks.running else []
+            pipelines = {row[0]: row[1] for row in tasks.running}
             for task in claimed:
                 totals.task(task.run_id, task.stage, "running", 0)
+                opened.add(pipelines[task.run_id], task.stage, task.available_at)
             self.add_run_totals(totals)
+            self.add_open_tasks(opened)
             if tasks.queued:
                 self.db.notify()
         return claimed
@@ -259,6 +266,20 @@ class TaskQueries(RunTotalsQueries):
         groups = _by_run_stage(rows, 0, 2)
         for (run_id, stage), part in groups.items():
             totals.task(run_id, stage, status, cached, self.db.executemany_count(sql, part))
+
+    def _insert_queued(self, rows: Sequence[tuple[Any, ...]], totals: RunTally, opened: OpenTally) -> None:
+        """Queued rows: one executemany per (run, stage, second of ``available_at``), so that each group's row
+        count is exact for the queue's counts too (a commit's new tasks share a second, or two)."""
+        if not rows:
+            return
+        for (run_id, stage), part in _by_run_stage(rows, 0, 2).items():
+            seconds: dict[int, list[tuple[Any, ...]]] = {}
+            for row in part:
+                seconds.setdefault(math.floor(row[QUEUED_AT]), []).append(row)
+            for second, same in seconds.items():
+                inserted = self.db.executemany_count(INSERT_QUEUED, same)
+                totals.task(run_id, stage, "queued", 0, inserted)
+                opened.add(same[0][1], stage, second, inserted)
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
         returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)
@@ -424,7 +445,7 @@ class TaskQueries(RunTotalsQueries):
     def expired_leases(self, pipeline: str, now: float, limit: int = 1000) -> list[ExpiredLease]:
         rows = self.db.execute(
             f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes,
-                root_key, started_at
+                root_key, started_at, available_at
             FROM tasks WHERE status = 'running' AND pipeline = ? AND lease_expires_at < ?
             ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",
             (pipeline, now, limit),

@@ -38,6 +38,7 @@ from conveyor.store import (
 )
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import rows_for
+from conveyor.store.queuecounts import OPEN_STATUSES, OpenTally
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 from conveyor.store.runtotals import RunTally
 
@@ -60,9 +61,10 @@ class Commits(JobEvents):
         writes = self.prepare(outcomes, now)
         self._take_fresh(writes, claim, now)
         where = {o.task.id: (o.task.run_id, o.task.stage) for o in outcomes}
+        since = {o.task.id: o.task.available_at for o in outcomes}
         try:
             with self.store.transaction():
-                fresh = self._write(writes, where)
+                fresh = self._write(writes, where, since)
                 self.stale_stages.update(n.stage for n in writes.notices)
                 claimed = self._claim(claim, now, fresh)
             self._trace(outcomes, writes)
@@ -79,7 +81,7 @@ class Commits(JobEvents):
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
-            fresh = self._write(writes, where, memo_checked=False)
+            fresh = self._write(writes, where, since, memo_checked=False)
             self.stale_stages.update(n.stage for n in writes.notices)
             claimed = self._claim(claim, now, fresh)
         self._trace(outcomes, writes)
@@ -137,7 +139,8 @@ class Commits(JobEvents):
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
                                 claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages)
 
-    def _write(self, w: Writes, where: dict[int, tuple[str, str]], memo_checked: bool = True) -> list[ClaimedTask]:
+    def _write(self, w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float],
+               memo_checked: bool = True) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if w.released:
@@ -168,6 +171,7 @@ class Commits(JobEvents):
         if w.tally:
             self.store.add_metric_totals(w.tally)
         self.store.add_run_totals(run_totals(w, where))
+        self.store.add_open_tasks(open_moves(w, where, since, self.pipeline.name))
         return fresh
 
     # --- preparing a commit (reads only) ------------------------------------
@@ -337,6 +341,20 @@ class Commits(JobEvents):
                                model=",".join(sorted(u.models)) or None,
                                prompt_version=",".join(sorted(u.prompt_versions)) or None,
                                unpriced_calls=u.unpriced_calls)
+
+
+def open_moves(w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float], pipeline: str) -> OpenTally:
+    """What a commit's fenced changes (all applied) do to the queue's counts (store/queuecounts.py): leased tasks
+    that end or go to review leave the open ones; a retry or an escalation is runnable again at a new time; a
+    released lease keeps its time. (The new tasks it inserts are counted by the insert.)"""
+    moves = OpenTally()
+    ended = [e.task_id for e in w.ended if e.status not in OPEN_STATUSES]
+    for task_id in (*(s.task_id for s in w.succeeded), *ended, *(a.task_id for a in w.awaiting)):
+        moves.add(pipeline, where[task_id][1], since[task_id], -1)
+    for task_id, available_at in [*((r.task_id, r.available_at) for r in w.retry),
+                                  *((e.task_id, e.available_at) for e in w.escalated)]:
+        moves.move(pipeline, where[task_id][1], since[task_id], available_at)
+    return moves
 
 
 def run_totals(w: Writes, where: dict[int, tuple[str, str]]) -> RunTally:

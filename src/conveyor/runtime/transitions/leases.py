@@ -23,11 +23,13 @@ from conveyor.store import (
     ClaimedTask,
     Crashed,
     Ended,
+    ExpiredLease,
     Lease,
     NewDeadLetter,
     StoredOutput,
     TaskStatus,
 )
+from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 log = logging.getLogger("conveyor.transitions")
@@ -144,6 +146,7 @@ class Leases(JobEvents):
             self.store.insert_attempts(w.attempts)
             self.store.add_metric_totals(tally.rows())
             self.store.add_run_totals(_run_totals(expired, w))
+            self.store.add_open_tasks(_open_moves(self.pipeline.name, expired, w, now))
             if w.dead:
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()
@@ -169,6 +172,17 @@ def _run_totals(expired: Sequence[Any], w: Writes) -> RunTally:
         totals.move(lease.run_id, lease.stage, ("running", 0), (e.status, e.cached))
     totals.attempts({lease.id: lease.stage for lease in expired}, w.attempts)
     return totals
+
+
+def _open_moves(pipeline: str, expired: Sequence[ExpiredLease], w: Writes, now: float) -> OpenTally:
+    """The reclaimed tasks for the queue's counts: dead-lettered ones leave, requeued ones are runnable now."""
+    moves, ended = OpenTally(), {e.task_id for e in w.ended}
+    for lease in expired:
+        if lease.id in ended:
+            moves.add(pipeline, lease.stage, lease.available_at, -1)
+        else:
+            moves.move(pipeline, lease.stage, lease.available_at, now)
+    return moves
 
 
 def _say_reclaimed(expired: Sequence[Any]) -> None:

@@ -15,6 +15,7 @@ from conveyor.store import (
     ClaimedTask,
     NewOutput,
 )
+from conveyor.store.queuecounts import OPEN_STATUSES, OpenTally
 from conveyor.store.reviews import ReviewEntry
 from conveyor.store.runtotals import RunTally
 
@@ -60,6 +61,10 @@ class Reviews(JobEvents):
             totals.move(task.run_id, task.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
             totals.attempts({task.id: task.stage}, [decided])
             self.store.add_run_totals(totals)
+            if DECIDED_STATUS[decision] in OPEN_STATUSES:  # escalated: runnable again now, at a stronger tier
+                opened = OpenTally()
+                opened.add(self.pipeline.name, task.stage, now)
+                self.store.add_open_tasks(opened)
             self._tell_job(task, decision, by, now)
             self._tally_decision(task.stage, decision)
             self.store.notify()
