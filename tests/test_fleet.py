@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -285,6 +286,9 @@ def _keda_trigger() -> dict[str, Any]:
     meta = trigger["metadata"]
     assert int(meta["targetQueryValue"]) > 0 and int(meta["activationTargetQueryValue"]) >= 0
     assert scaled["spec"]["scaleTargetRef"]["name"]
+    caps = {int(n) for n in re.findall(r"LIMIT (\d+)", meta["query"])}
+    enough = scaled["spec"]["maxReplicaCount"] * int(meta["targetQueryValue"])
+    assert caps and min(caps) >= enough, "a capped count still asks for every replica it may"
     return dict(meta)
 
 

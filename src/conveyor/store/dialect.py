@@ -13,10 +13,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 from conveyor.store.queuecounts import POSTGRES_SECOND, POSTGRES_TRIGGERS, SQLITE_SECOND, SQLITE_TRIGGERS
+
+if TYPE_CHECKING:
+    import psycopg
 
 # Item keys compare byte by byte, whatever the database's locale (a root's fan-out descendants are one range).
 BYTE_ORDERED_KEYS = "\n".join(
@@ -308,7 +311,7 @@ class PostgresDialect:
     def lost(self) -> bool:
         return bool(self.conn.broken or self.conn.closed)
 
-    def _live(self) -> Any:
+    def _live(self) -> psycopg.Connection[Any]:
         """The connection, a new one when the last was lost (never inside a transaction: that one failed)."""
         if not self._depth and self.lost():
             fresh = self._psycopg.connect(self.url, autocommit=True)
