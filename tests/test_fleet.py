@@ -244,6 +244,25 @@ def test_a_worker_waits_out_lost_connections_and_carries_on(tmp_path: Path, pg_u
     assert report["unaccounted"] == 0 and report["outcomes"] == {"completed": 300}
 
 
+@pytest.mark.timeout(120)
+def test_sigterm_while_the_store_is_out_of_reach_still_exits_0(tmp_path: Path, pg_url: str) -> None:
+    target = write_pipeline(tmp_path, SLOW)
+    blobs, dbname = tmp_path / "blobs", pg_url.rpartition("/")[2]
+    run_id = _submit(target, make_docs(tmp_path / "docs", 300), pg_url, blobs)
+    worker = _worker(target, pg_url, blobs, "--batch-size", "5")
+    _wait_for(lambda: _done(pg_url, run_id), lambda n: n >= 5, 60, "progress")
+    _admin(f"ALTER DATABASE {dbname} ALLOW_CONNECTIONS false")
+    try:
+        _admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{dbname}'")
+        time.sleep(1.0)
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+    finally:
+        _admin(f"ALTER DATABASE {dbname} ALLOW_CONNECTIONS true")
+    assert worker.returncode == 0, err
+    assert "lost the connection to the store" in err and "stayed out of reach" in err and "Traceback" not in err
+
+
 def test_queue_depth_per_stage_and_its_filters(tmp_path: Path, store_url: str) -> None:
     target = write_pipeline(tmp_path, TWO_STAGES)
     blobs = tmp_path / "blobs"

@@ -151,6 +151,9 @@ class Worker:
         try:
             await self._loop_until_done()
             await self._drain()
+        except Exception:
+            if not (self._stop.is_set() and self.store.lost()):  # else: told to stop, with the store out of reach
+                raise
         finally:
             keeper.cancel()
             await self._shutdown()
@@ -187,7 +190,7 @@ class Worker:
                 await asyncio.sleep(random.uniform(wait / 2, wait))
                 wait = min(wait * 2, RECONNECT_S[1])
                 continue
-            if self._outage is not None:
+            if self._outage is not None and not self.store.lost():
                 log.info("store reachable again after %.1f s", time.monotonic() - self._outage,
                          extra={"event": "store_back", "run": self.opts.run_id})
                 self._outage = None
@@ -434,6 +437,8 @@ class Worker:
                     await self._call(step, *args)
                 except Exception:
                     self.stats["keeper_errors"] += 1
+                    if self.store.lost():  # told to stop while the store is out of reach: said once already
+                        continue
                     log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
                                   extra={"event": "keeper_error", "run": self.opts.run_id})
 
@@ -452,7 +457,7 @@ class Worker:
         try:
             self.store.stop_worker(self.id, self.clock(), self._done)
         except Exception:  # the store is gone (a restart): the worker is seen as lost, not stopped
-            log.warning("could not mark worker %s stopped", self.id, exc_info=True,
+            log.warning("could not mark worker %s stopped", self.id, exc_info=not self.store.lost(),
                         extra={"event": "worker_unregister_failed", "run": self.opts.run_id})
 
     def _expire_reviews(self) -> None:

@@ -370,9 +370,10 @@ class PostgresDialect:
         if self._depth:
             yield
             return
+        conn = self._live()
         self._depth = 1
         try:
-            with self._live().transaction():
+            with conn.transaction():
                 yield
         finally:
             self._depth = 0
