@@ -263,6 +263,28 @@ def test_sigterm_while_the_store_is_out_of_reach_still_exits_0(tmp_path: Path, p
     assert "lost the connection to the store" in err and "stayed out of reach" in err and "Traceback" not in err
 
 
+@pytest.mark.timeout(150)
+def test_a_worker_stopped_past_its_lease_carries_on_fenced(tmp_path: Path, pg_url: str) -> None:
+    target = write_pipeline(tmp_path, SLOW.replace('Pipeline("slow")', 'Pipeline("slow", lease_seconds=2.0)'))
+    blobs = tmp_path / "blobs"
+    run_id = _submit(target, make_docs(tmp_path / "docs", 200), pg_url, blobs)
+    stalled, other = (_worker(target, pg_url, blobs, "--batch-size", "5", "--json") for _ in range(2))
+    _wait_for(lambda: _done(pg_url, run_id), lambda n: n >= 20, 60, "progress")
+    stalled.send_signal(signal.SIGSTOP)
+    time.sleep(6.0)  # three leases
+    stalled.send_signal(signal.SIGCONT)
+    _wait_for(lambda: _done(pg_url, run_id), lambda n: n == 200, 90, "every task done")
+    stats = []
+    for proc in (stalled, other):
+        assert proc.poll() is None, "both kept running"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        stats.append(json.loads(out))
+    assert stats[0]["succeeded"] + stats[1]["succeeded"] == 200, f"each task committed once (late ones fenced): {stats}"
+    assert reconciled(pg_url, run_id)["outcomes"] == {"completed": 200}
+
+
 def test_queue_depth_per_stage_and_its_filters(tmp_path: Path, store_url: str) -> None:
     target = write_pipeline(tmp_path, TWO_STAGES)
     blobs = tmp_path / "blobs"
