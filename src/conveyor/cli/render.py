@@ -259,6 +259,19 @@ def workers(data: dict[str, Any]) -> None:
     out.print(table)
 
 
+def queue_depth(data: dict[str, Any]) -> None:
+    if not data["stages"]:
+        out.print("no task is ready to run or running")
+        return
+    table = Table(title="queue depth")
+    for column in ("pipeline", "stage", "runnable", "oldest waited", "running"):
+        table.add_column(column, justify="left" if column in ("pipeline", "stage") else "right")
+    for s in data["stages"]:
+        table.add_row(escape(s["pipeline"]), escape(s["stage"]), str(s["runnable"]), _duration(s["oldest_age_s"]),
+                      str(s["running"]))
+    out.print(table)
+
+
 def alerts(data: dict[str, Any]) -> None:
     if data.get("webhook_secret"):
         out.print(f"alert webhooks are signed with {data['webhook_secret']}")

@@ -26,3 +26,21 @@ def workers(
     except StoreMissing:
         data = {"workers": []}
     emit(data, as_json, render.workers)
+
+
+@app.command("queue-depth")
+def queue_depth(
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="only this pipeline's stages")] = None,
+    stage: Annotated[str | None, typer.Option("--stage", help="only stages of this name")] = None,
+    db: Db = DEFAULT_DB, as_json: Json = False,
+) -> None:
+    """Per stage: tasks ready to run, how long the oldest has waited, tasks running: what an autoscaler reads."""
+    from conveyor.cli import render
+    from conveyor.service.depth import queue_depth as depth
+
+    try:
+        with store_for(db, create=False) as store:
+            data = depth(store, pipeline, stage)
+    except StoreMissing:
+        data = {"runnable": 0, "running": 0, "oldest_age_s": 0.0, "stages": []}
+    emit(data, as_json, render.queue_depth)

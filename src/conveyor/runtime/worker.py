@@ -6,7 +6,9 @@ well within a lease. Leases are renewed while work is in flight; expired
 leases of dead workers are reclaimed by whoever notices first; a task that
 was in flight when its worker died runs alone next time (a "suspect").
 On SIGTERM the worker stops claiming, finishes what has started (up to
-``shutdown_grace``) and releases the rest.
+``shutdown_grace``) and releases the rest. A lost connection to the store (a
+restart, a terminated backend) is waited out: every store call is made
+again, on a new connection, with backoff, until the store answers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import time
 import uuid
@@ -42,6 +45,7 @@ log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
 PAUSED_READ_S = 1.0
 COMPACT_EVERY_S = 60.0  # folding the queue's counts per second (a scrape reads them)
+RECONNECT_S = (0.1, 5.0)  # the first and the longest wait between calls to a store whose connection was lost
 T = TypeVar("T")
 
 
@@ -105,6 +109,7 @@ class Worker:
         self._model_stages = frozenset(model_stages(pipeline))
         self._paused_read = float("-inf")
         self._stop: asyncio.Event | None = None
+        self._outage: float | None = None  # when the store's connection was lost (monotonic), until it answers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alerts_every = every_seconds()
         self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
@@ -146,6 +151,9 @@ class Worker:
         try:
             await self._loop_until_done()
             await self._drain()
+        except Exception:
+            if not (self._stop.is_set() and self.store.lost()):  # else: told to stop, with the store out of reach
+                raise
         finally:
             keeper.cancel()
             await self._shutdown()
@@ -168,9 +176,40 @@ class Worker:
         self.clock.sync(self.store.clock, self.store.db.local_clock)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store call on the one thread that owns the connection."""
+        """Run a store call on the one thread that owns the connection. When the connection was lost, the call
+        (its transaction rolled back) is made again on a new one after a backoff, until the store answers;
+        leases that run out meanwhile are fenced as ever (a stale commit changes nothing)."""
         assert self._loop is not None
-        return await self._loop.run_in_executor(self._db, fn, *args)
+        wait = RECONNECT_S[0]
+        while True:
+            try:
+                result = await self._loop.run_in_executor(self._db, fn, *args)
+            except Exception as exc:
+                if not self._store_lost(exc):
+                    raise
+                await asyncio.sleep(random.uniform(wait / 2, wait))
+                wait = min(wait * 2, RECONNECT_S[1])
+                continue
+            if self._outage is not None and not self.store.lost():
+                log.info("store reachable again after %.1f s", time.monotonic() - self._outage,
+                         extra={"event": "store_back", "run": self.opts.run_id})
+                self._outage = None
+            return result
+
+    def _store_lost(self, exc: Exception) -> bool:
+        """Whether ``exc`` came from losing the store's connection, worth waiting out: not once the worker was
+        told to stop and the outage has lasted its shutdown grace. Logs one line per outage."""
+        store: SqlStore | None = getattr(self, "store", None)
+        if store is None or not store.lost():
+            return False
+        if self._outage is None:
+            self._outage = time.monotonic()
+            self.stats["store_outages"] += 1
+            log.warning("lost the connection to the store (%s); trying again every %.0f s at most",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                        RECONNECT_S[1], extra={"event": "store_lost", "run": self.opts.run_id})
+        assert self._stop is not None
+        return not (self._stop.is_set() and time.monotonic() - self._outage > self.opts.shutdown_grace)
 
     # --- the loop --------------------------------------------------------
 
@@ -398,6 +437,8 @@ class Worker:
                     await self._call(step, *args)
                 except Exception:
                     self.stats["keeper_errors"] += 1
+                    if self.store.lost():  # told to stop while the store is out of reach: said once already
+                        continue
                     log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
                                   extra={"event": "keeper_error", "run": self.opts.run_id})
 
@@ -416,7 +457,7 @@ class Worker:
         try:
             self.store.stop_worker(self.id, self.clock(), self._done)
         except Exception:  # the store is gone (a restart): the worker is seen as lost, not stopped
-            log.warning("could not mark worker %s stopped", self.id, exc_info=True,
+            log.warning("could not mark worker %s stopped", self.id, exc_info=not self.store.lost(),
                         extra={"event": "worker_unregister_failed", "run": self.opts.run_id})
 
     def _expire_reviews(self) -> None:
@@ -442,13 +483,20 @@ class Worker:
         if fired:
             self.stats["alerts_fired"] += fired
 
+    async def _give_back(self) -> None:
+        """Commit what finished; release the leases of what did not."""
+        if self._results:
+            await self._flush()
+        if self._leases:
+            await self._call(self.transitions.release, [Lease(*lease) for lease in self._leases.items()])
+            self.stats["released"] += len(self._leases)
+            self._leases.clear()
+
     async def _drain(self) -> None:
         """Stop starting tasks; let started ones finish (leases still renewed) up to the grace period."""
         self.executor.stopping.set()
         if self._running:
             await asyncio.wait(self._running, timeout=self.opts.shutdown_grace)
-        if self._results:
-            await self._flush()
 
     async def _shutdown(self) -> None:
         self.executor.stopping.set()
@@ -461,12 +509,14 @@ class Worker:
         if gate is not None and gate.stats["granted"]:
             # Provider calls admitted, seconds they waited for the fleet's quota, 429s met, pauses honoured.
             self.stats.update({f"quota_{k}": round(v, 3) for k, v in gate.stats.items()})
-        if self._results:
-            await self._flush()
-        if self._leases:
-            await self._call(self.transitions.release, [Lease(*lease) for lease in self._leases.items()])
-            self.stats["released"] += len(self._leases)
-            self._leases.clear()
+        try:
+            await self._give_back()
+        except Exception:
+            if not self.store.lost():
+                raise
+            log.warning("the store stayed out of reach: %d tasks were neither committed nor given back; their "
+                        "leases run out in %.0f s and other workers take them", len(self._leases), self.lease,
+                        extra={"event": "give_back_failed", "run": self.opts.run_id})
         await self._call(self._unregister)
         await self._call(self.store.close)
         log.info("worker %s stopped: %s", self.id, dict(self.stats),

@@ -13,10 +13,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 from conveyor.store.queuecounts import POSTGRES_SECOND, SQLITE_SECOND
+
+if TYPE_CHECKING:
+    import psycopg
 
 # Item keys compare byte by byte, whatever the database's locale (a root's fan-out descendants are one range).
 BYTE_ORDERED_KEYS = "\n".join(
@@ -83,6 +86,11 @@ class Dialect(Protocol):
     def notify(self) -> None: ...
 
     def wait_for_work(self, timeout: float) -> None: ...
+
+    def lost(self) -> bool:
+        """True when the connection is gone (the server restarted or ended it, the network failed): the next
+        call opens a new one, so a caller that waits and tries again carries on."""
+        ...
 
     def close(self) -> None: ...
 
@@ -253,6 +261,10 @@ class SqliteDialect:
             if self._watcher.execute("PRAGMA data_version").fetchone()[0] != version:
                 return
 
+    def lost(self) -> bool:
+        """Never: an embedded store has no connection to lose."""
+        return False
+
     def close(self) -> None:
         self.conn.close()
         if self._watcher is not None:
@@ -262,7 +274,11 @@ class SqliteDialect:
 
 
 class PostgresDialect:
-    """PostgreSQL through psycopg 3: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups."""
+    """PostgreSQL through psycopg 3: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups.
+
+    A connection the server ended (a restart, ``pg_terminate_backend``, the network) fails the call that meets
+    it; the next call outside a transaction opens a new one (``lost`` says when that is so).
+    """
 
     name = "postgres"
     types: ClassVar[dict[str, str]] = {
@@ -283,6 +299,7 @@ class PostgresDialect:
 
         self.url = url
         self.conn = psycopg.connect(url, autocommit=True)
+        self._psycopg = psycopg
         self._listener: Any = None
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
@@ -291,6 +308,17 @@ class PostgresDialect:
     def glob(pattern: str) -> tuple[str, str]:
         return "~", glob_regex(pattern)
 
+    def lost(self) -> bool:
+        return bool(self.conn.broken or self.conn.closed)
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection, a new one when the last was lost (never inside a transaction: that one failed)."""
+        if not self._depth and self.lost():
+            fresh = self._psycopg.connect(self.url, autocommit=True)
+            self.conn.close()
+            self.conn = fresh
+        return self.conn
+
     def _sql(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
         if out is None:
@@ -298,22 +326,22 @@ class PostgresDialect:
         return out
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cur = self.conn.execute(self._sql(sql), params)
+        cur = self._live().execute(self._sql(sql), params)
         return cur.fetchall() if cur.description else []
 
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self.conn.execute(self._sql(sql), params).rowcount
+        return self._live().execute(self._sql(sql), params).rowcount
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
-            with self.conn.cursor() as cur:
+            with self._live().cursor() as cur:
                 cur.executemany(self._sql(sql), rows)
 
     def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """executemany, returning the total number of rows changed (psycopg sums them)."""
         if not rows:
             return 0
-        with self.conn.cursor() as cur:
+        with self._live().cursor() as cur:
             cur.executemany(self._sql(sql), rows)
             return cur.rowcount
 
@@ -322,7 +350,7 @@ class PostgresDialect:
         returned: list[tuple[Any, ...]] = []
         if not rows:
             return returned
-        with self.conn.cursor() as cur:
+        with self._live().cursor() as cur:
             cur.executemany(self._sql(sql), rows, returning=True)
             while True:
                 returned += cur.fetchall()
@@ -332,7 +360,7 @@ class PostgresDialect:
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """COPY: one stream instead of a statement per row (attempts went from 14 to ~3 us a row)."""
         if rows:
-            with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            with self._live().cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
 
@@ -342,9 +370,10 @@ class PostgresDialect:
         if self._depth:
             yield
             return
+        conn = self._live()
         self._depth = 1
         try:
-            with self.conn.transaction():
+            with conn.transaction():
                 yield
         finally:
             self._depth = 0
@@ -352,29 +381,35 @@ class PostgresDialect:
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """ANALYZE: right after a bulk load the statistics still describe a far smaller table."""
         for table in tables:
-            self.conn.execute(f"ANALYZE {table}")
+            self._live().execute(f"ANALYZE {table}")
 
     def clock(self) -> float:
         """The server's clock: workers on machines whose clocks disagree still agree on leases."""
-        row = self.conn.execute("SELECT extract(epoch from clock_timestamp())").fetchone()
+        row = self._live().execute("SELECT extract(epoch from clock_timestamp())").fetchone()
         assert row is not None
         return float(row[0])
 
     def lock(self, name: str) -> None:
-        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        self._live().execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
 
     def notify(self) -> None:
-        self.conn.execute(f"NOTIFY {self.channel}")
+        self._live().execute(f"NOTIFY {self.channel}")
 
     def wait_for_work(self, timeout: float) -> None:
-        """Block until a NOTIFY arrives or ``timeout`` passes."""
-        import psycopg
-
-        if self._listener is None:
-            self._listener = psycopg.connect(self.url, autocommit=True)
-            self._listener.execute(f"LISTEN {self.channel}")
-        for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-            break
+        """Block until a NOTIFY arrives or ``timeout`` passes. When the listening connection is lost, wait out
+        ``timeout`` as a poll would and listen on a new connection next time (what was sent meanwhile is
+        missed: the caller looks for work after every wait anyway)."""
+        try:
+            if self._listener is None:
+                self._listener = self._psycopg.connect(self.url, autocommit=True)
+                self._listener.execute(f"LISTEN {self.channel}")
+            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                break
+        except self._psycopg.OperationalError:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            time.sleep(timeout)
 
     def close(self) -> None:
         if self._listener is not None:

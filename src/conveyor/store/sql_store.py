@@ -10,6 +10,7 @@ from conveyor.errors import StoreError
 from conveyor.store.alerts import AlertQueries
 from conveyor.store.budget import BudgetQueries
 from conveyor.store.compare import CompareQueries
+from conveyor.store.depth import DepthQueries
 from conveyor.store.dialect import Dialect
 from conveyor.store.diffs import DiffQueries
 from conveyor.store.forecast import ForecastQueries
@@ -36,7 +37,7 @@ from conveyor.store.workers import WorkerQueries
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries, AlertQueries, TraceQueries, QueueCountQueries):
+               ProgressQueries, AlertQueries, TraceQueries, QueueCountQueries, DepthQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
@@ -90,6 +91,10 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
 
     def wait_for_work(self, timeout: float) -> None:
         self.db.wait_for_work(timeout)
+
+    def lost(self) -> bool:
+        """True when the connection to the store is gone; the next call opens a new one (PostgreSQL)."""
+        return self.db.lost()
 
     def close(self) -> None:
         self.db.close()
