@@ -95,7 +95,7 @@ def _start(weed: str, folder: Path) -> S3Server:
     ports = _distinct_ports(len(_PORTS))
     args = [weed, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-webdav=false", "-admin.ui=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={folder / 's3.json'}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false", f"-s3.config={folder / 's3.json'}",
             *(f"-{name}={port}" for name, port in zip(_PORTS, ports, strict=True))]
     log = folder / "weed.log"
     with log.open("wb") as out:

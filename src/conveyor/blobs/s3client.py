@@ -72,7 +72,7 @@ def make_client(settings: S3Settings, max_attempts: int | None = None) -> Any:
     from botocore.config import Config
 
     session = boto3.session.Session()  # the default session is shared state; a client of its own is thread-safe
-    config = Config(retries={"mode": "standard", "max_attempts": max_attempts or settings.max_attempts},
+    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts or settings.max_attempts},
                     connect_timeout=settings.connect_timeout, read_timeout=60, max_pool_connections=32,
                     s3={"addressing_style": "path"} if settings.endpoint else {})
     return session.client("s3", endpoint_url=settings.endpoint, config=config,
