@@ -289,7 +289,7 @@ def test_open_blobs_s3(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("url", ["s3://", "s3://ab", "s3://My_Bucket/x", "s3:bucket", "s3://bucket/../up",
                                  "s3://bucket/a b", "s3://bucket/x?versionId=1", "s3://bucket/x#y"])
 def test_open_blobs_bad_s3_url(url: str) -> None:
-    with pytest.raises(UrlError, match="s3://BUCKET/PREFIX|unusable key prefix") as caught:
+    with pytest.raises(UrlError, match=r"s3://BUCKET/PREFIX|unusable key prefix") as caught:
         open_blobs(url)
     assert "\n" not in str(caught.value)
 
