@@ -257,3 +257,12 @@ def test_check_writable_probe_is_harmless(store: S3Blobs, s3_env: S3Server, tmp_
     empty = sha(b"")
     assert s3_env.keys(store.prefix + "/") == [store.key_for(empty)]
     assert store.get(empty) == b""
+
+
+def test_unavailable_is_a_retried_task_failure_and_a_503() -> None:
+    from conveyor.api.problems import status_of
+    from conveyor.runtime.classify import classify
+
+    failure = classify(BlobUnavailable("cannot reach the S3 endpoint"))
+    assert (failure.error_class, failure.retryable) == ("blob_unavailable", True)
+    assert status_of(BlobUnavailable("cannot reach the S3 endpoint")) == 503

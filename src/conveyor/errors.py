@@ -111,12 +111,14 @@ class BlobUnavailable(BlobError, UserError):
     """The object store did not answer or refused (after the client's own retries).
 
     A stage that meets it is retried like any transient failure: it says so through
-    ``error_class`` and ``retryable``, which the runtime's classifier takes at their word.
+    ``error_class`` and ``retryable``, which the runtime's classifier takes at their word; the
+    CLI prints it as one line (exit 2).
     """
 
     code = "blob_unavailable"
     error_class = "blob_unavailable"
     retryable = True
+    http_status = 503  # the HTTP API answers it as the store being away, not as a bad request
 
 
 class BlobNotFound(BlobError):
