@@ -31,6 +31,7 @@ class S3Server:
     endpoint: str
     proc: subprocess.Popen[bytes]
     log: Path
+    ports: list[int]
     bucket: str = BUCKET
 
     def env(self) -> dict[str, str]:
@@ -71,14 +72,15 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
         try:
             _wait_ready(server)
         except _Exited:
+            _stop(server)
             continue
         except BaseException:
-            _stop(server.proc)
+            _stop(server)
             raise
         try:
             yield server
         finally:
-            _stop(server.proc)
+            _stop(server)
         return
     raise RuntimeError(f"SeaweedFS did not start in 3 tries; its log: {server.log}")
 
@@ -99,9 +101,10 @@ def _start(weed: str, folder: Path) -> S3Server:
             *(f"-{name}={port}" for name, port in zip(_PORTS, ports, strict=True))]
     log = folder / "weed.log"
     with log.open("wb") as out:
+        # TMPDIR: weed makes its unix sockets there, and a killed weed leaves them behind.
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=folder, start_new_session=True)
-    return S3Server(f"http://127.0.0.1:{ports[_PORTS.index('s3.port')]}", proc, log)
+                                cwd=folder, env={**os.environ, "TMPDIR": str(folder)}, start_new_session=True)
+    return S3Server(f"http://127.0.0.1:{ports[_PORTS.index('s3.port')]}", proc, log, ports)
 
 
 def _distinct_ports(count: int) -> list[int]:
@@ -134,8 +137,10 @@ def _wait_ready(server: S3Server, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL: weed's orderly shutdown takes seconds per component, and the data is scratch."""
+def _stop(server: S3Server) -> None:
+    """SIGTERM, then SIGKILL: weed's orderly shutdown takes seconds per component, and the data is scratch.
+    Then the unix sockets that weed makes in /tmp whatever TMPDIR says (named by port) go too."""
+    proc = server.proc
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -143,3 +148,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+    for port in server.ports:
+        for socket_file in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+            socket_file.unlink(missing_ok=True)
