@@ -91,7 +91,7 @@ def main() -> None:
         version = subprocess.run([str(weed_binary()), "version"], capture_output=True, text=True).stdout.split()[2:3]
     rows = [f"| {name} | {threads} | " + " | ".join(f"{r[op]:,.0f}" for op in OPERATIONS) + " |"
             for (name, threads), r in results.items()]
-    ratios = [f"| S3 / folder, {threads} thread(s) | " + " | ".join(
+    ratios = [f"| S3 / folder (ratio) | {threads} | " + " | ".join(
         f"{results['S3 on SeaweedFS (S3Blobs)', threads][op] / results['folder (FilesystemBlobs)', threads][op]:.2f}"
         for op in OPERATIONS) + " |" for threads in (1, args.threads)]
     section = "\n".join([

@@ -162,10 +162,12 @@ def test_wrong_secret(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None
 
 class _Throttle:
     """A loopback HTTP proxy in front of the S3 server that answers the first ``refuse`` requests with
-    503 SlowDown, as S3 does under load, and forwards the rest unchanged (Host too, so signatures hold)."""
+    503 SlowDown, as S3 does under load, and forwards the rest unchanged (Host too, so signatures hold);
+    the first ``cut`` GET answers are cut off half way."""
 
     def __init__(self, target: str, refuse: int) -> None:
         self.target, self.refuse, self.seen = target.removeprefix("http://"), refuse, 0
+        self.cut = 0  # GET answers to send only half of, then hang up (a server killed mid-body)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
         self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
@@ -196,16 +198,23 @@ class _Throttle:
                 data = answer.read()
                 headers = {k: v for k, v in answer.getheaders() if k.lower() not in ("transfer-encoding",
                                                                                       "content-length")}
+                upstream.close()
+                with proxy.lock:
+                    cut = self.command == "GET" and answer.status == 200 and proxy.cut > 0
+                    proxy.cut -= cut
+                if cut:
+                    self._send(200, headers, data[: len(data) // 2], length=str(len(data)))
+                    self.close_connection = True
+                    return
                 self._send(answer.status, headers, data, head=self.command == "HEAD",
                            length=answer.getheader("Content-Length"))
-                upstream.close()
 
             def _send(self, status: int, headers: dict[str, str], data: bytes, head: bool = False,
                       length: str | None = None) -> None:
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", length if head and length else str(len(data)))
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if not head:
                     self.wfile.write(data)
@@ -249,6 +258,18 @@ def test_slow_down_past_the_attempts_is_reported(throttle: _Throttle, s3_env: S3
         store.put(b"never stored")
     assert "SlowDown" in _one_line(caught)
     assert throttle.seen == 3, "max_attempts requests, then the error"
+
+
+def test_a_body_cut_off_is_fetched_again(throttle: _Throttle, s3_env: S3Server) -> None:
+    store = _through(throttle, s3_env, max_attempts=3)
+    data = os.urandom(200_000)
+    digest = store.put(data)
+    throttle.cut, throttle.seen = 2, 0
+    assert store.get(digest) == data
+    assert throttle.seen == 3, "two answers cut off half way, then the whole blob"
+    throttle.cut, throttle.seen = 1, 0
+    assert store.get(digest, max_bytes=len(data)) == data, "a read under a limit notices the cut too"
+    assert throttle.seen == 2
 
 
 def test_check_writable_probe_is_harmless(store: S3Blobs, s3_env: S3Server, tmp_path: Path) -> None:

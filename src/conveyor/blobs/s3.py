@@ -161,7 +161,7 @@ class S3Blobs:
         return self._read_once(digest, key, max_bytes)
 
     def _read_once(self, digest: str, key: str, max_bytes: int | None) -> bytes:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError, IncompleteReadError
 
         try:
             response = self._s3().get_object(Bucket=self.bucket, Key=key)
@@ -169,9 +169,13 @@ class S3Blobs:
             if error_code(exc) in _MISSING:
                 raise BlobNotFound(f"no blob {digest} in {self.url}") from None
             raise
+        expected = int(response["ContentLength"])
         with closing(response["Body"]) as body:
-            check_size(digest, int(response["ContentLength"]), max_bytes)
-            return read_limited(body, digest, max_bytes)
+            check_size(digest, expected, max_bytes)
+            data = read_limited(body, digest, max_bytes)
+        if len(data) != expected:  # cut off on the way (botocore checks this only for a read to the end)
+            raise IncompleteReadError(actual_bytes=len(data), expected_bytes=expected)
+        return data
 
     def _transfer(self) -> Any:
         from boto3.s3.transfer import TransferConfig
