@@ -168,6 +168,7 @@ class _Throttle:
     def __init__(self, target: str, refuse: int) -> None:
         self.target, self.refuse, self.seen = target.removeprefix("http://"), refuse, 0
         self.cut = 0  # GET answers to send only half of, then hang up (a server killed mid-body)
+        self.conditional = True  # False: answer a PUT with If-None-Match 501 NotImplemented, as some servers do
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
         self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
@@ -187,6 +188,11 @@ class _Throttle:
                 with proxy.lock:
                     proxy.seen += 1
                     refuse = proxy.seen <= proxy.refuse
+                if not proxy.conditional and self.headers.get("If-None-Match"):
+                    self._send(501, {"Content-Type": "application/xml"},
+                               b"<Error><Code>NotImplemented</Code><Message>A header you provided implies "
+                               b"functionality that is not implemented</Message></Error>")
+                    return
                 if refuse:
                     self._send(503, {"Content-Type": "application/xml"},
                                b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
@@ -270,6 +276,19 @@ def test_a_body_cut_off_is_fetched_again(throttle: _Throttle, s3_env: S3Server) 
     throttle.cut, throttle.seen = 1, 0
     assert store.get(digest, max_bytes=len(data)) == data, "a read under a limit notices the cut too"
     assert throttle.seen == 2
+
+
+def test_a_server_without_conditional_puts(throttle: _Throttle, s3_env: S3Server) -> None:
+    store = _through(throttle, s3_env, max_attempts=3)
+    throttle.conditional = False
+    digest = store.put(b"no If-None-Match here")
+    assert store.get(digest) == b"no If-None-Match here"
+    s3_env.client().put_object(Bucket=s3_env.bucket, Key=store.key_for(digest), Body=b"marker")
+    throttle.seen = 0
+    store.put(b"no If-None-Match here")
+    assert throttle.seen == 1, "one HEAD finds it; the conditional PUT is not tried again"
+    with pytest.raises(BlobCorrupt):
+        store.get(digest)
 
 
 def test_check_writable_probe_is_harmless(store: S3Blobs, s3_env: S3Server, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ class S3Blobs:
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client: Any = None
         self._pid = 0
+        self._conditional = True  # If-None-Match: * on PUT, until the server says it has no such thing
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -128,16 +129,34 @@ class S3Blobs:
     def _put_if_absent(self, client: Any, key: str, data: bytes) -> None:
         from botocore.exceptions import ClientError
 
+        if not self._conditional:
+            self._head_then_put(client, key, data)
+            return
         try:
             client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
         except ClientError as exc:
             code = error_code(exc)
             if code in ("PreconditionFailed", "412"):
                 return  # stored already
-            if code != "ConditionalRequestConflict":
+            if code in ("NotImplemented", "501"):  # a server without conditional writes: HEAD first from now on
+                self._conditional = False
+                self._head_then_put(client, key, data)
+            elif code == "ConditionalRequestConflict":
+                # Another writer's PUT of these very bytes is in flight: an unconditional PUT is as good.
+                client.put_object(Bucket=self.bucket, Key=key, Body=data)
+            else:
                 raise
-            # Another writer's PUT of these very bytes is in flight: an unconditional PUT is as good.
-            client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def _head_then_put(self, client: Any, key: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            client.head_object(Bucket=self.bucket, Key=key)
+            return
+        except ClientError as exc:
+            if error_code(exc) not in _MISSING:
+                raise
+        client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
     def _head(self, key: str) -> dict[str, Any] | None:
         from botocore.exceptions import ClientError
