@@ -3,16 +3,19 @@ ports in a temp folder, with one access key and one bucket, stopped when the tes
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +156,79 @@ def _stop(server: S3Server) -> None:
     for port in server.ports:
         for socket_file in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
             socket_file.unlink(missing_ok=True)
+
+
+class S3Proxy:
+    """A loopback HTTP proxy in front of the S3 server that answers the next ``refuse`` requests (of
+    ``methods``) with 503 SlowDown, as S3 does under load, and forwards the rest unchanged (Host too, so
+    signatures hold); the next ``cut`` GET answers are cut off half way."""
+
+    def __init__(self, target: str) -> None:
+        self.target, self.refuse, self.seen = target.removeprefix("http://"), 0, 0
+        self.methods = {"GET", "HEAD", "PUT", "POST", "DELETE"}  # the requests ``refuse`` counts
+        self.cut = 0  # GET answers to send only half of, then hang up (a server killed mid-body)
+        self.conditional = True  # False: answer a PUT with If-None-Match 501 NotImplemented, as some servers do
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy.lock:
+                    proxy.seen += 1
+                    refuse = proxy.refuse > 0 and self.command in proxy.methods
+                    proxy.refuse -= refuse
+                if not proxy.conditional and self.headers.get("If-None-Match"):
+                    self._send(501, {"Content-Type": "application/xml"},
+                               b"<Error><Code>NotImplemented</Code><Message>A header you provided implies "
+                               b"functionality that is not implemented</Message></Error>")
+                    return
+                if refuse:
+                    self._send(503, {"Content-Type": "application/xml"},
+                               b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
+                               b"</Error>")
+                    return
+                upstream = http.client.HTTPConnection(proxy.target, timeout=30)
+                upstream.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                answer = upstream.getresponse()
+                data = answer.read()
+                headers = {k: v for k, v in answer.getheaders() if k.lower() not in ("transfer-encoding",
+                                                                                      "content-length")}
+                upstream.close()
+                with proxy.lock:
+                    cut = self.command == "GET" and answer.status == 200 and proxy.cut > 0
+                    proxy.cut -= cut
+                if cut:
+                    self._send(200, headers, data[: len(data) // 2], length=str(len(data)))
+                    self.close_connection = True
+                    return
+                self._send(answer.status, headers, data, head=self.command == "HEAD",
+                           length=answer.getheader("Content-Length"))
+
+            def _send(self, status: int, headers: dict[str, str], data: bytes, head: bool = False,
+                      length: str | None = None) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
+
+        return Handler
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -276,14 +276,23 @@ def test_open_blobs_url_round_trip(fs: FilesystemBlobs) -> None:
 def test_open_blobs_s3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONVEYOR_S3_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     store = open_blobs("s3://my-bucket/runs/2026/")
     assert isinstance(store, S3Blobs)
     assert (store.bucket, store.prefix, store.url) == ("my-bucket", "runs/2026", "s3://my-bucket/runs/2026")
     assert (store.settings.endpoint, store.settings.region) == ("http://127.0.0.1:9", "eu-west-3")
+    assert store.settings.max_attempts == 3
     assert store.key_for(sha(b"x")) == f"runs/2026/{sha(b'x')[:2]}/{sha(b'x')[2:4]}/{sha(b'x')}"
     bare = open_blobs("s3://my-bucket")
     assert isinstance(bare, S3Blobs)
     assert bare.url == "s3://my-bucket" and bare.key_for(sha(b"x")).startswith(sha(b"x")[:2] + "/")
+
+
+@pytest.mark.parametrize("attempts", ["0", "many", "-1", "2.5"])
+def test_open_blobs_s3_bad_max_attempts(monkeypatch: pytest.MonkeyPatch, attempts: str) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
+    with pytest.raises(UrlError, match="AWS_MAX_ATTEMPTS"):
+        open_blobs("s3://my-bucket/x")
 
 
 @pytest.mark.parametrize("url", ["s3://", "s3://ab", "s3://My_Bucket/x", "s3:bucket", "s3://bucket/../up",

@@ -5,14 +5,11 @@ Run against a real SeaweedFS server (the `s3` fixture in conftest.py)."""
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import pickle
-import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ import pytest
 from conveyor.blobs import S3Blobs, S3Settings, open_blobs
 from conveyor.errors import BlobCorrupt, BlobUnavailable, UserError
 from tests.apiserver import free_port
-from tests.s3server import S3Server
+from tests.s3server import S3Proxy, S3Server
 
 MiB = 1024 * 1024
 
@@ -160,93 +157,19 @@ def test_wrong_secret(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None
 # -- throttling: S3's SlowDown is retried by the client, then reported ------------------------------
 
 
-class _Throttle:
-    """A loopback HTTP proxy in front of the S3 server that answers the first ``refuse`` requests with
-    503 SlowDown, as S3 does under load, and forwards the rest unchanged (Host too, so signatures hold);
-    the first ``cut`` GET answers are cut off half way."""
-
-    def __init__(self, target: str, refuse: int) -> None:
-        self.target, self.refuse, self.seen = target.removeprefix("http://"), refuse, 0
-        self.cut = 0  # GET answers to send only half of, then hang up (a server killed mid-body)
-        self.conditional = True  # False: answer a PUT with If-None-Match 501 NotImplemented, as some servers do
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
-        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with proxy.lock:
-                    proxy.seen += 1
-                    refuse = proxy.seen <= proxy.refuse
-                if not proxy.conditional and self.headers.get("If-None-Match"):
-                    self._send(501, {"Content-Type": "application/xml"},
-                               b"<Error><Code>NotImplemented</Code><Message>A header you provided implies "
-                               b"functionality that is not implemented</Message></Error>")
-                    return
-                if refuse:
-                    self._send(503, {"Content-Type": "application/xml"},
-                               b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
-                               b"</Error>")
-                    return
-                upstream = http.client.HTTPConnection(proxy.target, timeout=30)
-                upstream.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                answer = upstream.getresponse()
-                data = answer.read()
-                headers = {k: v for k, v in answer.getheaders() if k.lower() not in ("transfer-encoding",
-                                                                                      "content-length")}
-                upstream.close()
-                with proxy.lock:
-                    cut = self.command == "GET" and answer.status == 200 and proxy.cut > 0
-                    proxy.cut -= cut
-                if cut:
-                    self._send(200, headers, data[: len(data) // 2], length=str(len(data)))
-                    self.close_connection = True
-                    return
-                self._send(answer.status, headers, data, head=self.command == "HEAD",
-                           length=answer.getheader("Content-Length"))
-
-            def _send(self, status: int, headers: dict[str, str], data: bytes, head: bool = False,
-                      length: str | None = None) -> None:
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
-
-        return Handler
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def throttle(s3_env: S3Server) -> Iterator[_Throttle]:
-    proxy = _Throttle(s3_env.endpoint, refuse=0)
+def throttle(s3_env: S3Server) -> Iterator[S3Proxy]:
+    proxy = S3Proxy(s3_env.endpoint)
     yield proxy
     proxy.close()
 
 
-def _through(proxy: _Throttle, s3_env: S3Server, max_attempts: int) -> S3Blobs:
+def _through(proxy: S3Proxy, s3_env: S3Server, max_attempts: int) -> S3Blobs:
     bucket, prefix = s3_env.new_url().removeprefix("s3://").split("/", 1)
     return S3Blobs(bucket, prefix, S3Settings(proxy.endpoint, "us-east-1", max_attempts=max_attempts))
 
 
-def test_slow_down_is_retried(throttle: _Throttle, s3_env: S3Server) -> None:
+def test_slow_down_is_retried(throttle: S3Proxy, s3_env: S3Server) -> None:
     store = _through(throttle, s3_env, max_attempts=5)
     throttle.refuse = 3
     digest = store.put(b"under load")
@@ -257,7 +180,7 @@ def test_slow_down_is_retried(throttle: _Throttle, s3_env: S3Server) -> None:
     assert throttle.seen == 4
 
 
-def test_slow_down_past_the_attempts_is_reported(throttle: _Throttle, s3_env: S3Server) -> None:
+def test_slow_down_past_the_attempts_is_reported(throttle: S3Proxy, s3_env: S3Server) -> None:
     store = _through(throttle, s3_env, max_attempts=3)
     throttle.refuse = 100
     with pytest.raises(BlobUnavailable) as caught:
@@ -266,7 +189,7 @@ def test_slow_down_past_the_attempts_is_reported(throttle: _Throttle, s3_env: S3
     assert throttle.seen == 3, "max_attempts requests, then the error"
 
 
-def test_a_body_cut_off_is_fetched_again(throttle: _Throttle, s3_env: S3Server) -> None:
+def test_a_body_cut_off_is_fetched_again(throttle: S3Proxy, s3_env: S3Server) -> None:
     store = _through(throttle, s3_env, max_attempts=3)
     data = os.urandom(200_000)
     digest = store.put(data)
@@ -278,7 +201,7 @@ def test_a_body_cut_off_is_fetched_again(throttle: _Throttle, s3_env: S3Server) 
     assert throttle.seen == 2
 
 
-def test_a_server_without_conditional_puts(throttle: _Throttle, s3_env: S3Server) -> None:
+def test_a_server_without_conditional_puts(throttle: S3Proxy, s3_env: S3Server) -> None:
     store = _through(throttle, s3_env, max_attempts=3)
     throttle.conditional = False
     digest = store.put(b"no If-None-Match here")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.apiserver import free_port
-from tests.helpers import cli, cli_json, write_pipeline
-from tests.s3server import S3Server
+from tests.helpers import cli, cli_json, query, write_pipeline
+from tests.s3server import S3Proxy, S3Server
 
 PIPE = """
     from conveyor import Pipeline, Retry
@@ -83,6 +83,26 @@ def test_blob_altered_in_the_bucket_is_refused(s3: S3Server, store_url: str, tmp
     (refused,) = report["not_done"]
     assert refused["item_key"] == "doc2.txt"
     assert refused["error_classes"] == ["blob_corrupt"]
+
+
+def test_s3_away_past_its_retries_is_a_task_retry(s3: S3Server, tmp_path: Path) -> None:
+    """Reads refused past botocore's tries (one, with AWS_MAX_ATTEMPTS=1) fail the task as blob_unavailable, and
+    conveyor's own retry finishes it: no item lost, none failed."""
+    proxy = S3Proxy(s3.endpoint)
+    try:
+        target, docs, url = write_pipeline(tmp_path, PIPE), _docs(tmp_path / "docs"), s3.new_url()
+        db = f"sqlite:///{tmp_path}/c.db"
+        env = {**s3.env(), "CONVEYOR_S3_ENDPOINT": proxy.endpoint, "AWS_MAX_ATTEMPTS": "1"}
+        common = ["--db", db, "--blobs", url]
+        run_id = cli_json("submit", target, "--input", str(docs), *common, cwd=tmp_path, env=env)["run_id"]
+        proxy.methods, proxy.refuse = {"GET"}, 3
+        cli("worker", target, "--until-idle", "--quiet", *common, cwd=tmp_path, env=env, check=True)
+        assert proxy.refuse == 0, "the worker met every refusal"
+        assert cli_json("reconcile", run_id, *common, cwd=tmp_path, env=env)["outcomes"] == {"completed": DOCS}
+        retried = query(db, "SELECT error_class FROM attempts WHERE outcome <> 'succeeded'")
+        assert retried == [("blob_unavailable",)] * 3
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("problem", ["missing bucket", "unreachable endpoint", "wrong secret"])

@@ -39,15 +39,24 @@ class S3Settings:
 
     @classmethod
     def from_env(cls) -> S3Settings:
-        """``CONVEYOR_S3_ENDPOINT`` (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), AWS_REGION or AWS_DEFAULT_REGION."""
+        """``CONVEYOR_S3_ENDPOINT`` (else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), AWS_REGION or
+        AWS_DEFAULT_REGION, and AWS_MAX_ATTEMPTS (tries per request, 8 when unset)."""
         endpoint = next((os.environ[v] for v in (ENDPOINT_VAR, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
                          if os.environ.get(v)), None)
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
-        return cls(endpoint, region)
+        return cls(endpoint, region, _attempts(os.environ.get("AWS_MAX_ATTEMPTS")))
 
     @property
     def where(self) -> str:
         return self.endpoint or "AWS S3"
+
+
+def _attempts(raw: str | None) -> int:
+    if not raw:
+        return MAX_ATTEMPTS
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise UrlError(f"AWS_MAX_ATTEMPTS={raw!r} is not a whole number of tries (1 or more); set it so or unset it")
+    return int(raw)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
