@@ -35,7 +35,18 @@ class S3Server:
     proc: subprocess.Popen[bytes]
     log: Path
     ports: list[int]
+    args: list[str]
     bucket: str = BUCKET
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would; its data stays in its folder."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def start_again(self) -> None:
+        """Start the killed server on the same ports and data, and wait until S3 answers."""
+        self.proc = _launch(self.args, self.log)
+        _wait_ready(self)
 
     def env(self) -> dict[str, str]:
         """What a process needs to reach this server: the variables a user would set."""
@@ -105,11 +116,15 @@ def _start(weed: str, folder: Path) -> S3Server:
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false", f"-s3.config={folder / 's3.json'}",
             *(f"-{name}={port}" for name, port in zip(_PORTS, ports, strict=True))]
     log = folder / "weed.log"
-    with log.open("wb") as out:
+    return S3Server(f"http://127.0.0.1:{ports[_PORTS.index('s3.port')]}", _launch(args, log), log, ports, args)
+
+
+def _launch(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
         # TMPDIR: weed makes its unix sockets there, and a killed weed leaves them behind.
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=folder, env={**os.environ, "TMPDIR": str(folder)}, start_new_session=True)
-    return S3Server(f"http://127.0.0.1:{ports[_PORTS.index('s3.port')]}", proc, log, ports)
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=log.parent, env={**os.environ, "TMPDIR": str(log.parent)},
+                                start_new_session=True)
 
 
 def _distinct_ports(count: int) -> list[int]:

@@ -17,7 +17,7 @@ import pytest
 from conveyor.blobs import S3Blobs, S3Settings, open_blobs
 from conveyor.errors import BlobCorrupt, BlobUnavailable, UserError
 from tests.apiserver import free_port
-from tests.s3server import S3Proxy, S3Server
+from tests.s3server import S3Proxy, S3Server, s3_server
 
 MiB = 1024 * 1024
 
@@ -212,6 +212,21 @@ def test_a_server_without_conditional_puts(throttle: S3Proxy, s3_env: S3Server) 
     assert throttle.seen == 1, "one HEAD finds it; the conditional PUT is not tried again"
     with pytest.raises(BlobCorrupt):
         store.get(digest)
+
+
+def test_blobs_outlive_a_killed_server(s3_env: S3Server, tmp_path: Path) -> None:
+    """A server of its own, killed and started again: reads while it is down are BlobUnavailable, and the same
+    store object reads the same, checked bytes once it is back."""
+    with s3_server(tmp_path / "own") as server:
+        bucket, prefix = server.new_url().removeprefix("s3://").split("/", 1)
+        store = S3Blobs(bucket, prefix, S3Settings(server.endpoint, "us-east-1", max_attempts=2))
+        small, large = b"kept through a crash", os.urandom(9 * MiB)
+        digests = [store.put(small), store.put(large)]
+        server.kill()
+        with pytest.raises(BlobUnavailable, match="cannot reach the S3 endpoint"):
+            store.get(digests[0])
+        server.start_again()
+        assert [store.get(d) for d in digests] == [small, large]
 
 
 def test_check_writable_probe_is_harmless(store: S3Blobs, s3_env: S3Server, tmp_path: Path) -> None:
