@@ -12,11 +12,13 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from conveyor.store import SqlStore, open_store
+from tests.s3server import S3Server, s3_server
 
 PG_URL = os.environ.get("CONVEYOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEMPLATE = f"conveyor_tpl_{os.getpid()}"  # one per test session, so sessions never share it
@@ -109,6 +111,34 @@ def _check_run_totals(url: str) -> None:
         pytest.fail("run totals disagree with the rows: " + "; ".join(wrong[:10]))
     if queue:
         pytest.fail("open-task counts disagree with the rows: " + "; ".join(queue[:10]))
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A SeaweedFS S3 server for this test process, started at the first test that asks for it.
+
+    Without the `weed` binary, or when it will not start, the S3 tests skip, except under CI=true,
+    where they fail.
+    """
+    running = ExitStack()
+    try:
+        server = running.enter_context(s3_server(tmp_path_factory.mktemp("seaweedfs")))
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the SeaweedFS S3 server did not start under CI=true: {exc}")
+        pytest.skip(f"no S3 server for the S3 tests: {exc}")
+    with running:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The S3 server, with this process's environment pointing at it the way a user's would."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    return s3
 
 
 @pytest.fixture

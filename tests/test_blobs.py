@@ -1,4 +1,5 @@
-"""Contract tests for conveyor.blobs, run against every backend."""
+"""Contract tests for conveyor.blobs, run against every backend: a folder, memory, and a real S3 server
+(SeaweedFS, started by the `s3` fixture in conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.blobs import Blobs, FilesystemBlobs, MemoryBlobs, is_digest, open_blobs
-from conveyor.errors import BlobCorrupt, BlobError, BlobNotFound, UrlError
+from conveyor.blobs import Blobs, FilesystemBlobs, MemoryBlobs, S3Blobs, is_digest, open_blobs
+from conveyor.errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge, UrlError
 
 MiB = 1024 * 1024
 MISSING = hashlib.sha256(b"never stored").hexdigest()
@@ -42,10 +43,12 @@ def temp_files(root: Path) -> list[Path]:
     return sorted(tmp.iterdir()) if tmp.exists() else []
 
 
-@pytest.fixture(params=["filesystem", "memory"])
+@pytest.fixture(params=["filesystem", "memory", "s3"])
 def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Blobs:
     if request.param == "filesystem":
         return FilesystemBlobs(tmp_path / "store")
+    if request.param == "s3":
+        return open_blobs(request.getfixturevalue("s3_env").new_url())
     return MemoryBlobs()
 
 
@@ -111,6 +114,15 @@ def test_exists_and_size(blobs: Blobs) -> None:
     digest = blobs.put(b"12345")
     assert blobs.exists(digest)
     assert blobs.size(digest) == 5
+
+
+def test_read_limit(blobs: Blobs) -> None:
+    digest = blobs.put(b"0123456789")
+    assert blobs.get(digest, max_bytes=10) == b"0123456789"
+    with pytest.raises(BlobTooLarge, match=digest):
+        blobs.get(digest, max_bytes=9)
+    with pytest.raises(BlobNotFound):
+        blobs.get(MISSING, max_bytes=9)
 
 
 def test_missing_digest_raises_not_found(blobs: Blobs) -> None:
@@ -261,12 +273,34 @@ def test_open_blobs_url_round_trip(fs: FilesystemBlobs) -> None:
     assert reopened.get(digest) == b"shared"
 
 
-def test_open_blobs_s3_not_built() -> None:
-    with pytest.raises(UrlError) as caught:
-        open_blobs("s3://bucket/prefix")
-    assert str(caught.value) == (
-        "S3-compatible blob storage is not built yet; use a local folder (--blobs ./path or file:///path)"
-    )
+def test_open_blobs_s3(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_S3_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    store = open_blobs("s3://my-bucket/runs/2026/")
+    assert isinstance(store, S3Blobs)
+    assert (store.bucket, store.prefix, store.url) == ("my-bucket", "runs/2026", "s3://my-bucket/runs/2026")
+    assert (store.settings.endpoint, store.settings.region) == ("http://127.0.0.1:9", "eu-west-3")
+    assert store.settings.max_attempts == 3
+    assert store.key_for(sha(b"x")) == f"runs/2026/{sha(b'x')[:2]}/{sha(b'x')[2:4]}/{sha(b'x')}"
+    bare = open_blobs("s3://my-bucket")
+    assert isinstance(bare, S3Blobs)
+    assert bare.url == "s3://my-bucket" and bare.key_for(sha(b"x")).startswith(sha(b"x")[:2] + "/")
+
+
+@pytest.mark.parametrize("attempts", ["0", "many", "-1", "2.5"])
+def test_open_blobs_s3_bad_max_attempts(monkeypatch: pytest.MonkeyPatch, attempts: str) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
+    with pytest.raises(UrlError, match="AWS_MAX_ATTEMPTS"):
+        open_blobs("s3://my-bucket/x")
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3://ab", "s3://My_Bucket/x", "s3:bucket", "s3://bucket/../up",
+                                 "s3://bucket/a b", "s3://bucket/x?versionId=1", "s3://bucket/x#y"])
+def test_open_blobs_bad_s3_url(url: str) -> None:
+    with pytest.raises(UrlError, match=r"s3://BUCKET/PREFIX|unusable key prefix") as caught:
+        open_blobs(url)
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,7 @@ def test_submit_then_workers_then_status_and_replay(tmp_path: Path, store_url: s
         (["run", "{pipe}", "--input", "bad.jsonl"], "bad.jsonl:2: not valid JSON"),
         (["status", "no-such-run"], "no run 'no-such-run'"),
         (["dlq", "replay", "1"], "needs --reason"),
-        (["run", "{pipe}", "--input", ".", "--blobs", "s3://bucket"], "S3-compatible blob storage"),
+        (["run", "{pipe}", "--input", ".", "--blobs", "s3://No_Bucket"], "names no valid S3 bucket"),
     ],
 )
 def test_user_errors_are_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:

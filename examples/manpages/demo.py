@@ -14,7 +14,9 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
 4. A bumped prompt version (MANPAGES_PROMPT_VERSION): new answers, new publication versions; `conveyor diff`
    between the runs, one page's versions, a rollback.
 
-The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run.
+The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run. With
+CONVEYOR_BLOBS=s3://BUCKET/PREFIX set (and CONVEYOR_S3_ENDPOINT and the AWS variables, see the README) the blobs
+go to that bucket instead; the database is still made afresh.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ STORE = STATE / "manpages"
 DB = STORE / "conveyor.db"
 MANIFEST = STATE / "manpages-sample.jsonl"
 SIM_LOG = STATE / "provider-sim.jsonl"
+# An S3 bucket named in CONVEYOR_BLOBS is kept; any other value is the user's own store, which the demo leaves alone.
+USER_BLOBS = os.environ.get("CONVEYOR_BLOBS", "")
+BLOBS = USER_BLOBS if USER_BLOBS.startswith("s3://") else str(STORE / "blobs")
 LIMIT = int(os.environ.get("DEMO_LIMIT", "300"))
 PER_FAMILY = 2  # pages per name family (gcloud_*, git-*, ...) in the sample, so big generated families don't crowd it
 SHOWN = ("man1/ls.1.gz", "man1/gzip.1.gz", "man1/tar.1.gz", "man1/xz.1.gz", "man1/zstd.1.gz")
@@ -305,9 +310,9 @@ def main() -> int:
     note = write_sample(corpus(), LIMIT)
     shutil.rmtree(STORE, ignore_errors=True)  # the story starts from an empty store every time
     STORE.mkdir(parents=True)
-    print(f"input: {note}\nstore: {STORE}/ (made afresh)")
+    print(f"input: {note}\nstore: {STORE}/ (made afresh), blobs: {BLOBS}")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
-               CONVEYOR_DB=f"sqlite:///{DB}", CONVEYOR_BLOBS=str(STORE / "blobs"), MANPAGES_PROMPT_VERSION=PROMPTS[0])
+               CONVEYOR_DB=f"sqlite:///{DB}", CONVEYOR_BLOBS=BLOBS, MANPAGES_PROMPT_VERSION=PROMPTS[0])
     with endpoint(env) as where:
         print(f"chat: {where}\nembeddings: all-MiniLM-L6-v2 on this machine's CPU (one thread per worker)")
 
@@ -347,7 +352,7 @@ def main() -> int:
         conveyor("rollback", item, "--reason", f"keep the {PROMPTS[0]} record for now", env=env)
         show_versions(item, env)
     print(f"\ndemo took {time.monotonic() - started:.0f} s. The store: CONVEYOR_DB=sqlite:///{DB} "
-          f"CONVEYOR_BLOBS={STORE / 'blobs'} conveyor status | review list | search \"WORDS\"")
+          f"CONVEYOR_BLOBS={BLOBS} conveyor status | review list | search \"WORDS\"")
     ok = run1["unaccounted"] == 0 and again["unaccounted"] == 0 and bumped["unaccounted"] == 0
     return 0 if ok else 1
 

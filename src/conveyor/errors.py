@@ -17,8 +17,10 @@
     │   └── BackendUnavailable    the database cannot be reached
     ├── BlobError                 the blob store refused or lost something
     │   ├── BlobUnwritable        the blob store's folder cannot be written (also a UserError)
+    │   ├── BlobUnavailable       the S3 store cannot be reached or refused the request (also a UserError)
     │   ├── BlobNotFound          no blob under that digest
-    │   └── BlobCorrupt           the bytes on disk do not match their digest
+    │   ├── BlobTooLarge          a blob over the size a read allows
+    │   └── BlobCorrupt           the stored bytes do not match their digest
     └── StageSignal               raised *by stage code* to steer the runtime
         ├── RetryLater            retry this task at a given time (``after`` seconds)
         └── TerminalError         fail this task now, never retry
@@ -105,8 +107,26 @@ class BlobUnwritable(BlobError, UserError):
     code = "blob_unwritable"
 
 
+class BlobUnavailable(BlobError, UserError):
+    """The object store did not answer or refused (after the client's own retries).
+
+    A stage that meets it is retried like any transient failure: it says so through
+    ``error_class`` and ``retryable``, which the runtime's classifier takes at their word; the
+    CLI prints it as one line (exit 2).
+    """
+
+    code = "blob_unavailable"
+    error_class = "blob_unavailable"
+    retryable = True
+    http_status = 503  # the HTTP API answers it as the store being away, not as a bad request
+
+
 class BlobNotFound(BlobError):
     code = "blob_not_found"
+
+
+class BlobTooLarge(BlobError):
+    code = "blob_too_large"
 
 
 class BlobCorrupt(BlobError):

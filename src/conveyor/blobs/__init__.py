@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -11,20 +12,23 @@ from conveyor.blobs.base import Blobs
 from conveyor.blobs.digest import is_digest
 from conveyor.blobs.filesystem import FilesystemBlobs
 from conveyor.blobs.memory import MemoryBlobs
+from conveyor.blobs.s3 import S3Blobs
+from conveyor.blobs.s3client import S3Settings, parse_s3_url
 from conveyor.errors import UrlError
 
-__all__ = ["Blobs", "FilesystemBlobs", "MemoryBlobs", "is_digest", "open_blobs"]
+__all__ = ["Blobs", "FilesystemBlobs", "MemoryBlobs", "S3Blobs", "S3Settings", "is_digest", "open_blobs"]
 
 # Two or more letters, so a Windows drive ("C:\blobs") reads as a path, not a scheme.
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
-_ACCEPTED = "use a folder path, file:///abs/path, file:relative/path or memory://"
-_S3_MESSAGE = (
-    "S3-compatible blob storage is not built yet; use a local folder (--blobs ./path or file:///path)"
-)
+_ACCEPTED = "use a folder path, file:///abs/path, file:relative/path, s3://BUCKET/PREFIX or memory://"
 
 
 def open_blobs(url: str) -> Blobs:
-    """Open the blob store named by ``url``: a folder path, ``file:`` URL or ``memory://``."""
+    """Open the blob store named by ``url``: a folder path, ``file:`` URL, ``s3://BUCKET/PREFIX`` or ``memory://``.
+
+    An S3 store takes its endpoint from ``CONVEYOR_S3_ENDPOINT`` and its region and credentials from
+    the usual AWS variables (see ``S3Settings.from_env``); nothing is contacted until it is used.
+    """
     if not url:
         raise UrlError(f"empty blob store URL; {_ACCEPTED}")
     match = _SCHEME.match(url)
@@ -36,7 +40,7 @@ def open_blobs(url: str) -> Blobs:
     if scheme == "memory" and rest == "//":
         return MemoryBlobs()
     if scheme == "s3":
-        raise UrlError(_S3_MESSAGE)
+        return _bucket(url)
     raise UrlError(f"unsupported blob store URL {url!r}; {_ACCEPTED}")
 
 
@@ -58,3 +62,10 @@ def _folder(root: Path) -> FilesystemBlobs:
     if root.exists() and not root.is_dir():
         raise UrlError(f"blob store path {root} exists but is not a folder")
     return FilesystemBlobs(root)
+
+
+def _bucket(url: str) -> S3Blobs:
+    bucket, prefix = parse_s3_url(url)
+    if importlib.util.find_spec("boto3") is None:
+        raise UrlError(f"blob store URL {url!r} needs boto3: pip install 'conveyor[s3]'")
+    return S3Blobs(bucket, prefix, S3Settings.from_env())

@@ -24,8 +24,9 @@ class Blobs(Protocol):
         """Store a file's bytes, streamed; return (digest, size)."""
         ...
 
-    def get(self, digest: str) -> bytes:
-        """Return the bytes; raise BlobNotFound, or BlobCorrupt if they no longer match."""
+    def get(self, digest: str, max_bytes: int | None = None) -> bytes:
+        """Return the bytes; raise BlobNotFound, BlobCorrupt if they no longer match, or
+        BlobTooLarge if the blob is over ``max_bytes`` (checked before it is read in full)."""
         ...
 
     def exists(self, digest: str) -> bool: ...

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
-from conveyor.errors import BlobError
+from conveyor.errors import BlobError, BlobTooLarge
 
 CHUNK_SIZE = 1024 * 1024
 """Read and write blobs in 1 MiB pieces."""
@@ -50,3 +50,16 @@ def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK_SIZE) -> Iterator[byte
     """Yield ``stream``'s bytes in pieces of at most ``chunk_size``."""
     while chunk := stream.read(chunk_size):
         yield chunk
+
+
+def check_size(digest: str, size: int, max_bytes: int | None) -> None:
+    """Raise BlobTooLarge if a blob of ``size`` bytes is over ``max_bytes`` (None: no limit)."""
+    if max_bytes is not None and size > max_bytes:
+        raise BlobTooLarge(f"blob {digest} is over the read limit of {max_bytes:,} bytes")
+
+
+def read_limited(stream: BinaryIO, digest: str, max_bytes: int | None) -> bytes:
+    """Read ``stream`` to its end, or one byte past ``max_bytes`` and raise BlobTooLarge."""
+    data = stream.read() if max_bytes is None else stream.read(max_bytes + 1)
+    check_size(digest, len(data), max_bytes)
+    return data

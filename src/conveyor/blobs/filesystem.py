@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks, sha256_hex
+from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks, read_limited, sha256_hex
 from conveyor.errors import BlobCorrupt, BlobNotFound, BlobUnwritable
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
@@ -70,11 +70,12 @@ class FilesystemBlobs:
         with Path(path).open("rb") as src:
             return self.put_stream(read_chunks(src))
 
-    def get(self, digest: str) -> bytes:
+    def get(self, digest: str, max_bytes: int | None = None) -> bytes:
         """Return the blob's bytes after checking they still hash to ``digest``."""
         path = self.path_for(digest)
         try:
-            data = path.read_bytes()
+            with path.open("rb") as src:
+                data = read_limited(src, digest, max_bytes)
         except FileNotFoundError:
             raise BlobNotFound(f"no blob {digest} in {self.url}") from None
         actual = sha256_hex(data)

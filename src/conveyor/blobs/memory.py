@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks
+from conveyor.blobs.digest import check_digest, check_size, copy_hashed, read_chunks
 from conveyor.errors import BlobNotFound
 
 
@@ -33,12 +33,14 @@ class MemoryBlobs:
         with Path(path).open("rb") as src:
             return self.put_stream(read_chunks(src))
 
-    def get(self, digest: str) -> bytes:
+    def get(self, digest: str, max_bytes: int | None = None) -> bytes:
         """Return the blob's bytes."""
         try:
-            return self._blobs[check_digest(digest)]
+            data = self._blobs[check_digest(digest)]
         except KeyError:
             raise BlobNotFound(f"no blob {digest} in {self.url}") from None
+        check_size(digest, len(data), max_bytes)
+        return data
 
     def exists(self, digest: str) -> bool:
         """True if a blob is stored under ``digest``."""

@@ -23,7 +23,8 @@ INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
 Db = Annotated[str, typer.Option("--db", envvar="CONVEYOR_DB", help="sqlite:///file.db or postgresql://...")]
-Blobs = Annotated[str, typer.Option("--blobs", envvar="CONVEYOR_BLOBS", help="blob folder or file:// URL")]
+Blobs = Annotated[str, typer.Option("--blobs", envvar="CONVEYOR_BLOBS",
+                                    help="blob folder, file:// URL or s3://BUCKET/PREFIX")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:pipeline")]
 Input = Annotated[str, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.errors import Conflict, NotFound, UserError
+from conveyor.errors import BlobUnavailable, Conflict, NotFound, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.heartbeat import stopped, submitter_id
 from conveyor.runtime.target import absolute_target
@@ -297,6 +297,9 @@ class BatchKeeper:
             self._refused.add(batch_id)
             log.warning("batch %s cannot be read by this server: %s", batch_id, exc,
                         extra={"event": "batch_refused", "run": batch_id})
+        except BlobUnavailable as exc:  # the object store is away for now: a later round takes the batch up again
+            log.warning("reading batch %s stopped: %s; it is taken up again", batch_id, exc,
+                        extra={"event": "batch_read_failed", "run": batch_id})
         except UserError as exc:  # another server took it over first
             log.info("batch %s: %s", batch_id, exc, extra={"event": "batch_taken", "run": batch_id})
         except Exception:
