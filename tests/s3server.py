@@ -143,18 +143,31 @@ def _wait_ready(server: S3Server, timeout: float = 60.0) -> None:
         if server.proc.poll() is not None:
             raise _Exited(server.log.read_text(errors="replace")[-2000:])
         try:
-            client.create_bucket(Bucket=server.bucket)
-            return
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            _make_bucket(client, server.bucket)
+            # The gateway answers before its volume servers are up (after a restart they are found again a
+            # little later): ready is when an object can be written and read back.
+            client.put_object(Bucket=server.bucket, Key="ready-probe", Body=b"ready")
+            if client.get_object(Bucket=server.bucket, Key="ready-probe")["Body"].read() == b"ready":
                 return
-            last: Exception = exc
+            last: Exception = RuntimeError("the probe object read back wrong")
+        except ClientError as exc:
+            last = exc
         except BotoCoreError as exc:
             last = exc
         if time.monotonic() > deadline:
             raise RuntimeError(f"SeaweedFS's S3 gateway did not answer within {timeout:.0f}s: {last}; "
                                f"log: {server.log}")
         time.sleep(0.2)
+
+
+def _make_bucket(client: Any, bucket: str) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
 
 
 def _stop(server: S3Server) -> None:

@@ -335,7 +335,7 @@ def _keda_trigger() -> dict[str, Any]:
 
 def test_the_keda_query_counts_open_work(tmp_path: Path, pg_url: str) -> None:
     query_text = _keda_trigger()["query"]
-    assert load_target(f"{DEPLOY / 'pipeline.py'}:pipe").name == "docs" and "pipeline = 'docs'" in query_text
+    assert load_target(f"{DEPLOY / 'fleet_pipeline.py'}:pipe").name == "docs" and "pipeline = 'docs'" in query_text
     target = write_pipeline(tmp_path, GATED.replace('Pipeline("gated")', 'Pipeline("docs")'))
     gate, blobs = tmp_path / "gate", tmp_path / "blobs"
 

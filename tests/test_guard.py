@@ -129,8 +129,17 @@ def with_pool(target: str, size: int, body: Callable[[GuardedPool], Awaitable[An
 
 
 def live_children() -> list[psutil.Process]:
-    """Our children, zombies included, except multiprocessing's long-lived resource tracker."""
-    return [p for p in psutil.Process().children(recursive=True) if not _is_resource_tracker(p)]
+    """Our children, zombies included, except multiprocessing's long-lived resource tracker and the servers the
+    test session started (a SeaweedFS for the S3 tests, tests/s3server.py)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if not _is_resource_tracker(p) and not _is_session_server(p)]
+
+
+def _is_session_server(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() == "weed"
+    except psutil.Error:
+        return False
 
 
 def _is_resource_tracker(proc: psutil.Process) -> bool:

@@ -45,6 +45,7 @@ log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
 PAUSED_READ_S = 1.0
 COMPACT_EVERY_S = 60.0  # folding the queue's counts per second (a scrape reads them)
+CONFLICT_RETRIES = 5  # a transaction the database rolled back for another's (a deadlock) is made again
 RECONNECT_S = (0.1, 5.0)  # the first and the longest wait between calls to a store whose connection was lost
 T = TypeVar("T")
 
@@ -180,11 +181,15 @@ class Worker:
         (its transaction rolled back) is made again on a new one after a backoff, until the store answers;
         leases that run out meanwhile are fenced as ever (a stale commit changes nothing)."""
         assert self._loop is not None
-        wait = RECONNECT_S[0]
+        wait, conflicts = RECONNECT_S[0], 0
         while True:
             try:
                 result = await self._loop.run_in_executor(self._db, fn, *args)
             except Exception as exc:
+                if self._conflicted(exc) and conflicts < CONFLICT_RETRIES:
+                    conflicts += 1  # chosen as a deadlock's victim: rolled back whole, made again at once
+                    await asyncio.sleep(random.uniform(0, 0.05 * conflicts))
+                    continue
                 if not self._store_lost(exc):
                     raise
                 await asyncio.sleep(random.uniform(wait / 2, wait))
@@ -195,6 +200,15 @@ class Worker:
                          extra={"event": "store_back", "run": self.opts.run_id})
                 self._outage = None
             return result
+
+    def _conflicted(self, exc: Exception) -> bool:
+        store: SqlStore | None = getattr(self, "store", None)
+        if store is None or not store.conflicted(exc):
+            return False
+        self.stats["store_conflicts"] += 1
+        log.info("the store rolled back a transaction for another's sake (%s); making it again",
+                 str(exc).strip().splitlines()[0], extra={"event": "store_conflict", "run": self.opts.run_id})
+        return True
 
     def _store_lost(self, exc: Exception) -> bool:
         """Whether ``exc`` came from losing the store's connection, worth waiting out: not once the worker was

@@ -92,6 +92,11 @@ class Dialect(Protocol):
         call opens a new one, so a caller that waits and tries again carries on."""
         ...
 
+    def conflicted(self, exc: BaseException) -> bool:
+        """True when ``exc`` is the database refusing a transaction for another's sake (a deadlock, a
+        serialization failure): it was rolled back whole, and making it again is safe."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -265,6 +270,10 @@ class SqliteDialect:
         """Never: an embedded store has no connection to lose."""
         return False
 
+    def conflicted(self, exc: BaseException) -> bool:
+        """Never: writers queue on one lock (busy timeout), so no transaction is chosen as a victim."""
+        return False
+
     def close(self) -> None:
         self.conn.close()
         if self._watcher is not None:
@@ -310,6 +319,10 @@ class PostgresDialect:
 
     def lost(self) -> bool:
         return bool(self.conn.broken or self.conn.closed)
+
+    def conflicted(self, exc: BaseException) -> bool:
+        errors = self._psycopg.errors
+        return isinstance(exc, (errors.DeadlockDetected, errors.SerializationFailure))
 
     def _live(self) -> psycopg.Connection[Any]:
         """The connection, a new one when the last was lost (never inside a transaction: that one failed)."""

@@ -61,10 +61,11 @@ class ReplayQueries(RunTotalsQueries):
         return settled
 
     def copy_settled(self, base: str, run_id: str, roots: Sequence[str], now: float, lane_rank: int,
-                     children: bool) -> int:
+                     children: bool, totals: RunTally) -> int:
         """Copy the tasks (and, with ``children``, the fan-out child items) of ``roots`` from ``base`` into
-        ``run_id`` as cached successes; returns the tasks copied. Runs inside the caller's transaction."""
-        copied, totals = 0, RunTally()
+        ``run_id`` as cached successes, counted in ``totals`` (the caller writes them); returns the tasks
+        copied. Runs inside the caller's transaction."""
+        copied = 0
         with self.db.transaction():
             for part in chunks(list(roots), 900):
                 marks = ",".join("?" * len(part))
@@ -77,7 +78,6 @@ class ReplayQueries(RunTotalsQueries):
                         [run_id, lane_rank, now, now, now, base, *part]):
                     totals.task(run_id, str(stage), "succeeded", 1)
                     copied += 1
-            self.add_run_totals(totals)
             if children:
                 # A root's descendants are one range of item keys (records.CHILD_MARK); root_key = ? is a guard.
                 self.db.executemany(

@@ -96,6 +96,10 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
         """True when the connection to the store is gone; the next call opens a new one (PostgreSQL)."""
         return self.db.lost()
 
+    def conflicted(self, exc: BaseException) -> bool:
+        """True when ``exc`` rolled back a transaction for another's sake (a deadlock): safe to make again."""
+        return self.db.conflicted(exc)
+
     def close(self) -> None:
         self.db.close()
 

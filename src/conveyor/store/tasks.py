@@ -228,11 +228,16 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         """The ``meta`` JSON of root items, by (run, key); items without one are left out."""
         return item_values(self.db, "meta", roots)
 
-    def insert_tasks(self, tasks: NewTasks) -> list[ClaimedTask]:
+    def insert_tasks(self, tasks: NewTasks, totals: RunTally | None = None,
+                     opened: OpenTally | None = None) -> list[ClaimedTask]:
         """Insert new task rows; return the ones claimed as they were created (``tasks.running``). The run's
         task totals and the queue's counts grow by the rows each group really inserted (a row already there is
-        kept)."""
-        totals, opened = RunTally(), OpenTally()
+        kept): added to ``totals`` and ``opened`` when given (the caller writes them with the rest of its
+        transaction's, once: two writes of running totals in one transaction could deadlock with another
+        process's), else written here."""
+        writes = totals is None
+        totals = RunTally() if totals is None else totals
+        opened = OpenTally() if opened is None else opened
         with self.db.transaction():
             self._insert_queued(tasks.queued, totals, opened)
             self._insert_counted(INSERT_CACHED, tasks.cached, totals, "succeeded", 1)
@@ -252,8 +257,9 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             for task in claimed:
                 totals.task(task.run_id, task.stage, "running", 0)
                 opened.add(pipelines[task.run_id], task.stage, task.available_at)
-            self.add_run_totals(totals)
-            self.add_open_tasks(opened)
+            if writes:
+                self.add_run_totals(totals)
+                self.add_open_tasks(opened)
             if tasks.queued:
                 self.db.notify()
         return claimed

@@ -10,6 +10,8 @@ from conveyor.runtime import tracing
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref
 from conveyor.store import NewItem
+from conveyor.store.queuecounts import OpenTally
+from conveyor.store.runtotals import RunTally
 
 
 class Admission(Base):
@@ -33,6 +35,7 @@ class Admission(Base):
         notices = self.stale_notices(x.take_stale(), now)
         tracer = tracing.active()
         traced = tracer.start_items(self.pipeline.name, run_id, [i.item_key for i in items], now) if tracer else None
+        totals, opened = RunTally(), OpenTally()
         with self.store.transaction():
             self.store.insert_items(new_items)
             if traced is not None and traced.traceparents:
@@ -41,12 +44,15 @@ class Admission(Base):
                 self.store.set_item_meta(run_id, {key: json.dumps(meta, sort_keys=True) for key, meta in metas.items()})
             if base and replayed:
                 copied = [key for key, _ in sources if key in replayed]
-                cached += self.store.copy_settled(base, run_id, copied, now, x.lane_rank(run_id), x.has_fanout)
+                cached += self.store.copy_settled(base, run_id, copied, now, x.lane_rank(run_id), x.has_fanout,
+                                                  totals)
                 if x.base_has_provenance(base):
                     self.store.copy_provenance(base, run_id, copied)
                 self.store.copy_notices(base, run_id)
             if tasks:
-                self.store.insert_tasks(tasks)
+                self.store.insert_tasks(tasks, totals, opened)
+            self.store.add_run_totals(totals)  # once per transaction (see store.insert_tasks)
+            self.store.add_open_tasks(opened)
             if notices:
                 self.store.add_notices(notices)
         if traced is not None:

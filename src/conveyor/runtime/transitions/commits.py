@@ -163,15 +163,16 @@ class Commits(JobEvents):
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
             self.store.insert_items(w.items)
-        fresh = self.store.insert_tasks(w.tasks) if w.tasks else []
+        totals, opened = run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
+        fresh = self.store.insert_tasks(w.tasks, totals, opened) if w.tasks else []
         if w.events:
             self.store.insert_events(w.events)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
             self.store.add_metric_totals(w.tally)
-        self.store.add_run_totals(run_totals(w, where))
-        self.store.add_open_tasks(open_moves(w, where, since, self.pipeline.name))
+        self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
+        self.store.add_open_tasks(opened)
         return fresh
 
     # --- preparing a commit (reads only) ------------------------------------

@@ -39,10 +39,10 @@ class Reviews(JobEvents):
         with self.store.transaction():
             if task is None or not self.store.decide_review(entry.id, decision, by, why, edits, now):
                 raise ReviewTaken(entry.id)
-            queued = 0
+            queued, totals, opened = 0, RunTally(), OpenTally()
             if decision in ("approved", "edited", "accepted"):
                 assert output is not None
-                queued = self._accept_reviewed(task, output, now)
+                queued = self._accept_reviewed(task, output, now, totals, opened)
             elif decision == "rejected":
                 message = f"rejected by {by}" + (f": {why}" if why else "")
                 done = self.store.reject_reviewed(task.id, message, now)
@@ -57,14 +57,12 @@ class Reviews(JobEvents):
                 task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
                 self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
             self.store.insert_attempts([decided])
-            totals = RunTally()
             totals.move(task.run_id, task.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
             totals.attempts({task.id: task.stage}, [decided])
-            self.store.add_run_totals(totals)
             if DECIDED_STATUS[decision] in OPEN_STATUSES:  # escalated: runnable again now, at a stronger tier
-                opened = OpenTally()
                 opened.add(self.pipeline.name, task.stage, now)
-                self.store.add_open_tasks(opened)
+            self.store.add_run_totals(totals)  # once per transaction (see store.insert_tasks)
+            self.store.add_open_tasks(opened)
             self._tell_job(task, decision, by, now)
             self._tally_decision(task.stage, decision)
             self.store.notify()
@@ -93,7 +91,8 @@ class Reviews(JobEvents):
                                             decision=decision, by=by)])
         self.settle_jobs([task.run_id], now)
 
-    def _accept_reviewed(self, task: ClaimedTask, output: Ref, now: float) -> int:
+    def _accept_reviewed(self, task: ClaimedTask, output: Ref, now: float, totals: RunTally,
+                         opened: OpenTally) -> int:
         if not self.store.accept_reviewed(task.id, output.digest, output.kind, now):
             raise ReviewTaken(task.id)
         self.store.insert_outputs([NewOutput(task.task_key, task.stage, output.kind, output.digest, output.inline,
@@ -104,7 +103,7 @@ class Reviews(JobEvents):
         if items:
             self.store.insert_items(items)
         if tasks:
-            self.store.insert_tasks(tasks)
+            self.store.insert_tasks(tasks, totals, opened)
         return len(tasks.queued)
 
     def expire_reviews(self, now: float, limit: int = 200) -> Counter[str]:
