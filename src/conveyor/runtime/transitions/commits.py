@@ -38,6 +38,7 @@ from conveyor.store import (
 )
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import rows_for
+from conveyor.store.provider_batch import Parked, Waiter
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 from conveyor.store.runtotals import RunTally
 
@@ -142,6 +143,8 @@ class Commits(JobEvents):
         changed += self.store.mark_ended(w.ended)
         if w.released:
             changed += self.store.release_leases(w.released)
+        if w.parked:
+            changed += self.store.park_tasks(w.parked)
         if w.escalated or w.awaiting:
             changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
         if changed != w.fenced:
@@ -163,6 +166,8 @@ class Commits(JobEvents):
         fresh = self.store.insert_tasks(w.tasks) if w.tasks else []
         if w.events:
             self.store.insert_events(w.events)
+        if w.waiters:
+            self.store.add_batch_requests(w.batch_requests, w.waiters, w.now)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
@@ -177,7 +182,8 @@ class Commits(JobEvents):
         outcomes = _first_per_key(outcomes)
         stages = {o.task.id: o.task.stage for o in outcomes}
         self._release(w, [o for o in outcomes if o.released])
-        outcomes = [o for o in outcomes if not o.released]
+        self._park(w, [o for o in outcomes if o.deferred and not o.released])
+        outcomes = [o for o in outcomes if not o.released and not o.deferred]
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
         self._fail(w, [o for o in outcomes if o.failure is not None], now)
         stale = self.expander.take_stale()
@@ -237,6 +243,20 @@ class Commits(JobEvents):
             w.attempts.append(self._attempt(o, "paused", o.failure))
         if paused:
             w.counts["paused"] += len(paused)
+
+    def _park(self, w: Writes, deferred: Sequence[Outcome]) -> None:
+        """Tasks whose stage left model requests to the provider batch lane: given back, not claimable before the
+        earliest deadline of those requests (the keeper wakes them when they are answered), the attempt refunded
+        and recorded (outcome ``deferred``, with what its earlier calls spent)."""
+        for o in deferred:
+            assert o.deferred
+            requests, task = o.deferred, o.task
+            w.parked.append(Parked(min(r.deadline_at for r in requests), task.id, task.lease_token))
+            w.batch_requests += requests
+            w.waiters += [Waiter(r.custom_id, task.id, task.run_id, w.now) for r in requests]
+            w.attempts.append(self._attempt(o, "deferred", None))
+        if deferred:
+            w.counts["deferred"] += len(deferred)
 
     def _publication(self, o: Outcome, now: float) -> NewPublication:
         task, staged, into = o.task, o.value, self.pipeline[o.task.stage].into
