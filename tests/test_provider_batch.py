@@ -116,3 +116,122 @@ def test_a_batch_lane_run_costs_half_of_the_direct_one(tmp_path: Path, store_url
     deferred = _rows(store_url, "SELECT COUNT(*) FROM attempts WHERE run_id = ? AND outcome = 'deferred'",
                      (run_batched,))
     assert deferred == [(12,)]
+
+
+def _in_thread(worker: Worker) -> Any:
+    import threading
+
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_no_lease_is_held_while_a_batch_runs(tmp_path: Path, store_url: str, fast: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    docs = make_docs(tmp_path / "docs", 5, "note {i}")
+    with run_simulator(SimConfig(seed=4, batch_delay_s=3.0)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        thread = _in_thread(_worker(target, store_url, tmp_path / "blobs", run_id))
+        deadline = time.monotonic() + 20
+        while not _rows(store_url, "SELECT 1 FROM provider_batches WHERE state = 'submitted'"):
+            assert time.monotonic() < deadline, "no batch was submitted"
+            time.sleep(0.1)
+        running = _rows(store_url, "SELECT COUNT(*) FROM tasks WHERE run_id = ? AND (status = 'running' OR "
+                                   "lease_owner IS NOT NULL)", (run_id,))
+        store = open_store(store_url)
+        try:
+            waiting = store.waiting_tasks(run_id)
+        finally:
+            store.close()
+        thread.join(60)
+    assert running == [(0,)] and waiting == {"summarise": 5}
+    assert _report(store_url, run_id)["outcomes"] == {"completed": 5}
+
+
+def test_a_batch_created_but_not_recorded_is_adopted_not_paid_twice(tmp_path: Path, store_url: str, fast: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = make_docs(tmp_path / "docs", 4, "part {i}")
+    with run_simulator(SimConfig(seed=5, batch_delay_s=0.3)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        first = _worker(target, store_url, tmp_path / "blobs", run_id)
+        assert first.batch_keeper is not None
+
+        def crash(_: Any) -> None:  # the worker dies between creating the batch and recording its id
+            raise SystemExit("killed after create")
+
+        first.batch_keeper.after_create = crash
+        with pytest.raises(SystemExit):
+            first.run()
+        assert _rows(store_url, "SELECT state, provider_batch_id, create_tries FROM provider_batches") == [
+            ("creating", None, 1)]
+        second = _worker(target, store_url, tmp_path / "blobs", run_id)
+        stats = second.run()
+        made = _sim_batches(url)
+    assert stats["provider_batches_adopted"] == 1
+    assert len(made) == 2, "one batch per model call of the stage: the crashed one adopted, not created again"
+    assert _report(store_url, run_id)["outcomes"] == {"completed": 4}
+    assert _rows(store_url, "SELECT COUNT(*), SUM(requests) FROM provider_batches WHERE state = 'ended'") == [
+        (2, 8)]
+
+
+def test_failed_entries_are_batched_again(tmp_path: Path, store_url: str, fast: None,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = make_docs(tmp_path / "docs", 8, "order {i}")
+    with run_simulator(SimConfig(seed=6, batch_delay_s=0.2, batch_failure_rate=0.4)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
+        made = _sim_batches(url)
+    report = _report(store_url, run_id)
+    assert report["outcomes"] == {"completed": 8}
+    assert stats["provider_requests_pending"] > 0, "some entries failed and went into a later batch"
+    assert len(made) > 2
+    retried = _rows(store_url, "SELECT COUNT(*) FROM provider_batch_requests WHERE tries > 1")
+    assert retried[0][0] > 0
+
+
+def test_expired_entries_and_deadlines_fall_back_to_direct_calls(tmp_path: Path, store_url: str, fast: None,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = make_docs(tmp_path / "docs", 6, "memo {i}")
+    with run_simulator(SimConfig(seed=7, batch_delay_s=0.2, batch_expired_rate=0.5)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
+    assert _report(store_url, run_id)["outcomes"] == {"completed": 6}
+    assert stats["provider_requests_direct"] > 0 and stats["provider_requests_answered"] > 0
+    direct = _rows(store_url, "SELECT COUNT(*) FROM provider_batch_requests WHERE state = 'direct'")[0][0]
+    calls = _report(store_url, run_id)["usage"]["provider_calls"]
+    assert direct > 0 and calls == 12
+
+    with run_simulator(SimConfig(seed=8, batch_delay_s=60.0)) as url:  # slower than the stage's deadline
+        monkeypatch.setenv("SIM_URL", url)
+        slow = _pipeline(tmp_path, deadline=1.0, name="slow.py")
+        run_slow = _submit(slow, docs, store_url, tmp_path / "blobs")
+        _worker(slow, store_url, tmp_path / "blobs", run_slow).run()
+    report = _report(store_url, run_slow)
+    assert report["outcomes"] == {"completed": 6} and report["usage"]["provider_calls"] == 12
+    priced = _rows(store_url, "SELECT SUM(cost) FROM attempts WHERE run_id = ?", (run_slow,))[0][0]
+    assert priced == pytest.approx(report["usage"]["cost"]) and priced > 0
+
+
+def test_limits_split_a_big_set_into_several_batch_files(tmp_path: Path, store_url: str, fast: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_PROVIDER_BATCH_MAX_REQUESTS", "3")
+    docs = make_docs(tmp_path / "docs", 7, "line {i}")
+    with run_simulator(SimConfig(seed=9, batch_delay_s=0.2)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        _worker(target, store_url, tmp_path / "blobs", run_id).run()
+        made = _sim_batches(url)
+    assert _report(store_url, run_id)["outcomes"] == {"completed": 7}
+    sizes = sorted(b.request_counts.total for b in made)
+    assert sum(sizes) == 14 and max(sizes) <= 3 and len(made) >= 6

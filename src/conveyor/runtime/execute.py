@@ -145,7 +145,7 @@ class Executor:
         except Deferred:  # a model call left to the provider batch lane: the task waits for its answer
             assert ctx.batch is not None
             finish(Outcome(task, started, time.perf_counter() - t0, invoked, usage=ctx.usage,
-                           deferred=ctx.batch.deferred))
+                           deferred=ctx.batch.deferred, direct_answers=ctx.batch.direct_answers))
         except RunPaused as exc:  # its run's budget is spent, or its breaker tripped: give the task back
             self.paused.add(exc.run_id)  # and claim none of its tasks until the store says it was resumed
             paused = Failure("paused", True, str(exc))

@@ -11,6 +11,7 @@ wakes it with the answer. A stage making several calls is deferred once per call
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,10 +21,11 @@ from typing import Any
 
 from conveyor.errors import UserError
 from conveyor.pipeline import Pipeline, Stage
-from conveyor.providers.base import ProviderError
+from conveyor.providers.base import Completion, ProviderError
 from conveyor.runtime.services import Usage, model_stages
 from conveyor.store.provider_batch import BatchRequest, RequestState
 
+DIRECT = "conveyor_direct"  # an answer stored from a direct call (its Completion's fields)
 ENV_LANE = "CONVEYOR_PROVIDER_BATCH"
 ENV_POLL = "CONVEYOR_PROVIDER_BATCH_POLL_S"
 ENV_GATHER = "CONVEYOR_PROVIDER_BATCH_GATHER_S"
@@ -91,6 +93,9 @@ class BatchCalls:
         self.states = {s.custom_id: s for s in states}
         self.deferred: list[BatchRequest] = []
         self.usage = Usage()  # of the batch answers: the attempt's, unless it is deferred (counted once)
+        # Calls this attempt made directly (custom_id, answer): kept with the request if the attempt is deferred,
+        # so the stage's next run reuses them instead of paying again (they are counted on this attempt).
+        self.direct_answers: list[tuple[str, str]] = []
 
     async def chat(self, api: Any, messages: Any, options: dict[str, Any], direct: Any) -> Any:
         """The answer of a chat call on the lane (see the module's docstring); ``direct()`` makes the call
@@ -101,12 +106,18 @@ class BatchCalls:
         key = custom_id(self.task_key, api.name, body)
         state = self.states.get(key)
         if state is not None and state.state == "answered" and state.answer is not None:
-            return _counted(api, json.loads(state.answer), options, self.usage)
+            answer = json.loads(state.answer)
+            if DIRECT in answer:  # made directly by an earlier attempt, and counted there
+                return Completion(**answer[DIRECT])
+            return _counted(api, answer, options, self.usage)
         if state is not None and state.state == "failed":
             raise ProviderError(state.error_class or "bad_request", state.error or "", provider=api.name,
                                 retryable=False)
         if state is not None and (state.state == "direct" or self.now >= state.deadline_at):
-            return await direct()
+            result = await direct()
+            if isinstance(result, Completion):
+                self.direct_answers.append((key, json.dumps({DIRECT: dataclasses.asdict(result)})))
+            return result
         if state is None:
             self.deferred.append(BatchRequest(
                 key, self.pipeline, self.stage.name, str(options["model"]), json.dumps(body, sort_keys=True),

@@ -44,7 +44,7 @@ class BatchKeeper:
                  api: Callable[[], Any], clock: Callable[[], float]) -> None:
         self.pipeline, self.owner, self.settings = pipeline, owner, settings
         self.store, self.api, self.clock = store, api, clock
-        self.lease_s = max(60.0, 4 * settings.poll_s)
+        self.lease_s = max(5.0, 4 * settings.poll_s)  # renewed every round (a round is short)
         self.after_create: Callable[[BatchState], None] | None = None  # a test's crash point
         self.stats: Counter[str] = Counter()
 

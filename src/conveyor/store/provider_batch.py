@@ -122,9 +122,13 @@ class ProviderBatchQueries:
         """Give leased tasks back to wait for their requests (fenced); returns the rows changed."""
         return self.db.executemany_count(PARK, list(parked)) if parked else 0
 
-    def add_batch_requests(self, requests: Sequence[BatchRequest], waiters: Sequence[Waiter], now: float) -> None:
-        """Record requests (one already recorded is kept) and who waits on them; a waiter whose request is
-        settled already (another task asked the same) is woken at once."""
+    def add_batch_requests(self, requests: Sequence[BatchRequest], waiters: Sequence[Waiter], now: float,
+                           direct_answers: Sequence[tuple[str, str]] = ()) -> None:
+        """Record requests (one already recorded is kept) and who waits on them, and the answers of requests
+        called directly (kept for the stage's next run); a waiter whose request is settled already (another
+        task asked the same) is woken at once."""
+        self.db.executemany("UPDATE provider_batch_requests SET state = 'answered', answer = ?, settled_at = ? "
+                            "WHERE custom_id = ?", [(answer, now, key) for key, answer in direct_answers])
         self.db.executemany(
             "INSERT INTO provider_batch_requests (custom_id, pipeline, stage, model, body, max_tries, created_at, "
             "deadline_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending') ON CONFLICT (custom_id) DO NOTHING",

@@ -167,7 +167,7 @@ class Commits(JobEvents):
         if w.events:
             self.store.insert_events(w.events)
         if w.waiters:
-            self.store.add_batch_requests(w.batch_requests, w.waiters, w.now)
+            self.store.add_batch_requests(w.batch_requests, w.waiters, w.now, w.direct_answers)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
@@ -254,6 +254,7 @@ class Commits(JobEvents):
             w.parked.append(Parked(min(r.deadline_at for r in requests), task.id, task.lease_token))
             w.batch_requests += requests
             w.waiters += [Waiter(r.custom_id, task.id, task.run_id, w.now) for r in requests]
+            w.direct_answers += o.direct_answers or ()
             w.attempts.append(self._attempt(o, "deferred", None))
         if deferred:
             w.counts["deferred"] += len(deferred)

@@ -54,6 +54,7 @@ class Outcome:
     # Model requests the attempt left to the provider batch lane (runtime/provider_batch.py): the task is parked
     # until they are answered, the attempt refunded.
     deferred: list[BatchRequest] | None = None
+    direct_answers: list[tuple[str, str]] | None = None  # (custom_id, answer) of lane calls it made directly
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Writes:
     parked: list[Parked] = field(default_factory=list)  # tasks waiting for provider batch answers
     batch_requests: list[BatchRequest] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
+    direct_answers: list[tuple[str, str]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
