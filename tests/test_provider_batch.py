@@ -235,3 +235,42 @@ def test_limits_split_a_big_set_into_several_batch_files(tmp_path: Path, store_u
     assert _report(store_url, run_id)["outcomes"] == {"completed": 7}
     sizes = sorted(b.request_counts.total for b in made)
     assert sum(sizes) == 14 and max(sizes) <= 3 and len(made) >= 6
+
+
+CLI_PIPE = """
+    from conveyor import Pipeline
+
+    pipe = Pipeline("notes")
+
+    @pipe.stage(version="1")
+    async def tag(ctx, source: bytes) -> str:
+        answer = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1", max_tokens=64)
+        return answer.text
+"""
+
+
+def test_run_provider_batch_flag_halves_the_cost(tmp_path: Path, store_url: str) -> None:
+    """`conveyor run --provider-batch` against an OpenAI-compatible endpoint set by OPENAI_BASE_URL, the way an
+    operator runs it; `conveyor provider-batches` shows the batches."""
+    import json
+
+    from tests.helpers import cli_json
+
+    target = write_pipeline(tmp_path, CLI_PIPE)
+    docs = make_docs(tmp_path / "docs", 5, "ticket {i}: printer on floor 3 is jammed")
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"sim-1": [2.0, 8.0]}))
+    with run_simulator(SimConfig(seed=10, batch_delay_s=0.5)) as url:
+        env = {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "sim", "CONVEYOR_PRICES": str(prices),
+               "CONVEYOR_PROVIDER_BATCH_GATHER_S": "0.3", "CONVEYOR_PROVIDER_BATCH_POLL_S": "0.5"}
+        direct = cli_json("run", target, "--input", str(docs), "--db", store_url, "--workers", "1", cwd=tmp_path,
+                          env=env)
+        version_two = (tmp_path / "pipe.py").read_text().replace('version="1"', 'version="2"')
+        (tmp_path / "pipe.py").write_text(version_two)  # not answered from the memo of the first run
+        batched = cli_json("run", target, "--input", str(docs), "--db", store_url, "--workers", "1",
+                           "--provider-batch", cwd=tmp_path, env=env)
+        shown = cli_json("provider-batches", "--run", batched["run_id"], "--db", store_url, cwd=tmp_path, env=env)
+    assert direct["outcomes"] == batched["outcomes"] == {"completed": 5}
+    assert batched["usage"]["cost"] == pytest.approx(direct["usage"]["cost"] / 2)
+    assert [b["state"] for b in shown["batches"]] == ["ended"] and shown["batches"][0]["answered"] == 5
+    assert shown["requests"] == {"answered": 5} and shown["waiting"] == {}
