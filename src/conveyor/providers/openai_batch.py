@@ -63,7 +63,7 @@ class OpenAIBatches:
             raise _error(exc) from exc
         return _state(batch)
 
-    async def find(self, tag: str, since: float) -> BatchState | None:
+    async def find(self, tag: str, since: float, requests: int) -> BatchState | None:
         """The batch tagged ``tag``, looking back to batches created a little before ``since``."""
         try:
             async for batch in self.client.batches.list(limit=LIST_PAGE):

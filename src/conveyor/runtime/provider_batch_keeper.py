@@ -106,7 +106,7 @@ class BatchKeeper:
     async def _create(self, api: Any, batch: ProviderBatch) -> None:
         """Create the batch on the provider, or adopt the one a keeper that died before recording it made."""
         await self.store("note_create_try", batch.id)
-        found = await api.find(batch.tag, batch.created_at) if batch.create_tries > 0 else None
+        found = await api.find(batch.tag, batch.created_at, batch.requests) if batch.create_tries > 0 else None
         if found is not None:
             self.stats["batches_adopted"] += 1
             log.warning("provider batch %s adopted: it was created (as %s) before its keeper stopped", batch.tag[:12],
