@@ -274,3 +274,24 @@ def test_run_provider_batch_flag_halves_the_cost(tmp_path: Path, store_url: str)
     assert batched["usage"]["cost"] == pytest.approx(direct["usage"]["cost"] / 2)
     assert [b["state"] for b in shown["batches"]] == ["ended"] and shown["batches"][0]["answered"] == 5
     assert shown["requests"] == {"answered": 5} and shown["waiting"] == {}
+
+
+def test_batch_answers_count_against_the_run_budget(tmp_path: Path, store_url: str, fast: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.service.submit import SubmitOptions
+
+    docs = make_docs(tmp_path / "docs", 4, "claim {i}")
+    with run_simulator(SimConfig(seed=12, batch_delay_s=0.2)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = _pipeline(tmp_path)
+        store = open_store(store_url)
+        try:
+            run_id = submit(load_target(target), target, str(docs), store, FilesystemBlobs(tmp_path / "blobs"),
+                            options=SubmitOptions(budget_usd=5.0)).run_id
+        finally:
+            store.close()
+        _worker(target, store_url, tmp_path / "blobs", run_id).run()
+    report = _report(store_url, run_id)
+    assert report["outcomes"] == {"completed": 4}
+    spent = _rows(store_url, "SELECT spent_usd, reserved_usd FROM runs WHERE run_id = ?", (run_id,))[0]
+    assert spent[0] == pytest.approx(report["usage"]["cost"]) and spent[1] == pytest.approx(0.0)

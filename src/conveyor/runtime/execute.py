@@ -134,6 +134,7 @@ class Executor:
             if ctx.batch is not None:
                 if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
                     raise Deferred()
+                await self.services.charge(task.run_id, ctx.batch.usage)
                 ctx.usage.merge(ctx.batch.usage)
             finish(_made_by(await asyncio.to_thread(self.settle, task, stage, value, result, started,
                                                     time.perf_counter() - t0, ctx.usage), stage, ctx.provenance))

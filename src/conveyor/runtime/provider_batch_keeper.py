@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from conveyor.providers.base import ProviderError
 from conveyor.providers.batchapi import BatchEntry, BatchState
 from conveyor.runtime.provider_batch import BatchSettings
 from conveyor.store.provider_batch import PendingRequest, ProviderBatch, Settled
@@ -26,6 +27,7 @@ T = TypeVar("T")
 StoreCall = Callable[..., Awaitable[Any]]
 FIRST_POLL_S = 1.0
 MAX_BATCHES_PER_ROUND = 20
+MAX_TRIES = 5  # attempts to create one batch file before its requests are called directly
 
 
 def tag_of(pipeline: str, provider: str, model: str, lines: Sequence[bytes], tries: Sequence[int]) -> str:
@@ -48,11 +50,17 @@ class BatchKeeper:
         self.after_create: Callable[[BatchState], None] | None = None  # a test's crash point
         self.stats: Counter[str] = Counter()
 
+    async def _held(self) -> bool:
+        """Take or renew the keeper lease: before each step that talks to the provider, so a long round cannot
+        outlast it while another worker takes over."""
+        now = self.clock()
+        return bool(await self.store("take_batch_keeper", self.pipeline, self.owner, now, now + self.lease_s))
+
     async def round(self) -> bool:
         """One round: False when another worker keeps this pipeline's batches now."""
-        now = self.clock()
-        if not await self.store("take_batch_keeper", self.pipeline, self.owner, now, now + self.lease_s):
+        if not await self._held():
             return False
+        now = self.clock()
         api = self.api()
         if api is None:
             return True
@@ -60,10 +68,15 @@ class BatchKeeper:
         if overdue:
             await self._settle([Settled(c, "direct", error="past its batch_deadline") for c in overdue], None, "")
         for batch in await self.store("open_batches", self.pipeline):
-            if batch.state == "creating":
-                await self._create(api, batch)
-            elif batch.next_poll_at is None or batch.next_poll_at <= now:
-                await self._poll(api, batch)
+            if not await self._held():
+                return False
+            try:
+                if batch.state == "creating":
+                    await self._create(api, batch)
+                elif batch.next_poll_at is None or batch.next_poll_at <= now:
+                    await self._poll(api, batch)
+            except ProviderError as exc:
+                await self._failed(batch, exc)
         await self._pack(api, now)
         return True
 
@@ -89,7 +102,7 @@ class BatchKeeper:
                         continue
                     chosen.append((request, line))
                     size += len(line)
-                if not chosen:
+                if not chosen or not await self._held():
                     break
                 lines = [line for _, line in chosen]
                 tag = tag_of(self.pipeline, api.name, group.model, lines, [r.tries + 1 for r, _ in chosen])
@@ -99,14 +112,17 @@ class BatchKeeper:
                 log.info("provider batch %s: %d requests (%d bytes) of %s packed", tag[:12], len(chosen), size,
                          group.model, extra={"event": "provider_batch_packed"})
                 self.stats["batches_packed"] += 1
-                await self._create(api, row)
+                try:
+                    await self._create(api, row)
+                except ProviderError as exc:
+                    await self._failed(row, exc)
                 count -= len(chosen)
                 made += 1
 
     async def _create(self, api: Any, batch: ProviderBatch) -> None:
         """Create the batch on the provider, or adopt the one a keeper that died before recording it made."""
         await self.store("note_create_try", batch.id)
-        found = await api.find(batch.tag, batch.created_at, batch.requests) if batch.create_tries > 0 else None
+        found = await self._find(api, batch) if batch.create_tries > 0 else None
         if found is not None:
             self.stats["batches_adopted"] += 1
             log.warning("provider batch %s adopted: it was created (as %s) before its keeper stopped", batch.tag[:12],
@@ -124,6 +140,36 @@ class BatchKeeper:
         await self.store("record_submitted", batch.id, found.id, found.status, now, now + FIRST_POLL_S)
         log.info("provider batch %s submitted as %s", batch.tag[:12], found.id,
                  extra={"event": "provider_batch_submitted"})
+
+    async def _find(self, api: Any, batch: ProviderBatch) -> BatchState | None:
+        """The batch an earlier try may have created; None when there is none, or the provider cannot list its
+        batches (then nothing could be adopted anyway)."""
+        try:
+            found: BatchState | None = await api.find(batch.tag, batch.created_at, batch.requests)
+        except ProviderError as exc:
+            if exc.retryable:
+                raise
+            log.warning("provider batch %s: cannot list the provider's batches to adopt it (%s); creating it",
+                        batch.tag[:12], exc, extra={"event": "provider_batch_error"})
+            return None
+        return found
+
+    async def _failed(self, batch: ProviderBatch, exc: ProviderError) -> None:
+        """The provider refused to create or show a batch: tried again next round while the error is one that
+        retries (at most MAX_TRIES times to create it); otherwise its requests are called directly."""
+        tries = batch.create_tries + 1 if batch.state == "creating" else 0
+        if exc.retryable and (batch.state != "creating" or tries < MAX_TRIES):
+            log.warning("provider batch %s: %s; trying again", batch.tag[:12], exc,
+                        extra={"event": "provider_batch_error"})
+            if batch.state != "creating":
+                await self.store("note_poll", batch.id, batch.status or "", self.clock() + self.settings.poll_s)
+            return
+        packed = await self.store("packed_requests", batch.id)
+        why = f"the provider batch could not be {'created' if batch.state == 'creating' else 'read'}: {exc}"
+        await self._settle([Settled(c, "direct", error=why[:500]) for c, _, _ in packed], batch.id,
+                           f"failed:{exc.error_class}")
+        log.warning("provider batch %s given up (%s): its %d requests are called directly", batch.tag[:12], exc,
+                    len(packed), extra={"event": "provider_batch_given_up"})
 
     # --- polling and settling --------------------------------------------------
 

@@ -52,6 +52,15 @@ class Services:
                 raise ProviderUnavailable(str(exc)) from None
         return self._provider
 
+    async def charge(self, run_id: str, usage: Usage) -> None:
+        """Count answers from the provider batch lane against the run's budget (they were paid for in a
+        batch, not through ``call``): RunPaused when they would pass it."""
+        if self.budgets is None or usage.cost <= 0:
+            return
+        model = ",".join(sorted(usage.models)) or "batch"
+        reserved = await self.budgets.reserve(run_id, usage.cost, model)
+        await self.budgets.settle(run_id, reserved, usage.cost)
+
     def batch_api(self) -> Any:
         """The chat provider's Batch API (the provider batch lane), or None when it has none."""
         if self._batch_api is None:
