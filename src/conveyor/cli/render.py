@@ -218,6 +218,10 @@ def status(data: dict[str, Any]) -> None:
         out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
     if data.get("note"):
         out.print(f"note: {escape(data['note'])}")
+    waiting = data.get("provider_batch_waiting")
+    if waiting:
+        out.print("waiting on provider batches: " + ", ".join(f"{stage} {n:,}" for stage, n in waiting.items())
+                  + f" (conveyor provider-batches --run {data['run_id']})")
     budget = data.get("budget")
     if budget:
         out.print(f"budget ${budget['usd']:.4f}: ${budget['spent']:.4f} spent, ${budget['reserved']:.4f} reserved")

@@ -22,7 +22,7 @@ from typing import Any
 from conveyor.errors import UserError
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.providers.base import Completion, ProviderError
-from conveyor.runtime.services import Usage, model_stages
+from conveyor.runtime.services import Usage
 from conveyor.store.provider_batch import BatchRequest, RequestState
 
 DIRECT = "conveyor_direct"  # an answer stored from a direct call (its Completion's fields)
@@ -70,12 +70,10 @@ def lane_from_env(env: Any = os.environ) -> bool:
 
 
 def batch_stages(pipeline: Pipeline, every_model_stage: bool) -> frozenset[str]:
-    """The stages on the lane: declared ``batch=True``, and with ``every_model_stage`` each stage that calls a
-    model."""
-    chosen = {s.name for s in pipeline if s.batch}
-    if every_model_stage:
-        chosen.update(name for name in model_stages(pipeline) if pipeline[name].is_async)
-    return frozenset(chosen)
+    """The stages on the lane: declared ``batch=True``, and with ``every_model_stage`` each async stage (the
+    ones that can call ``ctx.chat``: a call made through a helper function is not seen in the stage's code, so
+    none is left out on that account; a stage that makes no call is not affected)."""
+    return frozenset(s.name for s in pipeline if s.batch or (every_model_stage and s.is_async))
 
 
 def custom_id(task_key: str, provider: str, body: dict[str, Any]) -> str:
