@@ -116,6 +116,9 @@ def test_a_batch_lane_run_costs_half_of_the_direct_one(tmp_path: Path, store_url
     deferred = _rows(store_url, "SELECT COUNT(*) FROM attempts WHERE run_id = ? AND outcome = 'deferred'",
                      (run_batched,))
     assert deferred == [(12,)]
+    left = [_rows(store_url, f"SELECT COUNT(*) FROM {table}")[0][0]
+            for table in ("provider_batch_requests", "provider_batch_waiters")]
+    assert left == [0, 0], "tasks that ended forgot their answered requests"
 
 
 def _in_thread(worker: Worker) -> Any:
@@ -193,8 +196,9 @@ def test_failed_entries_are_batched_again(tmp_path: Path, store_url: str, fast: 
     assert report["outcomes"] == {"completed": 8}
     assert stats["provider_requests_pending"] > 0, "some entries failed and went into a later batch"
     assert len(made) > 2
-    retried = _rows(store_url, "SELECT COUNT(*) FROM provider_batch_requests WHERE tries > 1")
-    assert retried[0][0] > 0
+    retried, answered, direct = _rows(store_url, "SELECT SUM(retried), SUM(answered), SUM(direct) "
+                                                 "FROM provider_batches")[0]
+    assert retried > 0 and answered + direct == 16, "each call answered by a batch, or past its tries directly"
 
 
 def test_expired_entries_and_deadlines_fall_back_to_direct_calls(tmp_path: Path, store_url: str, fast: None,
@@ -207,7 +211,7 @@ def test_expired_entries_and_deadlines_fall_back_to_direct_calls(tmp_path: Path,
         stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
     assert _report(store_url, run_id)["outcomes"] == {"completed": 6}
     assert stats["provider_requests_direct"] > 0 and stats["provider_requests_answered"] > 0
-    direct = _rows(store_url, "SELECT COUNT(*) FROM provider_batch_requests WHERE state = 'direct'")[0][0]
+    direct = _rows(store_url, "SELECT SUM(direct) FROM provider_batches")[0][0]
     calls = _report(store_url, run_id)["usage"]["provider_calls"]
     assert direct > 0 and calls == 12
 
@@ -273,7 +277,7 @@ def test_run_provider_batch_flag_halves_the_cost(tmp_path: Path, store_url: str)
     assert direct["outcomes"] == batched["outcomes"] == {"completed": 5}
     assert batched["usage"]["cost"] == pytest.approx(direct["usage"]["cost"] / 2)
     assert [b["state"] for b in shown["batches"]] == ["ended"] and shown["batches"][0]["answered"] == 5
-    assert shown["requests"] == {"answered": 5} and shown["waiting"] == {}
+    assert shown["requests"] == {} and shown["waiting"] == {}, "ended tasks forget their answered requests"
 
 
 def test_batch_answers_count_against_the_run_budget(tmp_path: Path, store_url: str, fast: None,

@@ -149,6 +149,7 @@ class Worker:
         self.store: SqlStore = await self._call(open_store, self.store_url)
         await self._call(self._sync_clock)
         self.transitions = Transitions(self.pipeline, self.store, self.id)
+        self.transitions.batch_stages = self._batch_stages
         await self._call(self._register)
         keeper = asyncio.create_task(self._keep_leases())
         batches = asyncio.create_task(self._keep_provider_batches()) if self.batch_keeper is not None else None

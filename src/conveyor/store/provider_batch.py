@@ -156,6 +156,17 @@ class ProviderBatchQueries:
                 found.setdefault(int(task_id), []).append(RequestState(*rest))
         return found
 
+    def forget_batch_requests(self, task_ids: Sequence[int]) -> None:
+        """Ended tasks' waits, and those of their requests that are settled (a request still in a batch stays:
+        the batch answers it, for any other task waiting on it)."""
+        for i in range(0, len(task_ids), CHUNK):
+            part = list(task_ids[i:i + CHUNK])
+            marks = _marks(len(part))
+            self.db.execute(
+                f"DELETE FROM provider_batch_requests WHERE state IN {SETTLED!r} AND custom_id IN "
+                f"(SELECT custom_id FROM provider_batch_waiters WHERE task_id IN ({marks}))", part)
+            self.db.execute(f"DELETE FROM provider_batch_waiters WHERE task_id IN ({marks})", part)
+
     # --- the keeper ---------------------------------------------------------
 
     def take_batch_keeper(self, pipeline: str, owner: str, now: float, until: float) -> bool:

@@ -168,12 +168,22 @@ class Commits(JobEvents):
             self.store.insert_events(w.events)
         if w.waiters:
             self.store.add_batch_requests(w.batch_requests, w.waiters, w.now, w.direct_answers)
+        if self.batch_stages:
+            self._forget_batch_requests(w, where)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
             self.store.add_metric_totals(w.tally)
         self.store.add_run_totals(run_totals(w, where))
         return fresh
+
+    def _forget_batch_requests(self, w: Writes, where: dict[int, tuple[str, str]]) -> None:
+        """Tasks of the provider batch lane that ended here no longer need their answered requests: a replay of
+        one asks the model again, and the tables do not grow with every call ever made."""
+        ended = [t for t in (*(s.task_id for s in w.succeeded), *(e.task_id for e in w.ended),
+                             *(a.task_id for a in w.awaiting)) if where[t][1] in self.batch_stages]
+        if ended:
+            self.store.forget_batch_requests(ended)
 
     # --- preparing a commit (reads only) ------------------------------------
 
