@@ -299,3 +299,40 @@ def test_batch_answers_count_against_the_run_budget(tmp_path: Path, store_url: s
     assert report["outcomes"] == {"completed": 4}
     spent = _rows(store_url, "SELECT spent_usd, reserved_usd FROM runs WHERE run_id = ?", (run_id,))[0]
     assert spent[0] == pytest.approx(report["usage"]["cost"]) and spent[1] == pytest.approx(0.0)
+
+
+FLAKY = """
+    import os
+    from conveyor import Pipeline, Retry
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+    def provider():
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=5, prices={"sim-1": [2.0, 8.0]})
+
+    pipe = Pipeline("flaky", provider=provider, retry=Retry(max_attempts=3, base=0.01, cap=0.02))
+
+    @pipe.stage(version="1", batch=True)
+    async def answer(ctx, source: bytes) -> str:
+        done = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1")
+        if ctx.attempt == 1:
+            raise RuntimeError("the stage failed after its model call")
+        return done.text
+"""
+
+
+def test_a_retried_task_asks_its_batch_again(tmp_path: Path, store_url: str, fast: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = make_docs(tmp_path / "docs", 3, "question {i}")
+    with run_simulator(SimConfig(seed=13, batch_delay_s=0.2)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = write_pipeline(tmp_path, FLAKY)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        _worker(target, store_url, tmp_path / "blobs", run_id).run()
+        made = _sim_batches(url)
+    report = _report(store_url, run_id)
+    assert report["outcomes"] == {"completed": 3}
+    assert len(made) == 2, "the retry asked again, as a direct retry would"
+    outcomes = _rows(store_url, "SELECT outcome, COUNT(*) FROM attempts WHERE run_id = ? GROUP BY outcome "
+                                "ORDER BY outcome", (run_id,))
+    assert outcomes == [("deferred", 6), ("retry", 3), ("succeeded", 3)]
+    assert report["usage"]["provider_calls"] == 6  # both answers paid for, each counted once

@@ -27,13 +27,16 @@ T = TypeVar("T")
 StoreCall = Callable[..., Awaitable[Any]]
 FIRST_POLL_S = 1.0
 MAX_BATCHES_PER_ROUND = 20
+GATHER_AT_MOST = 30  # × gather_s: the longest a request waits for its batch file to fill
 MAX_TRIES = 5  # attempts to create one batch file before its requests are called directly
 
 
-def tag_of(pipeline: str, provider: str, model: str, lines: Sequence[bytes], tries: Sequence[int]) -> str:
-    """The batch's tag: a hash of what it holds (and of how many times its requests were batched, so a retry
-    of the same requests is a batch of its own)."""
-    digest = hashlib.sha256(f"{pipeline}\0{provider}\0{model}\0{','.join(map(str, tries))}\0".encode())
+def tag_of(pipeline: str, provider: str, model: str, lines: Sequence[bytes], tries: Sequence[int],
+           packed_at: float) -> str:
+    """The batch's tag: a hash of what it holds, of how many times its requests were batched and of when it
+    was packed (the same requests asked again later make a batch of their own)."""
+    digest = hashlib.sha256(
+        f"{pipeline}\0{provider}\0{model}\0{','.join(map(str, tries))}\0{packed_at!r}\0".encode())
     for line in lines:
         digest.update(line)
     return digest.hexdigest()[:40]
@@ -91,8 +94,9 @@ class BatchKeeper:
         made = 0
         for group in await self.store("pending_groups", self.pipeline):
             count = group.requests
-            while count and made < MAX_BATCHES_PER_ROUND and (
-                    count >= max_requests or now - group.newest >= self.settings.gather_s):
+            quiet = now - group.newest >= self.settings.gather_s
+            waited = now - group.oldest >= GATHER_AT_MOST * self.settings.gather_s  # a steady trickle
+            while count and made < MAX_BATCHES_PER_ROUND and (count >= max_requests or quiet or waited):
                 pending = await self.store("pending_requests", self.pipeline, group.model, max_requests)
                 chosen: list[tuple[PendingRequest, bytes]] = []
                 size = 0
@@ -105,7 +109,7 @@ class BatchKeeper:
                 if not chosen or not await self._held():
                     break
                 lines = [line for _, line in chosen]
-                tag = tag_of(self.pipeline, api.name, group.model, lines, [r.tries + 1 for r, _ in chosen])
+                tag = tag_of(self.pipeline, api.name, group.model, lines, [r.tries + 1 for r, _ in chosen], now)
                 row = ProviderBatch(0, self.pipeline, api.name, group.model, tag, None, "creating", None,
                                     len(chosen), size, 0, now, None, None, 0, None, 0, 0, 0, 0)
                 row = row._replace(id=await self.store("pack_batch", row, [r.custom_id for r, _ in chosen]))
@@ -130,7 +134,8 @@ class BatchKeeper:
         else:
             rows = await self.store("packed_bodies", batch.id)
             lines = [api.line(custom_id, json.loads(body)) for custom_id, body, _ in rows]
-            if tag_of(self.pipeline, api.name, batch.model, lines, [t for _, _, t in rows]) != batch.tag:
+            if tag_of(self.pipeline, api.name, batch.model, lines, [t for _, _, t in rows], batch.created_at) \
+                    != batch.tag:
                 raise RuntimeError(f"provider batch {batch.tag}: its requests changed since it was packed")
             found = await api.create(batch.model, lines, batch.tag)
             self.stats["batches_created"] += 1

@@ -178,10 +178,12 @@ class Commits(JobEvents):
         return fresh
 
     def _forget_batch_requests(self, w: Writes, where: dict[int, tuple[str, str]]) -> None:
-        """Tasks of the provider batch lane that ended here no longer need their answered requests: a replay of
-        one asks the model again, and the tables do not grow with every call ever made."""
+        """Tasks of the provider batch lane that ended here, or will be tried again, no longer need their
+        answered requests: a retry or a replay asks the model again, as on the direct lane (a malformed answer is
+        not handed back for ever), and the tables do not grow with every call ever made."""
         ended = [t for t in (*(s.task_id for s in w.succeeded), *(e.task_id for e in w.ended),
-                             *(a.task_id for a in w.awaiting)) if where[t][1] in self.batch_stages]
+                             *(a.task_id for a in w.awaiting), *(r.task_id for r in w.retry),
+                             *(e.task_id for e in w.escalated)) if where[t][1] in self.batch_stages]
         if ended:
             self.store.forget_batch_requests(ended)
 
