@@ -43,7 +43,7 @@ bench-api: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/api.py
 
 bench-metrics: setup
-	PYTHONPATH=src $(BIN)/python bench/metrics.py
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/metrics.py
 
 bench-alerts: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/alerts.py

@@ -93,17 +93,22 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _check_run_totals(url: str) -> None:
-    """Every run's running totals (store/runtotals.py) equal what its rows say, after every backend test."""
+    """Every run's running totals (store/runtotals.py) and the queue's counts (store/queuecounts.py) equal what
+    the rows say, after every backend test."""
     store = open_store(url, migrate=False)
     try:
-        if store.schema_version() < 13:
+        version = store.schema_version()
+        if version < 13:
             return
         wrong = [line for (run_id,) in store.db.execute("SELECT run_id FROM runs")
                  for line in store.run_total_mismatches(str(run_id))]
+        queue = store.open_task_mismatches() if version >= 16 else []
     finally:
         store.close()
     if wrong:
         pytest.fail("run totals disagree with the rows: " + "; ".join(wrong[:10]))
+    if queue:
+        pytest.fail("open-task counts disagree with the rows: " + "; ".join(queue[:10]))
 
 
 @pytest.fixture

@@ -89,6 +89,41 @@ def test_queue_gauges_before_any_work(store_url: str, tmp_path: Path) -> None:
     assert value(s, "conveyor_tasks_finished_total") == 0
 
 
+# One per AGE_BUCKETS bin (the first waits out a backoff: age 0), each a few seconds inside it (ages are read to
+# the second, at a later clock), then one past the last bound.
+AGES = [-30.0, 2.0, 10.0, 40.0, 200.0, 600.0, 2000.0, 10_000.0, 50_000.0]
+
+
+def test_queue_age_histogram_is_exact_at_the_second(store_url: str, tmp_path: Path) -> None:
+    """Tasks made runnable at known ages (by SQL, which the counting triggers follow like any statement) land
+    in their bins; leased tasks are not queued; folding the writers' shards changes no count."""
+    target = write_pipeline(tmp_path, PIPE)
+    cli("submit", target, "--input", str(_docs(tmp_path)), "--db", store_url, "--blobs", str(tmp_path / "blobs"),
+        cwd=tmp_path, check=True)
+    store = open_store(store_url)
+    try:
+        now = store.clock()
+        ids = [int(r[0]) for r in store.db.execute("SELECT id FROM tasks WHERE stage = 'parse' ORDER BY id")]
+        ages = [*AGES, 100_000.0][: len(ids)]
+        with store.transaction():
+            for task_id, age in zip(ids, ages, strict=True):
+                store.db.execute("UPDATE tasks SET available_at = ? WHERE id = ?", (now - age, task_id))
+        leased = store.claim("metered", ["parse"], 2, "test-owner", store.clock(), 600.0)
+        store.compact_open_task_seconds()
+        assert not store.open_task_mismatches()
+    finally:
+        store.close()
+    queued = [max(0.0, age) for task_id, age in zip(ids, ages, strict=True) if task_id not in {t.id for t in leased}]
+    s = scrape_store(store_url, target)
+    assert value(s, "conveyor_tasks", stage="parse", state="queued") == len(queued)
+    assert value(s, "conveyor_tasks", stage="parse", state="running") == 2
+    for bound in (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0):
+        within = sum(1 for age in queued if age <= bound)
+        assert value(s, "conveyor_queue_age_seconds_bucket", stage="parse", le=repr(bound)) == within, bound
+    assert value(s, "conveyor_queue_oldest_age_seconds", stage="parse") >= max(queued)
+    assert abs(value(s, "conveyor_queue_age_seconds_gsum", stage="parse") - sum(queued)) <= 2 * len(queued) + 5
+
+
 def _assert_agrees(s: Samples, rec: dict[str, Any]) -> None:
     outcomes = rec["outcomes"]
     assert outcomes == {"published": 5, "awaiting_review": 2, "dead_lettered": 1, "failed": 1}
@@ -202,3 +237,48 @@ def test_quota_used_against_limit(store_url: str, tmp_path: Path) -> None:
     assert value(s, "conveyor_quota_requests_used", key=key) == 2
     assert value(s, "conveyor_quota_tokens_limit", key=key) == 5000
     assert value(s, "conveyor_quota_requests_limit", key=key) == 50
+
+
+SIMPLE = """
+from conveyor import Pipeline
+
+pipe = Pipeline("folded")
+
+@pipe.stage()
+def a(ctx, source: bytes) -> dict:
+    return {"n": len(source), "text": source.decode()}
+
+@pipe.stage(after=a)
+def b(ctx, doc: dict) -> dict:
+    return doc
+"""
+
+
+def test_folding_the_counts_while_two_workers_run(store_url: str, tmp_path: Path) -> None:
+    """The keeper's fold (store/queuecounts.py) runs over and over while two worker processes commit: it never
+    waits on them, never fails one, and no count is lost (the conftest compares the counts with the rows)."""
+    target = write_pipeline(tmp_path, SIMPLE)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(400):
+        (docs / f"d{i:04d}.txt").write_text(f"document {i}")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    run = subprocess.Popen([sys.executable, "-m", "conveyor", "run", target, "--input", str(docs), "--db",
+                            store_url, "--blobs", str(tmp_path / "blobs"), "--workers", "2", "--json"],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folds = 0
+    store = open_store(store_url)
+    try:
+        while run.poll() is None:
+            store.compact_open_task_seconds()
+            folds += 1
+            time.sleep(0.01)
+        store.compact_open_task_seconds()
+        assert not store.open_task_mismatches()
+        rows = store.db.execute("SELECT COUNT(*) FROM open_task_seconds")[0][0]
+    finally:
+        store.close()
+    out, err = run.communicate()
+    assert run.returncode == 0, err
+    assert folds > 3
+    assert rows == 0  # every task finished: nothing is open, and the fold dropped every spent row

@@ -7,7 +7,6 @@ process never share metrics. Every metric is documented in the README (HTTP API,
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -62,22 +61,11 @@ def queue_families(snap: Snapshot) -> Iterator[Metric]:
                                "Age of the oldest queued task (since it became runnable)", labels=STAGE)
     ages = GaugeHistogramMetricFamily("conveyor_queue_age_seconds",
                                       "Queued tasks by age (since they became runnable)", labels=STAGE)
-    queued: defaultdict[tuple[str, str], int] = defaultdict(int)
-    first: dict[tuple[str, str], float] = {}
     for row in snap.queued:
-        key = (row.pipeline, row.stage)
-        queued[key] += row.tasks
-        first[key] = min(first.get(key, row.oldest_at), row.oldest_at)
         buckets = [(_le(b), float(n)) for b, n in zip(AGE_BUCKETS, row.within, strict=True)]
-        ages.add_metric(list(key), [*buckets, ("+Inf", float(row.tasks))],
-                        max(0.0, row.tasks * snap.now - row.sum_at))
-    for s in snap.suspect:
-        queued[s.pipeline, s.stage] += s.tasks
-        if s.oldest_at is not None:
-            first[s.pipeline, s.stage] = min(first.get((s.pipeline, s.stage), s.oldest_at), s.oldest_at)
-    for (pipeline, stage), n in sorted(queued.items()):
-        tasks.add_metric([pipeline, stage, "queued"], n)
-        oldest.add_metric([pipeline, stage], max(0.0, snap.now - first[pipeline, stage]))
+        ages.add_metric([row.pipeline, row.stage], [*buckets, ("+Inf", float(row.tasks))], row.age_sum)
+        tasks.add_metric([row.pipeline, row.stage, "queued"], row.tasks)
+        oldest.add_metric([row.pipeline, row.stage], max(0.0, snap.now - row.oldest_at))
     for r in snap.running:
         tasks.add_metric([r.pipeline, r.stage, "running"], r.tasks)
     for r in snap.reviews:

@@ -44,6 +44,7 @@ from conveyor.store import ClaimedTask, Lease, SqlStore, WorkerRow, open_store
 log = logging.getLogger("conveyor.worker")
 BACKLOG_READ_S = 0.25
 PAUSED_READ_S = 1.0
+COMPACT_EVERY_S = 60.0  # folding the queue's counts per second (a scrape reads them)
 T = TypeVar("T")
 
 
@@ -113,6 +114,7 @@ class Worker:
         self._alerts_every = every_seconds()
         self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
         self._alerts_due = float("-inf")  # the pipeline's alerts (runtime/alerts.py): from the first keeper round
+        self._compact_due = time.monotonic() + COMPACT_EVERY_S
         # The provider batch lane (runtime/provider_batch.py): its stages, and the keeper of the batches.
         self._batch_stages = batch_stages(pipeline, self.opts.provider_batch or lane_from_env())
         self.executor.batch_stages = self._batch_stages
@@ -413,7 +415,7 @@ class Worker:
             # The leases are read here, on the event loop that changes them, not on the store's thread.
             held = [Lease(task_id, token) for task_id, token in self._leases.items()]
             steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, (len(held), self._done)),
-                     (self._expire_reviews, ()), (self._evaluate_alerts, ()))
+                     (self._expire_reviews, ()), (self._evaluate_alerts, ()), (self._compact_queue_counts, ()))
             for step, args in steps:
                 try:
                     await self._call(step, *args)
@@ -460,6 +462,13 @@ class Worker:
         if self._reviewed:
             counts = self.transitions.expire_reviews(self.clock())
             self.stats.update({f"review_{k}": v for k, v in counts.items()})
+
+    def _compact_queue_counts(self) -> None:
+        """Every COMPACT_EVERY_S: fold the open-task counts (store/queuecounts.py) so a scrape reads few rows."""
+        if time.monotonic() < self._compact_due:
+            return
+        self._compact_due = time.monotonic() + COMPACT_EVERY_S
+        self.store.compact_open_task_seconds()
 
     def _evaluate_alerts(self) -> None:
         """Every ``CONVEYOR_ALERT_EVERY_S`` (30 s): the pipeline's alerts, unless another process of the fleet

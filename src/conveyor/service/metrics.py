@@ -6,6 +6,7 @@ families. The quota's limits are the pipelines' declared ones, CONVEYOR_LIMITS o
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -14,9 +15,23 @@ from conveyor.runtime.quota import window_seconds
 from conveyor.service.forecast import limits_of
 from conveyor.store import SqlStore
 from conveyor.store.alerts import AlertRow
-from conveyor.store.metrics import LABEL_SEP, MetricIncrement, QueueRow, StageCount
+from conveyor.store.metrics import AGE_BUCKETS, LABEL_SEP, MetricIncrement, StageCount
+from conveyor.store.queuecounts import SecondCount
 
 HOUR_S = 3600.0
+
+
+class QueueRow(NamedTuple):
+    """Queued tasks of one stage: how many, the earliest second one became runnable, and how many are at most
+    each AGE_BUCKETS bound old (cumulative), with the sum of their ages. Ages are to the second (a task's
+    ``available_at`` rounded down), so a task reads up to a second older than it is."""
+
+    pipeline: str
+    stage: str
+    tasks: int
+    oldest_at: float
+    age_sum: float
+    within: tuple[int, ...]
 
 
 class QuotaRow(NamedTuple):
@@ -32,7 +47,6 @@ class QuotaRow(NamedTuple):
 class Snapshot(NamedTuple):
     now: float
     queued: list[QueueRow]
-    suspect: list[StageCount]
     running: list[StageCount]
     reviews: list[StageCount]
     totals: list[MetricIncrement]
@@ -42,12 +56,26 @@ class Snapshot(NamedTuple):
 
 
 def snapshot(store: SqlStore, pipelines: Iterable[Pipeline] = ()) -> Snapshot:
-    """Everything one scrape reports, each part a bounded read (the hot queue's partial indexes, the running
-    totals, the last hour of dead letters, the quota's window, a row per declared alert)."""
+    """Everything one scrape reports, each part a bounded read (the open-task counts per second and the leases,
+    the running totals, the last hour of dead letters, the quota's window, a row per declared alert)."""
     now = store.clock()
-    return Snapshot(now, store.queue_rows(now), store.suspect_counts(), store.running_counts(),
+    return Snapshot(now, queue_rows(store.queued_seconds(), now), store.running_counts(),
                     store.review_backlog(), store.metric_totals(), store.dead_letters_since(now - HOUR_S),
                     quota_rows(store, pipelines), store.alert_rows())
+
+
+def queue_rows(seconds: Iterable[SecondCount], now: float) -> list[QueueRow]:
+    """Per stage, the queued tasks' count, oldest second and age histogram, from their counts per second."""
+    by_stage: defaultdict[tuple[str, str], list[SecondCount]] = defaultdict(list)
+    for row in seconds:
+        by_stage[row.pipeline, row.stage].append(row)
+    rows = []
+    for (pipeline, stage), counts in sorted(by_stage.items()):
+        ages = [(max(0.0, now - c.second), c.tasks) for c in counts]
+        within = tuple(sum(n for age, n in ages if age <= bound) for bound in AGE_BUCKETS)
+        rows.append(QueueRow(pipeline, stage, sum(n for _, n in ages), float(min(c.second for c in counts)),
+                             sum(age * n for age, n in ages), within))
+    return rows
 
 
 def quota_rows(store: SqlStore, pipelines: Iterable[Pipeline]) -> list[QuotaRow]:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
 
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
+from conveyor.store.queuecounts import POSTGRES_SECOND, POSTGRES_TRIGGERS, SQLITE_SECOND, SQLITE_TRIGGERS
 
 # Item keys compare byte by byte, whatever the database's locale (a root's fan-out descendants are one range).
 BYTE_ORDERED_KEYS = "\n".join(
@@ -138,7 +139,8 @@ class SqliteDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
-        "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)"}
+        "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
+        "epoch_second": SQLITE_SECOND, "open_task_triggers": SQLITE_TRIGGERS}
     skip_locked = ""
     row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
@@ -267,7 +269,8 @@ class PostgresDialect:
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
-        "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)"}
+        "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
+        "epoch_second": POSTGRES_SECOND, "open_task_triggers": POSTGRES_TRIGGERS}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     row_lock = " FOR UPDATE"
     max_params = 60000

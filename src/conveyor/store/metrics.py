@@ -1,7 +1,8 @@
 """What a Prometheus scrape reads: bounded queries only.
 
-Gauges of the hot queue come from its partial indexes (finished task rows are never read); counters come from
-``metric_totals``, a few rows per (metric, label values) that commits increment, never from the attempts table.
+The queue's gauges come from the open-task counts (store/queuecounts.py) and the lease index (finished task rows
+are never read); counters come from ``metric_totals``, a few rows per (metric, label values) that commits
+increment, never from the attempts table.
 """
 
 from __future__ import annotations
@@ -27,18 +28,6 @@ class MetricIncrement(NamedTuple):
     name: str
     labels: str
     value: float
-
-
-class QueueRow(NamedTuple):
-    """Runnable tasks of one stage: how many, the earliest ``available_at``, and how many are at most
-    each AGE_BUCKETS bound old (cumulative), with the sum of their ``available_at``."""
-
-    pipeline: str
-    stage: str
-    tasks: int
-    oldest_at: float
-    sum_at: float
-    within: tuple[int, ...]
 
 
 class StageCount(NamedTuple):
@@ -67,46 +56,6 @@ class MetricsQueries:
         rows = self.db.execute("SELECT name, labels, SUM(value) FROM metric_totals GROUP BY name, labels")
         return [MetricIncrement(str(n), str(labels), float(v)) for n, labels, v in rows]
 
-    def queue_rows(self, now: float) -> list[QueueRow]:
-        """Runnable tasks per stage with their ages: for each stage that has any (found by seeks), one index
-        range per age bin of ``tasks_runnable`` (pipeline, stage, lane, available_at), which together walk each
-        queued entry once, and a seek per lane for the oldest."""
-        return [self._queue_row(pipeline, stage, now) for pipeline, stage in self._queued_stages()]
-
-    def _queued_stages(self) -> list[tuple[str, str]]:
-        """(pipeline, stage) pairs with runnable tasks, one index seek each (a skip scan: the next stage of this
-        pipeline, else the first of the next pipeline; a row-value comparison would walk the current stage)."""
-        found: list[tuple[str, str]] = []
-        rows = self.db.execute(f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} ORDER BY pipeline, stage LIMIT 1")
-        while rows:
-            pipeline, stage = str(rows[0][0]), str(rows[0][1])
-            found.append((pipeline, stage))
-            rows = self.db.execute(f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage > ? "
-                                   "ORDER BY stage LIMIT 1", (pipeline, stage)) or self.db.execute(
-                f"SELECT pipeline, stage FROM tasks WHERE {RUNNABLE} AND pipeline > ? ORDER BY pipeline, stage LIMIT 1",
-                (pipeline,))
-        return found
-
-    def _queue_row(self, pipeline: str, stage: str, now: float) -> QueueRow:
-        cuts = [now - bound for bound in AGE_BUCKETS]  # descending: age <= bound  <=>  available_at >= cut
-        ranges: list[tuple[str, tuple[float, ...]]] = [("available_at >= ?", (cuts[0],))]
-        ranges += [("available_at >= ? AND available_at < ?", (cuts[i], cuts[i - 1])) for i in range(1, len(cuts))]
-        ranges.append(("available_at < ?", (cuts[-1],)))
-        where = f"FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? AND lane_rank IN (0, 1)"
-        sql = " UNION ALL ".join(f"SELECT {i}, COUNT(*), SUM(available_at) {where} AND {cond}"
-                                 for i, (cond, _) in enumerate(ranges))
-        params = [p for _, bound in ranges for p in (pipeline, stage, *bound)]
-        bins = {int(i): (int(n), float(total or 0.0)) for i, n, total in self.db.execute(sql, params)}
-        counts = [bins.get(i, (0, 0.0))[0] for i in range(len(ranges))]
-        oldest = self.db.execute(
-            f"SELECT MIN(available_at) FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? AND lane_rank = 0 "
-            f"UNION ALL SELECT MIN(available_at) FROM tasks WHERE {RUNNABLE} AND pipeline = ? AND stage = ? "
-            "AND lane_rank = 1", (pipeline, stage, pipeline, stage))
-        firsts = [float(r[0]) for r in oldest if r[0] is not None]
-        within = tuple(sum(counts[:i + 1]) for i in range(len(cuts)))
-        return QueueRow(pipeline, stage, sum(counts), min(firsts, default=now), sum(t for _, t in bins.values()),
-                        within)
-
     def queue_ages(self, pipeline: str, stage: str, now: float, cap: int) -> list[int]:
         """Runnable tasks of one stage per AGE_BUCKETS bin (the last: older than every bound), each counted up to
         ``cap`` (a bin that holds more reads ``cap``): at most ``cap`` index entries read per bin."""
@@ -120,10 +69,6 @@ class MetricsQueries:
         params = [p for _, bound in conds for p in (pipeline, stage, *bound)]
         counts = dict(self.db.execute(sql, params))
         return [int(counts.get(i, 0)) for i in range(len(conds))]
-
-    def suspect_counts(self) -> list[StageCount]:
-        """Queued tasks whose worker died (they run one at a time), through ``tasks_suspect``."""
-        return self._stage_counts("status = 'queued' AND crashes > 0", "MIN(available_at)")
 
     def running_counts(self) -> list[StageCount]:
         """Leased tasks (bounded by the fleet's batches), through ``tasks_leased``."""

@@ -13,6 +13,7 @@ Timestamps are epoch seconds (float) so the clock can be passed in.
 
 from __future__ import annotations
 
+from conveyor.store.queuecounts import MIGRATION as OPEN_TASK_SECONDS
 from conveyor.store.runtotals import RECOUNT
 
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -552,6 +553,11 @@ ALTER TABLE items ADD COLUMN traceparent TEXT;
     ),
     (
         16,
+        "queue counts: open tasks per (pipeline, stage, second of available_at), kept by triggers on tasks",
+        OPEN_TASK_SECONDS,
+    ),
+    (
+        17,
         "the provider batch lane: requests parked for a provider's Batch API, the batches made of them",
         """
 -- One row per distinct model request of a batch-lane stage (custom_id: a hash of the task key and the request),

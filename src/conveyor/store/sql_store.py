@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -19,6 +20,7 @@ from conveyor.store.progress import ProgressQueries
 from conveyor.store.provenance import ProvenanceQueries
 from conveyor.store.provider_batch import ProviderBatchQueries
 from conveyor.store.publications import PublicationQueries
+from conveyor.store.queuecounts import QueueCountQueries
 from conveyor.store.quota import QuotaQueries
 from conveyor.store.reopen import ReopenQueries
 from conveyor.store.replay import ReplayQueries
@@ -36,7 +38,7 @@ from conveyor.store.workers import WorkerQueries
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries):
+               ProgressQueries, AlertQueries, TraceQueries, QueueCountQueries, ProviderBatchQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
@@ -96,5 +98,19 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
 
 
 def _statements(ddl: str) -> list[str]:
+    """The statements of a migration, split at semicolons except inside a PostgreSQL function body ($$ ... $$)
+    or a SQLite trigger's BEGIN ... END."""
     lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    statements, pending = [], ""
+    for piece in "\n".join(lines).split(";"):
+        pending = f"{pending};{piece}" if pending else piece
+        if pending.count("$$") % 2 or (_TRIGGER_BODY.search(pending) and not _BODY_END.search(pending)):
+            continue
+        if pending.strip():
+            statements.append(pending.strip())
+        pending = ""
+    return statements
+
+
+_TRIGGER_BODY = re.compile(r"\bCREATE\s+TRIGGER\b.*\bBEGIN\b", re.IGNORECASE | re.DOTALL)
+_BODY_END = re.compile(r"\bEND\s*$", re.IGNORECASE)
