@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'pipeline.py'}:pipe"
 STATE = Path(".conveyor") / "provider-batch"
 TICKETS = int(os.environ.get("DEMO_TICKETS", "200"))
-BATCH_DELAY_S = 3.0
+BATCH_DELAY_S = 2.0
 SIM = {"seed": 11, "latency_ms": 60.0, "latency_tail": 0.5, "batch_delay_s": BATCH_DELAY_S,
        "batch_failure_rate": 0.03, "batch_expired_rate": 0.01}
 PRODUCTS = ("printer", "VPN", "laptop", "badge reader", "mail client", "projector", "phone", "monitor")
@@ -80,7 +80,7 @@ def run(label: str, db: Path, env: dict[str, str], *flags: str) -> tuple[dict[st
 def main() -> int:
     shutil.rmtree(STATE, ignore_errors=True)
     write_tickets(STATE / "tickets", TICKETS)
-    env = dict(os.environ, CONVEYOR_PROVIDER_BATCH_GATHER_S="1", CONVEYOR_PROVIDER_BATCH_POLL_S="2")
+    env = dict(os.environ, CONVEYOR_PROVIDER_BATCH_GATHER_S="0.5", CONVEYOR_PROVIDER_BATCH_POLL_S="1")
     with endpoint(env) as where:
         print(f"{TICKETS} tickets; chat: {where}")
         direct, direct_s = run("direct", STATE / "direct.db", env)

@@ -46,9 +46,11 @@ class BatchKeeper:
     """One pipeline's batches, kept by one worker (``owner``) while it holds the keeper lease."""
 
     def __init__(self, pipeline: str, owner: str, settings: BatchSettings, store: StoreCall,
-                 api: Callable[[], Any], clock: Callable[[], float]) -> None:
+                 api: Callable[[], Any], clock: Callable[[], float], settle: StoreCall) -> None:
         self.pipeline, self.owner, self.settings = pipeline, owner, settings
         self.store, self.api, self.clock = store, api, clock
+        # Storing what batches answered wakes tasks: a transition (Transitions.settle_batch_requests).
+        self.settle = settle
         self.lease_s = max(5.0, 4 * settings.poll_s)  # renewed every round (a round is short)
         self.after_create: Callable[[BatchState], None] | None = None  # a test's crash point
         self.stats: Counter[str] = Counter()
@@ -198,7 +200,7 @@ class BatchKeeper:
                  extra={"event": "provider_batch_ended"})
 
     async def _settle(self, settled: list[Settled], batch_id: int | None, status: str) -> int:
-        woken: int = await self.store("settle_requests", settled, self.clock(), batch_id, status)
+        woken: int = await self.settle(settled, self.clock(), batch_id, status)
         self.stats.update(Counter(f"requests_{s.state}" for s in settled))
         return woken
 

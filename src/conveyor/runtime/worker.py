@@ -121,7 +121,7 @@ class Worker:
         self.batch_keeper: BatchKeeper | None = None
         if self._batch_stages:
             self.batch_keeper = BatchKeeper(pipeline.name, self.id, BatchSettings.from_env(), self._store_call,
-                                            self.executor.services.batch_api, self.clock)
+                                            self.executor.services.batch_api, self.clock, self._wake_call)
 
     # --- entry points ----------------------------------------------------
 
@@ -187,6 +187,10 @@ class Worker:
         """Run a store call on the one thread that owns the connection."""
         assert self._loop is not None
         return await self._loop.run_in_executor(self._db, fn, *args)
+
+    async def _wake_call(self, *args: Any) -> Any:
+        """Transitions.settle_batch_requests on the store's thread: what a batch answered, its tasks woken."""
+        return await self._call(self.transitions.settle_batch_requests, *args)
 
     async def _store_call(self, name: str, *args: Any) -> Any:
         """The store's method ``name``, called on the store's thread (for the provider batch keeper)."""
