@@ -338,3 +338,55 @@ def test_a_retried_task_asks_its_batch_again(tmp_path: Path, store_url: str, fas
                                 "ORDER BY outcome", (run_id,))
     assert outcomes == [("deferred", 6), ("retry", 3), ("succeeded", 3)]
     assert report["usage"]["provider_calls"] == 6  # both answers paid for, each counted once
+
+
+KILLED = """
+    import os
+    from conveyor import Pipeline, Retry
+    from conveyor.providers.openai_provider import OpenAIProvider
+
+    def provider():
+        return OpenAIProvider(os.environ["SIM_URL"], "sim", timeout=30, prices={"sim-1": [2.0, 8.0]})
+
+    pipe = Pipeline("killed", provider=provider, lease_seconds=2, retry=Retry(max_attempts=3, base=0.01, cap=0.02))
+
+    @pipe.stage(version="1", batch=True)
+    async def answer(ctx, source: bytes) -> str:
+        done = await ctx.chat([{"role": "user", "content": source.decode()}], model="sim-1")
+        return done.text
+"""
+
+
+def test_a_worker_killed_between_create_and_record_pays_once(tmp_path: Path, store_url: str, fast: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL a real worker process while the provider holds its answer to the batch's creation (the batch
+    exists, the worker never records its id): the next worker adopts it by its tag."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    docs = make_docs(tmp_path / "docs", 4, "request {i}")
+    with run_simulator(SimConfig(seed=14, batch_delay_s=0.5, batch_create_delay_s=30.0)) as url:
+        monkeypatch.setenv("SIM_URL", url)
+        target = write_pipeline(tmp_path, KILLED)
+        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--until-idle", "--run", run_id,
+                                   "--db", store_url, "--blobs", str(tmp_path / "blobs"), "--quiet"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not _sim_batches(url):  # created on the provider; its creator still waits for the answer
+                assert time.monotonic() < deadline and worker.poll() is None, "no batch was created"
+                time.sleep(0.1)
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+        assert _rows(store_url, "SELECT state, provider_batch_id FROM provider_batches") == [("creating", None)]
+        _rows(store_url, "UPDATE provider_batch_keepers SET until = 0")  # as the dead keeper's lease runs out
+        stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
+        made = _sim_batches(url)
+    assert len(made) == 1 and stats["provider_batches_adopted"] == 1 and not stats["provider_batches_created"]
+    assert _report(store_url, run_id)["outcomes"] == {"completed": 4}

@@ -4,12 +4,15 @@ retrieve, list, cancel), shaped as OpenAI's so the ``openai`` SDK reads them.
 A batch is answered ``batch_delay_s`` after it is created (progress is read lazily, on a retrieve or list):
 each entry as ``/v1/chat/completions`` would answer it, except that a share ``batch_failure_rate`` of entries
 fail (HTTP 500 in the error file) and a share ``batch_expired_rate`` are left unanswered, in which case the
-batch ends ``expired`` and those entries are in the error file with code ``batch_expired``. Draws come from
+batch ends ``expired`` and those entries are in the error file with code ``batch_expired``. The answer to a
+creation can be held ``batch_create_delay_s`` (the batch exists and is listed meanwhile: a creator killed
+then never learns its id). Draws come from
 a generator of their own (seed + 1), so batches leave the direct requests' faults as they were.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -37,8 +40,9 @@ class SimBatches:
     """Files and batches of one simulator app."""
 
     def __init__(self, seed: int, delay_s: float, failure_rate: float, expired_rate: float, revision: str,
-                 default_max_tokens: int, served: Any) -> None:
+                 default_max_tokens: int, served: Any, create_delay_s: float = 0.0) -> None:
         self.rng = random.Random(seed + 1)
+        self.create_delay_s = create_delay_s
         self.delay_s, self.failure_rate, self.expired_rate = delay_s, failure_rate, expired_rate
         self.revision, self.default_max_tokens, self.served = revision, default_max_tokens, served
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}
@@ -177,7 +181,11 @@ def add_batch_routes(app: FastAPI, batches: SimBatches, auth: Any) -> None:
         except ValueError:
             return _invalid("the request body is not JSON")
         made = batches.create(body if isinstance(body, dict) else {})
-        return _invalid(made) if isinstance(made, str) else JSONResponse(made)
+        if isinstance(made, str):
+            return _invalid(made)
+        if batches.create_delay_s:  # the batch exists (and is listed) before its creator hears of it
+            await asyncio.sleep(batches.create_delay_s)
+        return JSONResponse(made)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(batch_id: str, request: Request) -> Response:

@@ -88,6 +88,7 @@ class SimConfig:
     batch_delay_s: float = 2.0  # how long a batch takes (simbatch: /v1/files + /v1/batches)
     batch_failure_rate: float = 0.0  # share of batch entries answered HTTP 500
     batch_expired_rate: float = 0.0  # share of batch entries left unanswered: the batch ends expired
+    batch_create_delay_s: float = 0.0  # a created batch's answer is held this long (a crash may fall in between)
 
     def __post_init__(self) -> None:
         for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate", "fenced_rate",
@@ -96,7 +97,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be between 0 and 1")
         if self.malformed_rate + self.fenced_rate > 1.0:
             raise ValueError("malformed_rate + fenced_rate must be at most 1 (they share one draw)")
-        for name in ("tpm", "rpm", "latency_ms", "latency_tail", "batch_delay_s"):
+        for name in ("tpm", "rpm", "latency_ms", "latency_tail", "batch_delay_s", "batch_create_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if not 0 < self.hang_seconds <= MAX_HANG_S:
@@ -308,7 +309,7 @@ def create_app(config: SimConfig) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, http_error)
     add_batch_routes(app, SimBatches(config.seed, config.batch_delay_s, config.batch_failure_rate,
                                      config.batch_expired_rate, config.revision, config.default_max_tokens,
-                                     sim.served_model), sim.auth_error)
+                                     sim.served_model, config.batch_create_delay_s), sim.auth_error)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -424,6 +425,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-failure-rate", type=float, default=0.0, help="share of batch entries answered 500")
     p.add_argument("--batch-expired-rate", type=float, default=0.0,
                    help="share of batch entries left unanswered (the batch ends expired)")
+    p.add_argument("--batch-create-delay-s", type=float, default=0.0,
+                   help="seconds the answer to a batch creation is held after the batch exists")
     return p
 
 

@@ -10,11 +10,13 @@ a batch is never lost and never paid for twice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from conveyor.providers.base import ProviderError
@@ -27,6 +29,7 @@ T = TypeVar("T")
 StoreCall = Callable[..., Awaitable[Any]]
 FIRST_POLL_S = 1.0
 MAX_BATCHES_PER_ROUND = 20
+KEEPER_LEASE_S = 15.0  # renewed every round, and every third of it while a round talks to the provider
 GATHER_AT_MOST = 30  # × gather_s: the longest a request waits for its batch file to fill
 MAX_TRIES = 5  # attempts to create one batch file before its requests are called directly
 
@@ -51,7 +54,7 @@ class BatchKeeper:
         self.store, self.api, self.clock = store, api, clock
         # Storing what batches answered wakes tasks: a transition (Transitions.settle_batch_requests).
         self.settle = settle
-        self.lease_s = max(5.0, 4 * settings.poll_s)  # renewed every round (a round is short)
+        self.lease_s = KEEPER_LEASE_S
         self.after_create: Callable[[BatchState], None] | None = None  # a test's crash point
         self.stats: Counter[str] = Counter()
 
@@ -65,6 +68,25 @@ class BatchKeeper:
         """One round: False when another worker keeps this pipeline's batches now."""
         if not await self._held():
             return False
+        async with self._renewing():  # an upload of 200 MB may take longer than the lease
+            return await self._round()
+
+    @contextlib.asynccontextmanager
+    async def _renewing(self) -> AsyncIterator[None]:
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.lease_s / 3)
+                await self._held()
+
+        beating = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _round(self) -> bool:
         now = self.clock()
         api = self.api()
         if api is None:
