@@ -390,3 +390,38 @@ def test_a_worker_killed_between_create_and_record_pays_once(tmp_path: Path, sto
         made = _sim_batches(url)
     assert len(made) == 1 and stats["provider_batches_adopted"] == 1 and not stats["provider_batches_created"]
     assert _report(store_url, run_id)["outcomes"] == {"completed": 4}
+
+
+def test_the_simulator_batch_api_answers_as_openai_does() -> None:
+    """Uploads, creation, listing by metadata, cancellation and refusals, through the openai SDK."""
+    import openai
+
+    async def exercise(url: str) -> dict[str, Any]:
+        client = openai.AsyncOpenAI(base_url=url, api_key="sim", max_retries=0)
+        try:
+            line = ('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "sim-1", '
+                    '"messages": [{"role": "user", "content": "hi"}]}}\n')
+            uploaded = await client.files.create(file=("in.jsonl", line.encode()), purpose="batch")
+            made = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                               completion_window="24h", metadata={"conveyor_tag": "t1"})
+            listed = [b.metadata for b in [b async for b in client.batches.list(limit=10)]]
+            cancelled = await client.batches.cancel(made.id)
+            refused = []
+            for call in (client.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions",
+                                               completion_window="24h"),
+                         client.batches.retrieve("batch_missing")):
+                try:
+                    await call
+                except openai.APIStatusError as exc:
+                    refused.append(exc.status_code)
+            content = await client.files.content(uploaded.id)
+            return {"listed": listed, "cancelled": cancelled.status, "refused": refused, "content": content.text,
+                    "status": made.status, "total": made.request_counts.total if made.request_counts else None}
+        finally:
+            await client.close()
+
+    with run_simulator(SimConfig(seed=15, batch_delay_s=30.0)) as url:
+        seen = asyncio.run(exercise(url))
+    assert seen["status"] == "in_progress" and seen["total"] == 1
+    assert seen["listed"] == [{"conveyor_tag": "t1"}] and seen["cancelled"] == "cancelled"
+    assert seen["refused"] == [400, 404] and seen["content"].startswith('{"custom_id": "a"')
