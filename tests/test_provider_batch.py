@@ -425,3 +425,13 @@ def test_the_simulator_batch_api_answers_as_openai_does() -> None:
     assert seen["status"] == "in_progress" and seen["total"] == 1
     assert seen["listed"] == [{"conveyor_tag": "t1"}] and seen["cancelled"] == "cancelled"
     assert seen["refused"] == [400, 404] and seen["content"].startswith('{"custom_id": "a"')
+
+
+def test_a_price_table_says_what_a_batch_call_costs() -> None:
+    from conveyor.providers.base import PriceTable
+
+    assert PriceTable.from_dict({"sim-1": [2.0, 8.0]}).batch_discount == 0.5
+    table = PriceTable.from_dict({"batch_discount": 0.4, "models": {"sim-1": [2.0, 8.0]}})
+    assert table.batch_discount == 0.4 and set(table.prices) == {"sim-1"}
+    with pytest.raises(ValueError, match="batch_discount"):
+        PriceTable.from_dict({"batch_discount": 2, "sim-1": [2.0, 8.0]})
