@@ -278,7 +278,7 @@ def test_folding_the_counts_while_two_workers_run(store_url: str, tmp_path: Path
         rows = store.db.execute("SELECT COUNT(*) FROM open_task_seconds")[0][0]
     finally:
         store.close()
-    out, err = run.communicate()
+    _out, err = run.communicate()
     assert run.returncode == 0, err
     assert folds > 3
     assert rows == 0  # every task finished: nothing is open, and the fold dropped every spent row
