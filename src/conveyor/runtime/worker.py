@@ -337,7 +337,7 @@ class Worker:
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
             self._in_flight[outcome.task.stage] -= 1
-            if outcome.invoked:
+            if outcome.invoked and not outcome.deferred:  # a deferral says nothing of the stage's pace
                 self.pacing.record(outcome.task.stage, outcome.duration)
         self._alone = False
         self._track(fresh)
