@@ -27,6 +27,7 @@ test: setup
 
 demo: setup
 	$(BIN)/python examples/manpages/demo.py
+	$(BIN)/python examples/provider_batch/demo.py
 
 check: setup
 	$(BIN)/ruff check src tests examples bench

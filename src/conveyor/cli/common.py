@@ -42,6 +42,10 @@ BudgetUsd = Annotated[float | None, typer.Option(
     "--budget-usd", metavar="USD", help="the run's ceiling on provider spending: no model call is granted once spent "
     "plus reserved would pass it; the run pauses (paused_budget) and `conveyor resume RUN --budget-usd MORE` carries "
     "on")]
+ProviderBatch = Annotated[bool, typer.Option(
+    "--provider-batch", help="every stage that calls a model sends its ctx.chat calls through the provider's Batch "
+    "API at the batch price; its tasks wait, holding no worker, until their batch answers (a call still waiting "
+    "past the stage's batch_deadline, 24 h by default, is made directly)")]
 ACCEPT_CODE = "--accept-code-change"
 AcceptCode = Annotated[list[str] | None, typer.Option(
     ACCEPT_CODE, metavar="[STAGE]", help="keep outputs that other code of STAGE made under its current "

@@ -218,6 +218,10 @@ def status(data: dict[str, Any]) -> None:
         out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
     if data.get("note"):
         out.print(f"note: {escape(data['note'])}")
+    waiting = data.get("provider_batch_waiting")
+    if waiting:
+        out.print("waiting on provider batches: " + ", ".join(f"{stage} {n:,}" for stage, n in waiting.items())
+                  + f" (conveyor provider-batches --run {data['run_id']})")
     budget = data.get("budget")
     if budget:
         out.print(f"budget ${budget['usd']:.4f}: ${budget['spent']:.4f} spent, ${budget['reserved']:.4f} reserved")
@@ -338,6 +342,30 @@ def dlq_entry(data: dict[str, Any]) -> None:
     out.print(data["error"] or "", markup=False, highlight=False)
     for a in data["attempt_history"]:
         out.print(f"  attempt {a['attempt']}: {a['outcome']} {a['error_class'] or ''} on {a['worker']}")
+
+
+def provider_batches(data: dict[str, Any]) -> None:
+    """The provider batch lane's batches, then its requests by state and the run's waiting tasks."""
+    if not data["batches"]:
+        out.print("no provider batch yet (stages declare batch=True, or run with --provider-batch)")
+    else:
+        table = Table(title="provider batches, newest first")
+        for column in ("id", "provider batch", "model", "state", "status", "requests", "answered", "failed",
+                       "retried", "direct"):
+            table.add_column(column, justify="right" if column in ("requests", "answered", "failed", "retried",
+                                                                    "direct") else "left")
+        for b in data["batches"]:
+            table.add_row(str(b["id"]), b["provider_batch_id"] or "(creating)", b["model"], b["state"],
+                          b["status"] or "", str(b["requests"]), str(b["answered"]), str(b["failed"]),
+                          str(b["retried"]), str(b["direct"]))
+        out.print(table)
+    if data["requests"]:
+        out.print("requests: " + ", ".join(f"{n:,} {state}" for state, n in sorted(data["requests"].items())))
+    if data["run_id"]:
+        waiting = data["waiting"]
+        out.print(f"run {data['run_id']}: " + (", ".join(f"{n:,} tasks of {stage} waiting"
+                                                        for stage, n in sorted(waiting.items()))
+                                               or "no task waiting on a batch"))
 
 
 def quota(data: dict[str, Any]) -> None:

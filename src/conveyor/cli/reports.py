@@ -66,6 +66,25 @@ def quota(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
     emit(data, as_json, render.quota)
 
 
+@app.command("provider-batches")
+def provider_batches(
+    run_id: Annotated[str | None, typer.Option("--run", help="also the run's tasks waiting on batch answers")] = None,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="only this pipeline's batches")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="the newest N batches")] = 20,
+    db: Db = DEFAULT_DB, as_json: Json = False,
+) -> None:
+    """The provider batch lane: its batches (newest first), its requests by state, and a run's waiting tasks."""
+    from conveyor.cli import render
+    from conveyor.service.provider_batches import provider_batch_report
+
+    try:
+        with store_for(db, create=False) as store:
+            data = provider_batch_report(store, pipeline, run_id, limit)
+    except StoreMissing:
+        data = {"pipeline": pipeline, "run_id": run_id, "batches": [], "requests": {}, "waiting": {}}
+    emit(data, as_json, render.provider_batches)
+
+
 @app.command()
 def reconcile(
     run_id: Annotated[str, typer.Argument(help="the run id")], db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,

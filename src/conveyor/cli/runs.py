@@ -17,6 +17,7 @@ from conveyor.cli.common import (
     Input,
     Json,
     Lane,
+    ProviderBatch,
     SkipBadLines,
     StrictInputs,
     Target,
@@ -47,7 +48,7 @@ def run(
     sample: Annotated[int, typer.Option("--sample", min=0, help="with --dry-run, for stages with no past attempts: "
                                         "run this many items for real in a scratch store to measure them (paid "
                                         "for; 0: no sample)")] = 3,
-    budget_usd: BudgetUsd = None,
+    budget_usd: BudgetUsd = None, provider_batch: ProviderBatch = False,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.runtime.target import load_target
@@ -59,7 +60,7 @@ def run(
         _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json)
         return
     blob_store = writable_blobs(blobs)
-    options = RunOptions(workers=workers, lane=lane,
+    options = RunOptions(workers=workers, lane=lane, provider_batch=provider_batch,
                          submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
                                                budget_usd=budget_usd))
     with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
@@ -94,15 +95,16 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="the run to finish")], workers: Workers = default_workers(),
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
     skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
-    budget_usd: BudgetUsd = None,
+    budget_usd: BudgetUsd = None, provider_batch: ProviderBatch = False,
 ) -> None:
     """Finish a run: its submission, if that stopped part way, then its tasks (a paused run carries on, with a
     new --budget-usd when its budget is spent); print the reconciliation."""
     from conveyor.service.runs import Interrupted, RunOptions, resume_run
 
     check_limits_env()
-    options = RunOptions(workers=workers, submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
-                                                                budget_usd=budget_usd))
+    options = RunOptions(workers=workers, provider_batch=provider_batch,
+                         submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
+                                               budget_usd=budget_usd))
     try:
         store = open_store(db or DEFAULT_DB, create=False)
     except StoreMissing as exc:
@@ -175,6 +177,7 @@ def worker(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     metrics_port: Annotated[int | None, typer.Option(
         "--metrics-port", min=0, max=65535, help="serve Prometheus metrics at http://0.0.0.0:N/metrics")] = None,
+    provider_batch: ProviderBatch = False,
 ) -> None:
     """Process tasks from the shared store; run as many as you like, anywhere."""
     from conveyor.runtime.target import load_target
@@ -189,7 +192,8 @@ def worker(
     if metrics_port is not None:
         _serve_metrics(metrics_port, db, pipeline)
     # A fleet started by `run` is --quiet: the run itself says what its workers found, once.
-    options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size, warn_stale_code=not quiet)
+    options = WorkerOptions(run_id=run_id, until_idle=until_idle, batch_size=batch_size, warn_stale_code=not quiet,
+                            provider_batch=provider_batch)
     with stage_output_to_stderr():
         stats = Worker(pipeline, target, db, blob_store, options).run()
     data = {"worker": "done", **dict(stats)}

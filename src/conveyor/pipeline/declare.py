@@ -24,6 +24,7 @@ from conveyor.pipeline.retry import Retry
 
 StageKind = Literal["map", "fanout", "publish"]
 KINDS: tuple[str, ...] = ("map", "fanout", "publish")
+DEFAULT_BATCH_DEADLINE_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +49,10 @@ class Stage:
     # Versions of what makes its output that are not its code (a parser library, a schema): recorded as the
     # output's provenance and part of its identity, so a new value runs the stage again.
     provenance: Mapping[str, str] = field(default_factory=dict)
+    # The provider batch lane (runtime/provider_batch.py): its model calls go through the provider's Batch API
+    # at the batch price; a call not answered within ``batch_deadline`` seconds is made directly instead.
+    batch: bool = False
+    batch_deadline: float = DEFAULT_BATCH_DEADLINE_S
 
     @property
     def guarded(self) -> bool:
@@ -141,8 +146,15 @@ class Pipeline:
         accept: Accept | None = None,
         into: str | Target | None = None,
         provenance: Mapping[str, Any] | None = None,
+        batch: bool = False,
+        batch_deadline: float = DEFAULT_BATCH_DEADLINE_S,
     ) -> Any:
-        """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``."""
+        """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``.
+
+        ``batch=True`` sends the stage's ``ctx.chat`` calls through the provider's Batch API (half price,
+        answered within hours; the task waits without holding a worker); a call still unanswered
+        ``batch_deadline`` seconds after it was asked is made directly.
+        """
 
         def register(func: Callable[..., Any]) -> Stage:
             stage = Stage(
@@ -160,6 +172,8 @@ class Pipeline:
                 accept=_accept(accept),
                 into=_collection(into, kind),
                 provenance=declared_provenance(name or func.__name__, provenance),
+                batch=bool(batch),
+                batch_deadline=_positive("batch_deadline", batch_deadline) or DEFAULT_BATCH_DEADLINE_S,
             )
             self._add(stage)
             return stage
@@ -190,6 +204,9 @@ class Pipeline:
         if stage.accept is not None and stage.kind != "map":
             raise PipelineError(f"stage {stage.name!r}: accept=... is for map stages (one answer per item), "
                                 f"not {stage.kind} stages")
+        if stage.batch and not stage.is_async:
+            raise PipelineError(f"stage {stage.name!r}: batch=True is for async stages (their ctx.chat calls go "
+                                "through the provider's Batch API); make it `async def` or drop batch=True")
         if stage.after is not None and self._stages[stage.after].kind == "publish":
             raise PipelineError(f"stage {stage.name!r} cannot come after publish stage {stage.after!r}")
         self._stages[stage.name] = stage

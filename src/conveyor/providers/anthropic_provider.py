@@ -85,14 +85,8 @@ class AnthropicProvider(AsyncClosing):
         timeout: float | None = None,
     ) -> Completion:
         """One message; in JSON mode ``data`` is the parsed object or ProviderError('malformed_output')."""
-        system, turns = split_system(messages)
-        if json_mode:
-            system = f"{system}\n\n{JSON_INSTRUCTION}" if system else JSON_INSTRUCTION
-        kwargs: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": max_tokens}
-        if _SDK_TAKES_TEMPERATURE:
-            kwargs["temperature"] = temperature
-        if system:
-            kwargs["system"] = system
+        kwargs = self.params(messages, model=model, max_tokens=max_tokens, temperature=temperature,
+                             json_mode=json_mode)
         if timeout is not None:
             kwargs["timeout"] = timeout
         started = time.monotonic()
@@ -105,14 +99,35 @@ class AnthropicProvider(AsyncClosing):
         latency = time.monotonic() - started
         return self._completion(done, raw.headers, model, json_mode, prompt_version, latency)
 
+    @staticmethod
+    def params(messages: Sequence[Message], *, model: str, max_tokens: int, temperature: float,
+               json_mode: bool) -> dict[str, Any]:
+        """The Messages API parameters of a chat call (a batch request's ``params`` too)."""
+        system, turns = split_system(messages)
+        if json_mode:
+            system = f"{system}\n\n{JSON_INSTRUCTION}" if system else JSON_INSTRUCTION
+        kwargs: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": max_tokens}
+        if _SDK_TAKES_TEMPERATURE:
+            kwargs["temperature"] = temperature
+        if system:
+            kwargs["system"] = system
+        return kwargs
+
+    def batch_api(self) -> Any:
+        """Anthropic's Message Batches API, for the provider batch lane."""
+        from conveyor.providers.anthropic_batch import AnthropicBatches
+
+        return AnthropicBatches(self)
+
     def _completion(self, done: Any, headers: Any, model: str, json_mode: bool,
-                    prompt_version: str | None, latency: float) -> Completion:
+                    prompt_version: str | None, latency: float, discount: float = 1.0) -> Completion:
         usage = done.usage
         prompt = sum(int(getattr(usage, k, 0) or 0) for k in
                      ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
         completion = int(getattr(usage, "output_tokens", 0) or 0)
         reported = str(done.model or model)
         cost, priced = self.prices.cost_for(model, reported, prompt, completion)
+        cost *= discount  # a batch answer's: the price table's batch_discount
         request_id = header(headers, "request-id") or getattr(done, "id", None)
         text = "".join(getattr(b, "text", "") for b in done.content if getattr(b, "type", "") == "text")
         stop = done.stop_reason

@@ -23,6 +23,7 @@ RETRYABLE = frozenset({"rate_limited", "overloaded", "timeout", "connection", "s
 TERMINAL = frozenset({"bad_request", "auth", "content_policy", "context_length", "not_found"})
 ERROR_CLASSES = RETRYABLE | TERMINAL
 DEADLINE_GRACE_S = 1.0
+DEFAULT_BATCH_DISCOUNT = 0.5  # what OpenAI's and Anthropic's Batch APIs charge of the direct price
 
 
 @dataclass(frozen=True)
@@ -194,20 +195,26 @@ class PriceTable:
     """USD per 1M tokens, per model; an unknown model costs 0.0 and is remembered in ``unknown``.
 
     Lookup tries the exact name, then the name before ``@`` (a revision), then
-    the longest known prefix ending at a ``-`` (``gpt-4o-2024-08-06`` → ``gpt-4o``)::
+    the longest known prefix ending at a ``-`` (``gpt-4o-2024-08-06`` → ``gpt-4o``).
+    ``batch_discount`` is the share of the price a provider's Batch API charges (0.5: half)::
 
         prices = PriceTable.from_dict({"gpt-4o-mini": {"input": 0.15, "output": 0.60}})
         prices.cost("gpt-4o-mini-2024-07-18", 1_000_000, 0)  # 0.15
+        PriceTable.from_dict({"batch_discount": 0.5, "models": {"gpt-4o-mini": [0.15, 0.6]}})
     """
 
     prices: dict[str, Price] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)
+    batch_discount: float = DEFAULT_BATCH_DISCOUNT
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> PriceTable:
-        """``{"model": {"input": 2.5, "output": 10.0}}`` or ``{"model": [2.5, 10.0]}``."""
+        """``{"model": {"input": 2.5, "output": 10.0}}`` or ``{"model": [2.5, 10.0]}``; optionally
+        ``{"batch_discount": 0.5, "models": {...}}``."""
         table = raw.get("models", raw) if isinstance(raw.get("models"), Mapping) else raw
-        return cls({str(name): _price(name, value) for name, value in table.items()})
+        discount = _discount(raw.get("batch_discount", DEFAULT_BATCH_DISCOUNT))
+        return cls({str(name): _price(name, value) for name, value in table.items() if name != "batch_discount"},
+                   batch_discount=discount)
 
     @classmethod
     def from_json(cls, path: str | Path) -> PriceTable:
@@ -253,6 +260,16 @@ class PriceTable:
         name = requested if self.known(requested) or not reported else reported
         priced = self.known(name)
         return self.cost(name, prompt_tokens, completion_tokens), priced
+
+
+def _discount(value: Any) -> float:
+    try:
+        discount = float(value)
+    except (TypeError, ValueError):
+        discount = -1.0
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"batch_discount {value!r}: expected the share of the price a batch call costs, 0 to 1")
+    return discount
 
 
 def _price(name: object, value: Any) -> Price:

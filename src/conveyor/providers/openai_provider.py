@@ -99,12 +99,13 @@ class OpenAIProvider(AsyncClosing):
         return self._completion(done, raw.headers, model, json_mode, prompt_version, latency)
 
     def _completion(self, done: Any, headers: Any, model: str, json_mode: bool,
-                    prompt_version: str | None, latency: float) -> Completion:
+                    prompt_version: str | None, latency: float, discount: float = 1.0) -> Completion:
         usage = done.usage
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion = int(getattr(usage, "completion_tokens", 0) or 0)
         reported = str(done.model or model)
         cost, priced = self.prices.cost_for(model, reported, prompt, completion)
+        cost *= discount  # a batch answer's: the price table's batch_discount
         request_id = header(headers, "x-request-id") or getattr(done, "id", None)
         choice = done.choices[0] if done.choices else None
         text = (choice.message.content or "") if choice is not None else ""
@@ -150,6 +151,12 @@ class OpenAIProvider(AsyncClosing):
         request_id = header(raw.headers, "x-request-id")
         return Embeddings(vectors=vectors, model=reported, prompt_tokens=prompt, cost=cost,
                           request_id=request_id, latency=latency, priced=priced)
+
+    def batch_api(self) -> Any:
+        """This endpoint's Batch API (``/v1/files`` + ``/v1/batches``), for the provider batch lane."""
+        from conveyor.providers.openai_batch import OpenAIBatches
+
+        return OpenAIBatches(self)
 
     async def aclose(self) -> None:
         await self._client.close()

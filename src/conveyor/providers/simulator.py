@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions`` (text, or JSON mode with
 ``response_format={"type": "json_object"}``), ``POST /v1/embeddings``,
-``GET /v1/models`` and ``GET /health``. Any model name is accepted; responses
+``GET /v1/models``, ``GET /health``, and the Batch API (``/v1/files``,
+``/v1/batches``: see simbatch). Any model name is accepted; responses
 report it with a revision suffix (``sim-1@2026-11-01``).
 
 Faults, all drawn from one ``random.Random(seed)``: every well-formed
@@ -54,6 +55,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from conveyor.providers.simbatch import SimBatches, add_batch_routes
 from conveyor.providers.simlimits import Entry, Refusal, WindowLimiter, retry_headers
 from conveyor.providers.simrequests import Record, chat_payload, embed_payload, parse_chat, parse_embed
 
@@ -83,14 +85,19 @@ class SimConfig:
     embedding_dim: int = 384
     default_max_tokens: int = 512
     window_s: float = 60.0  # the limits' window; shorter only to test quota logic quickly
+    batch_delay_s: float = 2.0  # how long a batch takes (simbatch: /v1/files + /v1/batches)
+    batch_failure_rate: float = 0.0  # share of batch entries answered HTTP 500
+    batch_expired_rate: float = 0.0  # share of batch entries left unanswered: the batch ends expired
+    batch_create_delay_s: float = 0.0  # a created batch's answer is held this long (a crash may fall in between)
 
     def __post_init__(self) -> None:
-        for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate", "fenced_rate"):
+        for name in ("error_rate_5xx", "hang_rate", "truncated_rate", "malformed_rate", "fenced_rate",
+                     "batch_failure_rate", "batch_expired_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
         if self.malformed_rate + self.fenced_rate > 1.0:
             raise ValueError("malformed_rate + fenced_rate must be at most 1 (they share one draw)")
-        for name in ("tpm", "rpm", "latency_ms", "latency_tail"):
+        for name in ("tpm", "rpm", "latency_ms", "latency_tail", "batch_delay_s", "batch_create_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if not 0 < self.hang_seconds <= MAX_HANG_S:
@@ -300,6 +307,9 @@ def create_app(config: SimConfig) -> FastAPI:
         return _error(status, str(getattr(exc, "detail", exc)), "invalid_request_error", None)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
+    add_batch_routes(app, SimBatches(config.seed, config.batch_delay_s, config.batch_failure_rate,
+                                     config.batch_expired_rate, config.revision, config.default_max_tokens,
+                                     sim.served_model, config.batch_create_delay_s), sim.auth_error)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -378,6 +388,8 @@ endpoints (the base URL printed on stdout, http://HOST:PORT/v1):
                              prompt asking for "names" and "confidence" gets a JSON record (names from
                              the user message's "NAME: a, b - text" line), in either mode
   POST /v1/embeddings        encoding_format "float" or "base64"
+  POST /v1/files, GET /v1/files/ID[/content], POST /v1/batches, GET /v1/batches[/ID], POST .../cancel:
+                             the Batch API (chat completions), answered --batch-delay-s after creation
   GET  /v1/models, GET /health
 
 use it:
@@ -408,6 +420,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require this bearer key (unset: any key is accepted)")
     p.add_argument("--revision", default=SimConfig.revision, help="revision reported after the model name")
     p.add_argument("--window-s", type=float, default=60.0, help="the limits' window (tests use a short one)")
+    p.add_argument("--batch-delay-s", type=float, default=SimConfig.batch_delay_s,
+                   help="seconds a batch (/v1/batches) takes to complete")
+    p.add_argument("--batch-failure-rate", type=float, default=0.0, help="share of batch entries answered 500")
+    p.add_argument("--batch-expired-rate", type=float, default=0.0,
+                   help="share of batch entries left unanswered (the batch ends expired)")
+    p.add_argument("--batch-create-delay-s", type=float, default=0.0,
+                   help="seconds the answer to a batch creation is held after the batch exists")
     return p
 
 

@@ -12,6 +12,7 @@ from conveyor.runtime.services import Usage
 _log = logging.getLogger("conveyor.stage")
 
 if TYPE_CHECKING:
+    from conveyor.runtime.provider_batch import BatchCalls
     from conveyor.runtime.services import Services
 
 
@@ -23,13 +24,13 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "config", "input_digest", "item_key", "judged", "lane",
+    __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "judged", "lane",
                  "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
-                 judged: bool = False) -> None:
+                 judged: bool = False, batch: BatchCalls | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -54,6 +55,7 @@ class Context:
         self.provenance: dict[str, Any] = {}
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
+        self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
 
     @cached_property
     def idempotency_key(self) -> str:
@@ -89,9 +91,17 @@ class Context:
         return await self._call("embed", texts, options)
 
     async def _call(self, method: str, payload: Any, options: dict[str, Any]) -> Any:
-        if self._services is None:
+        services = self._services
+        if services is None:
             raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
-        return await self._services.call(method, payload, options, self.lane, self.usage, self.run_id)
+
+        def direct() -> Any:
+            return services.call(method, payload, options, self.lane, self.usage, self.run_id)
+
+        api = services.batch_api() if self.batch is not None and method == "chat" else None
+        if api is None or self.batch is None:
+            return await direct()
+        return await self.batch.chat(api, payload, options, direct)
 
     def fields(self) -> dict[str, Any]:
         """The picklable part, to rebuild the context in a child process."""

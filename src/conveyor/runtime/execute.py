@@ -29,10 +29,12 @@ from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
 from conveyor.runtime.guard import GuardedPool
 from conveyor.runtime.provenance import document
+from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
 from conveyor.store import ClaimedTask
+from conveyor.store.provider_batch import RequestState
 
 Finish = Callable[[Outcome], None]
 
@@ -90,6 +92,10 @@ class Executor:
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}
         self.paused: set[str] = set()  # runs a call found paused here (the worker claims none of their tasks)
+        # The provider batch lane: its stages, and the stored states of the requests of the tasks about to run
+        # (by task id, filled by the worker before it starts them).
+        self.batch_stages: frozenset[str] = frozenset()
+        self.batch_states: dict[int, list[RequestState]] = {}
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -125,6 +131,11 @@ class Executor:
                     return
                 invoked, t0 = True, time.perf_counter()
                 result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
+            if ctx.batch is not None:
+                if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
+                    raise Deferred()
+                await self.services.charge(task.run_id, ctx.batch.usage)
+                ctx.usage.merge(ctx.batch.usage)
             finish(_made_by(await asyncio.to_thread(self.settle, task, stage, value, result, started,
                                                     time.perf_counter() - t0, ctx.usage), stage, ctx.provenance))
         except asyncio.CancelledError:
@@ -132,12 +143,18 @@ class Executor:
         except ProviderUnavailable as exc:
             # Not this task's fault: the worker stops and releases it, attempt refunded (see Worker).
             self.fatal = self.fatal or exc
+        except Deferred:  # a model call left to the provider batch lane: the task waits for its answer
+            assert ctx.batch is not None
+            finish(Outcome(task, started, time.perf_counter() - t0, invoked, usage=ctx.usage,
+                           deferred=ctx.batch.deferred, direct_answers=ctx.batch.direct_answers))
         except RunPaused as exc:  # its run's budget is spent, or its breaker tripped: give the task back
             self.paused.add(exc.run_id)  # and claim none of its tasks until the store says it was resumed
             paused = Failure("paused", True, str(exc))
             finish(_made_by(Outcome(task, started, time.perf_counter() - t0, invoked, failure=paused, usage=ctx.usage,
                                     released=True), stage, ctx.provenance))
         except Exception as exc:  # stage code may raise anything
+            if ctx.batch is not None:
+                ctx.usage.merge(ctx.batch.usage)
             cause = exc.__cause__ if isinstance(exc, StageExit) and exc.__cause__ is not None else exc
             failure = classify(cause, stage.retry.terminal, traceback.format_exc())
             if isinstance(exc, TimeoutError) and stage.timeout is not None:
@@ -215,6 +232,10 @@ class Executor:
     def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
         stage = self.pipeline[task.stage]
         config = stage.config if stage.accept is None else stage.accept.config_at(stage.config, task.tier)
+        batch = None
+        if services is not None and task.stage in self.batch_stages:
+            batch = BatchCalls(stage, self.pipeline.name, task.task_key, self.batch_states.pop(task.id, ()),
+                               self.clock())
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
-                       tier=task.tier, config=dict(config), judged=stage.accept is not None)
+                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch)

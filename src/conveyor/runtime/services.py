@@ -37,6 +37,7 @@ class Services:
         self.budgets = BudgetKeeper(self.gate.on_store) if self.gate is not None else None
         self.breaker = BreakerWatch(pipeline.breaker)
         self._tripped: dict[str, str] = {}  # run -> why its breaker tripped here
+        self._batch_api: Any = None  # made on first use; False: the provider has none
 
     def provider(self) -> Any:
         """The provider, made on first use; ProviderUnavailable when it is not configured."""
@@ -50,6 +51,22 @@ class Services:
             except UserError as exc:
                 raise ProviderUnavailable(str(exc)) from None
         return self._provider
+
+    async def charge(self, run_id: str, usage: Usage) -> None:
+        """Count answers from the provider batch lane against the run's budget (they were paid for in a
+        batch, not through ``call``): RunPaused when they would pass it."""
+        if self.budgets is None or usage.cost <= 0:
+            return
+        model = ",".join(sorted(usage.models)) or "batch"
+        reserved = await self.budgets.reserve(run_id, usage.cost, model)
+        await self.budgets.settle(run_id, reserved, usage.cost)
+
+    def batch_api(self) -> Any:
+        """The chat provider's Batch API (the provider batch lane), or None when it has none."""
+        if self._batch_api is None:
+            make = getattr(_backend(self.provider(), "chat"), "batch_api", None)
+            self._batch_api = make() if make is not None else False
+        return self._batch_api or None
 
     def check(self, pipeline: Pipeline) -> None:
         """Before any work: a pipeline whose stages call ``ctx.chat``/``ctx.embed`` needs its provider,
@@ -202,6 +219,16 @@ class Usage:
     unpriced_calls: int = 0
     requested: set[str] = field(default_factory=set)  # the models the stage asked for (their names in its code)
     revisions: set[str] = field(default_factory=set)  # what the provider said answered: model, and fingerprint
+
+    def merge(self, other: Usage) -> None:
+        """Add what ``other`` counted."""
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cost += other.cost
+        self.unpriced_calls += other.unpriced_calls
+        for name in ("models", "prompt_versions", "requested", "revisions"):
+            getattr(self, name).update(getattr(other, name))
 
     def add(self, result: Any, prompt_version: str | None = None, requested: Any = None) -> None:
         self.calls += 1

@@ -14,6 +14,7 @@ again, on a new connection, with backoff, until the store answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -36,6 +37,8 @@ from conveyor.runtime.execute import Executor
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
 from conveyor.runtime.heartbeat import submission_alive
 from conveyor.runtime.pacing import Pacing
+from conveyor.runtime.provider_batch import BatchSettings, batch_stages, lane_from_env
+from conveyor.runtime.provider_batch_keeper import BatchKeeper
 from conveyor.runtime.services import model_stages
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Claim, Outcome, Transitions
@@ -62,6 +65,8 @@ class WorkerOptions:
     shutdown_grace: float = 10.0
     guarded_processes: int = max(1, os.cpu_count() or 1)
     warn_stale_code: bool = True  # say once per stage when memo answers came from other code (see memo.py)
+    # Every model-calling stage on the provider batch lane (`--provider-batch`; also CONVEYOR_PROVIDER_BATCH=1).
+    provider_batch: bool = False
 
 
 def worker_id() -> str:
@@ -116,6 +121,13 @@ class Worker:
         self._alerts_hook = (operator_webhook_url() if pipeline.alerts is not None else None) or ""  # checked now
         self._alerts_due = float("-inf")  # the pipeline's alerts (runtime/alerts.py): from the first keeper round
         self._compact_due = time.monotonic() + COMPACT_EVERY_S
+        # The provider batch lane (runtime/provider_batch.py): its stages, and the keeper of the batches.
+        self._batch_stages = batch_stages(pipeline, self.opts.provider_batch or lane_from_env())
+        self.executor.batch_stages = self._batch_stages
+        self.batch_keeper: BatchKeeper | None = None
+        if self._batch_stages:
+            self.batch_keeper = BatchKeeper(pipeline.name, self.id, BatchSettings.from_env(), self._store_call,
+                                            self.executor.services.batch_api, self.clock, self._wake_call)
 
     # --- entry points ----------------------------------------------------
 
@@ -145,8 +157,10 @@ class Worker:
         self.store: SqlStore = await self._call(open_store, self.store_url)
         await self._call(self._sync_clock)
         self.transitions = Transitions(self.pipeline, self.store, self.id)
+        self.transitions.batch_stages = self._batch_stages
         await self._call(self._register)
         keeper = asyncio.create_task(self._keep_leases())
+        batches = asyncio.create_task(self._keep_provider_batches()) if self.batch_keeper is not None else None
         log.info("worker %s started on %s (%s)", self.id, self.pipeline.name, self.store.backend,
                  extra={"event": "worker_started", "run": self.opts.run_id})
         try:
@@ -157,6 +171,8 @@ class Worker:
                 raise
         finally:
             keeper.cancel()
+            if batches is not None:
+                batches.cancel()
             await self._shutdown()
 
     def _install_signals(self) -> None:
@@ -224,6 +240,14 @@ class Worker:
                         RECONNECT_S[1], extra={"event": "store_lost", "run": self.opts.run_id})
         assert self._stop is not None
         return not (self._stop.is_set() and time.monotonic() - self._outage > self.opts.shutdown_grace)
+
+    async def _wake_call(self, *args: Any) -> Any:
+        """Transitions.settle_batch_requests on the store's thread: what a batch answered, its tasks woken."""
+        return await self._call(self.transitions.settle_batch_requests, *args)
+
+    async def _store_call(self, name: str, *args: Any) -> Any:
+        """The store's method ``name``, called on the store's thread (for the provider batch keeper)."""
+        return await self._call(getattr(self.store, name), *args)
 
     # --- the loop --------------------------------------------------------
 
@@ -366,7 +390,7 @@ class Worker:
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
             self._in_flight[outcome.task.stage] -= 1
-            if outcome.invoked:
+            if outcome.invoked and not outcome.deferred:  # a deferral says nothing of the stage's pace
                 self.pacing.record(outcome.task.stage, outcome.duration)
         self._alone = False
         self._track(fresh)
@@ -391,6 +415,9 @@ class Worker:
         """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
         answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
         self._results += answered
+        on_lane = [t.id for t in to_run if t.stage in self._batch_stages]
+        if on_lane:  # what became of the model requests these tasks left to the provider batch lane
+            self.executor.batch_states.update(await self._call(self.store.batch_answers, on_lane))
         if self._judged_with_checks:
             self.executor.metas.update(await self._call(self.transitions.metas, to_run))
         inline: list[tuple[ClaimedTask, Stage]] = []
@@ -456,6 +483,22 @@ class Worker:
                     log.exception("lease keeping failed (%s); trying again in %.1f s", step.__name__, interval,
                                   extra={"event": "keeper_error", "run": self.opts.run_id})
 
+    async def _keep_provider_batches(self) -> None:
+        """Every second or so: pack, create and poll the pipeline's provider batches when this worker holds
+        their keeper lease (runtime/provider_batch_keeper.py). A failed round is logged and tried again."""
+        assert self.batch_keeper is not None
+        tick = min(1.0, self.batch_keeper.settings.gather_s / 2)
+        while True:
+            try:
+                await self.batch_keeper.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.stats["provider_batch_errors"] += 1
+                log.exception("provider batch keeping failed; trying again in %.1f s", tick,
+                              extra={"event": "provider_batch_error", "run": self.opts.run_id})
+            await asyncio.sleep(tick)
+
     def _renew(self, leases: list[Lease]) -> None:
         if leases:
             self.transitions.renew(leases, self.clock() + self.lease)
@@ -518,6 +561,10 @@ class Worker:
             job.cancel()
         if self._running:
             await asyncio.wait(self._running, timeout=5)
+        if self.batch_keeper is not None:
+            self.stats.update({f"provider_{k}": v for k, v in self.batch_keeper.stats.items()})
+            with contextlib.suppress(Exception):  # the store is gone: the lease runs out on its own
+                await self.batch_keeper.release()
         await self.executor.close()
         gate = self.executor.services.gate
         if gate is not None and gate.stats["granted"]:
@@ -542,6 +589,8 @@ class Worker:
 
 def _answer(task: ClaimedTask, done: Outcome, now: float) -> Outcome:
     """``task`` answered by ``done``, the outcome of another task with the same key."""
+    if done.deferred:  # it waits on the same requests
+        return Outcome(task, now, 0.0, False, deferred=done.deferred)
     if done.verdict is not None and done.failure is not None:  # a refused answer: routed for each task
         return Outcome(task, now, 0.0, False, failure=done.failure, verdict=done.verdict, candidate=done.candidate,
                        provenance=done.provenance)

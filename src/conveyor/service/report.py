@@ -221,6 +221,7 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     counts = store.task_counts(run.run_id)
     status = run_status(store, run, counts=counts)
     status["stage_activity"] = stage_activity(store, run, counts)
+    status["provider_batch_waiting"] = store.waiting_tasks(run.run_id)  # parked on the provider batch lane
     outcomes = outcomes_of(store, run, status)
     status["outcomes"] = outcomes
     status["unaccounted"] = status["expected"] - sum(outcomes.values())

@@ -44,6 +44,7 @@ class RunOptions:
     max_restarts: int = 1000
     lane: str = "bulk"
     worker_args: list[str] = field(default_factory=list)
+    provider_batch: bool = False  # every model-calling stage on the provider batch lane (--provider-batch)
     submit: SubmitOptions = field(default_factory=SubmitOptions)
 
 
@@ -132,7 +133,8 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
         if options.workers <= 0:
             done = submission(None)
             fleet.run_id = done.run_id
-            Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
+            Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True,
+                                                                    provider_batch=options.provider_batch)).run()
         else:
             done = submission(fleet.start)
             fleet.run_id = done.run_id
@@ -201,6 +203,8 @@ class Fleet:
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "conveyor", "worker", self.target, "--until-idle", "--run", self.run_id,
                "--db", self.store.url, "--blobs", self.blobs.url, "--quiet", *self.options.worker_args]
+        if self.options.provider_batch:
+            cmd.append("--provider-batch")
         # Whatever stage code prints goes to stderr: stdout carries only the run's summary (--json).
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=os.environ.copy())
 

@@ -556,4 +556,75 @@ ALTER TABLE items ADD COLUMN traceparent TEXT;
         "queue counts: open tasks per (pipeline, stage, second of available_at)",
         OPEN_TASK_SECONDS,
     ),
+    (
+        17,
+        "the provider batch lane: requests parked for a provider's Batch API, the batches made of them",
+        """
+-- One row per distinct model request of a batch-lane stage (custom_id: a hash of the task key and the request),
+-- as the provider takes it (body, JSON). state: pending (waits for a batch), packed (in provider_batches row
+-- batch_id), answered (answer: the provider's response body), failed (a terminal error: error_class, error) or
+-- direct (expired, past its deadline or out of batch retries: the stage calls the model directly).
+CREATE TABLE provider_batch_requests (
+    custom_id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    model TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    batch_id BIGINT,
+    tries INTEGER NOT NULL DEFAULT 0,
+    max_tries INTEGER NOT NULL,
+    answer TEXT,
+    error_class TEXT,
+    error TEXT,
+    created_at {real} NOT NULL,
+    deadline_at {real} NOT NULL,
+    settled_at {real}
+);
+CREATE INDEX provider_batch_requests_pending ON provider_batch_requests (pipeline, model, created_at)
+    WHERE state = 'pending';
+CREATE INDEX provider_batch_requests_batch ON provider_batch_requests (batch_id) WHERE state = 'packed';
+-- The tasks parked on a request (queued, not claimable before the request's deadline: woken when it settles).
+CREATE TABLE provider_batch_waiters (
+    custom_id TEXT NOT NULL,
+    task_id BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (custom_id, task_id)
+);
+CREATE INDEX provider_batch_waiters_task ON provider_batch_waiters (task_id);
+-- One row per batch file. tag: a hash of its content, written into the provider batch's metadata before it is
+-- created, so a keeper that died between creating it and recording provider_batch_id adopts it instead of
+-- paying twice. state: creating (provider_batch_id NULL until created or adopted), submitted, ended.
+CREATE TABLE provider_batches (
+    id {id},
+    pipeline TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    tag TEXT NOT NULL UNIQUE,
+    provider_batch_id TEXT,
+    state TEXT NOT NULL,
+    status TEXT,
+    requests INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    create_tries INTEGER NOT NULL DEFAULT 0,
+    created_at {real} NOT NULL,
+    submitted_at {real},
+    next_poll_at {real},
+    polls INTEGER NOT NULL DEFAULT 0,
+    ended_at {real},
+    answered INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    retried INTEGER NOT NULL DEFAULT 0,
+    direct INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX provider_batches_open ON provider_batches (pipeline, state) WHERE state <> 'ended';
+-- Who keeps a pipeline's provider batches (packs, creates, polls): one worker of the fleet at a time, by lease.
+CREATE TABLE provider_batch_keepers (
+    pipeline TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    until {real} NOT NULL
+);
+""",
+    ),
 ]

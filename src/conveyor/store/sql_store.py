@@ -18,6 +18,7 @@ from conveyor.store.jobs import JobQueries
 from conveyor.store.metrics import MetricsQueries
 from conveyor.store.progress import ProgressQueries
 from conveyor.store.provenance import ProvenanceQueries
+from conveyor.store.provider_batch import ProviderBatchQueries
 from conveyor.store.publications import PublicationQueries
 from conveyor.store.queuecounts import QueueCountQueries
 from conveyor.store.quota import QuotaQueries
@@ -37,7 +38,7 @@ from conveyor.store.workers import WorkerQueries
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries, AlertQueries, TraceQueries, QueueCountQueries, DepthQueries):
+               ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries, QueueCountQueries, DepthQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

@@ -10,7 +10,8 @@ acceptance boundary's escalations, reviews and review decisions.
 
 The parts: ``leases`` (claims, renewals, memo answers, expired leases), ``admission``
 (a submission's items), ``commits`` (outcomes, in fenced batches), ``reviews`` (decisions on
-answers waiting for people), ``operator`` (replays and requeues re-open tasks; dead-letter replay).
+answers waiting for people), ``operator`` (replays and requeues re-open tasks; dead-letter replay),
+``batches`` (tasks parked on the provider batch lane woken when their requests settle; parking is a commit's).
 
 A commit is prepared first (rows built, memo lookups for the successors done:
 reads only) and then written in one short transaction of plain statements, so
@@ -23,6 +24,7 @@ as ``lease_lost`` and discarded.
 from __future__ import annotations
 
 from conveyor.runtime.transitions.admission import Admission
+from conveyor.runtime.transitions.batches import BatchWakes
 from conveyor.runtime.transitions.commits import Commits
 from conveyor.runtime.transitions.leases import Leases
 from conveyor.runtime.transitions.operator import reopen, replay_dead_letters
@@ -33,5 +35,5 @@ __all__ = ["Claim", "LeaseLost", "MemoTaken", "Outcome", "ReviewTaken", "Transit
            "replay_dead_letters"]
 
 
-class Transitions(Leases, Admission, Commits, Reviews):
+class Transitions(Leases, Admission, Commits, Reviews, BatchWakes):
     """The one owner of task state changes for one pipeline (see the module's docstring)."""

@@ -29,6 +29,8 @@ class Base:
         self.expander = Expander(pipeline, store)
         self.memos = self.expander.memos
         self.stale_stages: set[str] = set()  # stages whose memo answers came from other code (committed)
+        # Stages on the provider batch lane: a task of theirs that ends forgets its settled batch requests.
+        self.batch_stages: frozenset[str] = frozenset()
         self.worker = worker
         self.rng = rng or random.Random()
 

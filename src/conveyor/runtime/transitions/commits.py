@@ -38,6 +38,7 @@ from conveyor.store import (
 )
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import rows_for
+from conveyor.store.provider_batch import Parked, Waiter
 from conveyor.store.queuecounts import OPEN_STATUSES, OpenTally
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 from conveyor.store.runtotals import RunTally
@@ -145,6 +146,8 @@ class Commits(JobEvents):
         changed += self.store.mark_ended(w.ended)
         if w.released:
             changed += self.store.release_leases(w.released)
+        if w.parked:
+            changed += self.store.park_tasks(w.parked)
         if w.escalated or w.awaiting:
             changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
         if changed != w.fenced:
@@ -167,6 +170,10 @@ class Commits(JobEvents):
         fresh = self.store.insert_tasks(w.tasks, totals, opened) if w.tasks else []
         if w.events:
             self.store.insert_events(w.events)
+        if w.waiters:
+            self.store.add_batch_requests(w.batch_requests, w.waiters, w.now, opened, w.direct_answers)
+        if self.batch_stages:
+            self._forget_batch_requests(w, where)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
         if w.tally:
@@ -175,6 +182,16 @@ class Commits(JobEvents):
         self.store.add_open_tasks(opened)
         return fresh
 
+    def _forget_batch_requests(self, w: Writes, where: dict[int, tuple[str, str]]) -> None:
+        """Tasks of the provider batch lane that ended here, or will be tried again, no longer need their
+        answered requests: a retry or a replay asks the model again, as on the direct lane (a malformed answer is
+        not handed back for ever), and the tables do not grow with every call ever made."""
+        ended = [t for t in (*(s.task_id for s in w.succeeded), *(e.task_id for e in w.ended),
+                             *(a.task_id for a in w.awaiting), *(r.task_id for r in w.retry),
+                             *(e.task_id for e in w.escalated)) if where[t][1] in self.batch_stages]
+        if ended:
+            self.store.forget_batch_requests(ended)
+
     # --- preparing a commit (reads only) ------------------------------------
 
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
@@ -182,7 +199,8 @@ class Commits(JobEvents):
         outcomes = _first_per_key(outcomes)
         stages = {o.task.id: o.task.stage for o in outcomes}
         self._release(w, [o for o in outcomes if o.released])
-        outcomes = [o for o in outcomes if not o.released]
+        self._park(w, [o for o in outcomes if o.deferred and not o.released])
+        outcomes = [o for o in outcomes if not o.released and not o.deferred]
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
         self._fail(w, [o for o in outcomes if o.failure is not None], now)
         stale = self.expander.take_stale()
@@ -242,6 +260,21 @@ class Commits(JobEvents):
             w.attempts.append(self._attempt(o, "paused", o.failure))
         if paused:
             w.counts["paused"] += len(paused)
+
+    def _park(self, w: Writes, deferred: Sequence[Outcome]) -> None:
+        """Tasks whose stage left model requests to the provider batch lane: given back, not claimable before the
+        earliest deadline of those requests (the keeper wakes them when they are answered), the attempt refunded
+        and recorded (outcome ``deferred``, with what its earlier calls spent)."""
+        for o in deferred:
+            assert o.deferred
+            requests, task = o.deferred, o.task
+            w.parked.append(Parked(min(r.deadline_at for r in requests), task.id, task.lease_token))
+            w.batch_requests += requests
+            w.waiters += [Waiter(r.custom_id, task.id, task.run_id, w.now) for r in requests]
+            w.direct_answers += o.direct_answers or ()
+            w.attempts.append(self._attempt(o, "deferred", None))
+        if deferred:
+            w.counts["deferred"] += len(deferred)
 
     def _publication(self, o: Outcome, now: float) -> NewPublication:
         task, staged, into = o.task, o.value, self.pipeline[o.task.stage].into
@@ -346,14 +379,16 @@ class Commits(JobEvents):
 
 def open_moves(w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float], pipeline: str) -> OpenTally:
     """What a commit's fenced changes (all applied) do to the queue's counts (store/queuecounts.py): leased tasks
-    that end or go to review leave the open ones; a retry or an escalation is runnable again at a new time; a
-    released lease keeps its time. (The new tasks it inserts are counted by the insert.)"""
+    that end or go to review leave the open ones; a retry, an escalation or a task parked to wait for its provider
+    batch is runnable again at a new time; a released lease keeps its time. (The new tasks it inserts are counted
+    by the insert.)"""
     moves = OpenTally()
     ended = [e.task_id for e in w.ended if e.status not in OPEN_STATUSES]
     for task_id in (*(s.task_id for s in w.succeeded), *ended, *(a.task_id for a in w.awaiting)):
         moves.add(pipeline, where[task_id][1], since[task_id], -1)
     for task_id, available_at in [*((r.task_id, r.available_at) for r in w.retry),
-                                  *((e.task_id, e.available_at) for e in w.escalated)]:
+                                  *((e.task_id, e.available_at) for e in w.escalated),
+                                  *((p.task_id, p.available_at) for p in w.parked)]:
         moves.move(pipeline, where[task_id][1], since[task_id], available_at)
     return moves
 

@@ -29,6 +29,7 @@ from conveyor.store import (
 from conveyor.store.jobs import NewEvent
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import ProvenanceRow
+from conveyor.store.provider_batch import BatchRequest, Parked, Waiter
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 
 
@@ -50,6 +51,10 @@ class Outcome:
     candidate: Ref | None = None  # a refused answer, stored for a reviewer
     provenance: dict[str, list[str]] | None = None  # what made the output (runtime/provenance.py)
     released: bool = False  # its run was paused mid-attempt (budget, breaker): given back, attempt refunded
+    # Model requests the attempt left to the provider batch lane (runtime/provider_batch.py): the task is parked
+    # until they are answered, the attempt refunded.
+    deferred: list[BatchRequest] | None = None
+    direct_answers: list[tuple[str, str]] | None = None  # (custom_id, answer) of lane calls it made directly
 
 
 @dataclass
@@ -76,12 +81,16 @@ class Writes:
     job_runs: set[str] = field(default_factory=set)  # jobs whose end may come with this commit
     now: float = 0.0  # when the commit was prepared
     tally: list[MetricIncrement] = field(default_factory=list)  # what it adds to the metrics' running totals
+    parked: list[Parked] = field(default_factory=list)  # tasks waiting for provider batch answers
+    batch_requests: list[BatchRequest] = field(default_factory=list)
+    waiters: list[Waiter] = field(default_factory=list)
+    direct_answers: list[tuple[str, str]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
     def fenced(self) -> int:
         return (len(self.succeeded) + len(self.retry) + len(self.ended) + len(self.escalated) + len(self.awaiting)
-                + len(self.released))
+                + len(self.released) + len(self.parked))
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ class Tally:
                 self.finished(stage, end, a.error_class)
             elif a.outcome == "retry":
                 self.add("retries", self.name, stage, a.error_class or "unknown")
-            if a.outcome != "cached" and a.duration is not None:
+            if a.outcome not in ("cached", "deferred") and a.duration is not None:  # a deferral is not a run
                 self.duration(stage, a.duration)
             self.usage(a)
 
