@@ -47,6 +47,15 @@ def submit_and_work(target: str, inputs: Path, store_url: str, blobs_dir: Path, 
     return done
 
 
+def submit_run(target: str, docs: Path, store_url: str, blobs_dir: Path) -> str:
+    """Submit a run in this process (its tasks queued, nothing worked); returns its id."""
+    store = open_store(store_url)
+    try:
+        return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs_dir)).run_id
+    finally:
+        store.close()
+
+
 def work(target: str, store_url: str, blobs_dir: Path, **opts: Any) -> dict[str, int]:
     options = WorkerOptions(until_idle=True, **opts)
     stats = Worker(load_target(target), target, store_url, FilesystemBlobs(blobs_dir), options).run()

@@ -24,13 +24,12 @@ import pytest
 
 from conveyor import Pipeline
 from conveyor.blobs import FilesystemBlobs
-from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import Outcome, Transitions
 from conveyor.runtime.values import Ref, encode, store_value
 from conveyor.service.inputs import SourceItem
 from conveyor.service.submit import submit
 from conveyor.store import SqlStore, open_store
-from tests.helpers import SRC, cli_json, make_docs, query, reconciled, write_pipeline
+from tests.helpers import SRC, cli_json, make_docs, query, reconciled, submit_run, write_pipeline
 
 # Every pipeline file below starts with this: a process-safe append-only journal.
 JOURNAL = """
@@ -75,13 +74,6 @@ def env_for(folder: Path) -> dict[str, str]:
 def lines(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
-
-def submit_run(target: str, docs: Path, store_url: str, blobs: Path) -> str:
-    store = open_store(store_url)
-    try:
-        return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs)).run_id
-    finally:
-        store.close()
 
 
 def start_worker(target: str, run_id: str, store_url: str, blobs: Path, env: dict[str, str],

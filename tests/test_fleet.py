@@ -22,7 +22,7 @@ from conveyor.runtime.target import load_target
 from conveyor.service.submit import submit
 from conveyor.store import open_store
 from tests.conftest import PG_URL, fresh_pg_url
-from tests.helpers import SRC, cli, cli_json, make_docs, query, reconciled, work, write_pipeline
+from tests.helpers import SRC, cli, cli_json, make_docs, query, reconciled, submit_run, work, write_pipeline
 
 STAMPED = """
     import os, time
@@ -132,13 +132,6 @@ def _worker(target: str, store_url: str, blobs: Path, *extra: str, env: dict[str
                    *extra], env or {})
 
 
-def _submit(target: str, docs: Path, store_url: str, blobs: Path) -> str:
-    store = open_store(store_url)
-    try:
-        return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs)).run_id
-    finally:
-        store.close()
-
 
 def _wait_for(read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
@@ -189,7 +182,7 @@ def test_an_idle_worker_wakes_on_notify_well_before_its_poll(tmp_path: Path, pg_
 def test_sigterm_mid_batch_finishes_or_gives_back_and_nothing_is_lost(tmp_path: Path, store_url: str) -> None:
     target = write_pipeline(tmp_path, GATED)
     gate, blobs = tmp_path / "gate", tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 40), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 40), store_url, blobs)
     first = _worker(target, store_url, blobs, "--json", env={"GATE": str(gate)})
     _wait_for(lambda: _done(store_url, run_id), lambda n: n >= 3, 60, "a few odd documents done")
     first.send_signal(signal.SIGTERM)
@@ -225,7 +218,7 @@ def _cut_off(dbname: str, refuse_s: float) -> None:
 def test_a_worker_waits_out_lost_connections_and_carries_on(tmp_path: Path, pg_url: str) -> None:
     target = write_pipeline(tmp_path, SLOW)
     blobs, dbname = tmp_path / "blobs", pg_url.rpartition("/")[2]
-    run_id = _submit(target, make_docs(tmp_path / "docs", 300), pg_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 300), pg_url, blobs)
     worker = _worker(target, pg_url, blobs, "--batch-size", "5")  # small batches: a store call every 0.25 s
     done = 0
     for refuse_s in (0.0, 2.0, 0.0, 3.0):  # terminated backends; connections refused for a while
@@ -248,7 +241,7 @@ def test_a_worker_waits_out_lost_connections_and_carries_on(tmp_path: Path, pg_u
 def test_sigterm_while_the_store_is_out_of_reach_still_exits_0(tmp_path: Path, pg_url: str) -> None:
     target = write_pipeline(tmp_path, SLOW)
     blobs, dbname = tmp_path / "blobs", pg_url.rpartition("/")[2]
-    run_id = _submit(target, make_docs(tmp_path / "docs", 300), pg_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 300), pg_url, blobs)
     worker = _worker(target, pg_url, blobs, "--batch-size", "5")
     _wait_for(lambda: _done(pg_url, run_id), lambda n: n >= 5, 60, "progress")
     _admin(f"ALTER DATABASE {dbname} ALLOW_CONNECTIONS false")
@@ -267,7 +260,7 @@ def test_sigterm_while_the_store_is_out_of_reach_still_exits_0(tmp_path: Path, p
 def test_a_worker_stopped_past_its_lease_carries_on_fenced(tmp_path: Path, pg_url: str) -> None:
     target = write_pipeline(tmp_path, SLOW.replace('Pipeline("slow")', 'Pipeline("slow", lease_seconds=2.0)'))
     blobs = tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 200), pg_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 200), pg_url, blobs)
     stalled, other = (_worker(target, pg_url, blobs, "--batch-size", "5", "--json") for _ in range(2))
     _wait_for(lambda: _done(pg_url, run_id), lambda n: n >= 20, 60, "progress")
     stalled.send_signal(signal.SIGSTOP)
@@ -290,7 +283,7 @@ def test_queue_depth_per_stage_and_its_filters(tmp_path: Path, store_url: str) -
     blobs = tmp_path / "blobs"
     empty = {"runnable": 0, "running": 0, "oldest_age_s": 0.0, "stages": []}
     assert cli_json("queue-depth", "--db", store_url, cwd=tmp_path) == empty
-    _submit(target, make_docs(tmp_path / "docs", 7), store_url, blobs)
+    submit_run(target, make_docs(tmp_path / "docs", 7), store_url, blobs)
     time.sleep(0.2)
     data = cli_json("queue-depth", "--db", store_url, cwd=tmp_path)
     (parse,) = data["stages"]
@@ -352,7 +345,7 @@ def test_the_keda_query_counts_open_work(tmp_path: Path, pg_url: str) -> None:
             store.close()
 
     assert keda() == 0
-    run_id = _submit(target, make_docs(tmp_path / "docs", 25), pg_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 25), pg_url, blobs)
     assert keda() == 25 and depth()["runnable"] == 25
     query(pg_url, "UPDATE tasks SET crashes = 1 WHERE item_key = 'doc0003.txt'")  # a suspect is ready too
     query(pg_url, "UPDATE tasks SET available_at = available_at + 600 WHERE item_key = 'doc0004.txt'")

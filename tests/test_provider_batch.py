@@ -16,7 +16,7 @@ from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.report import find_run, reconcile
 from conveyor.service.submit import submit
 from conveyor.store import open_store
-from tests.helpers import make_docs, write_pipeline
+from tests.helpers import make_docs, submit_run, write_pipeline
 
 pytest.importorskip("openai")
 from conveyor.providers.simulator import SimConfig, run_simulator
@@ -43,13 +43,6 @@ def _pipeline(tmp_path: Path, batch: bool = True, deadline: float = 600.0, name:
     source = PIPE.replace("BATCH", str(batch)).replace("DEADLINE", repr(deadline))
     return write_pipeline(tmp_path, source.replace("VERSION", repr(name)), name)  # a memo of its own
 
-
-def _submit(target: str, docs: Path, store_url: str, blobs: Path) -> str:
-    store = open_store(store_url)
-    try:
-        return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs)).run_id
-    finally:
-        store.close()
 
 
 def _worker(target: str, store_url: str, blobs: Path, run_id: str, **opts: Any) -> Worker:
@@ -99,10 +92,10 @@ def test_a_batch_lane_run_costs_half_of_the_direct_one(tmp_path: Path, store_url
     with run_simulator(SimConfig(seed=3, batch_delay_s=0.5)) as url:
         monkeypatch.setenv("SIM_URL", url)
         direct = _pipeline(tmp_path, batch=False, name="direct.py")
-        run_direct = _submit(direct, docs, direct_url, tmp_path / "blobs-direct")
+        run_direct = submit_run(direct, docs, direct_url, tmp_path / "blobs-direct")
         _worker(direct, direct_url, tmp_path / "blobs-direct", run_direct).run()
         batched = _pipeline(tmp_path, batch=True, name="batched.py")
-        run_batched = _submit(batched, docs, store_url, tmp_path / "blobs")
+        run_batched = submit_run(batched, docs, store_url, tmp_path / "blobs")
         stats = _worker(batched, store_url, tmp_path / "blobs", run_batched).run()
         made = _sim_batches(url)
     a, b = _report(store_url, run_direct), _report(store_url, run_batched)
@@ -138,7 +131,7 @@ def test_no_lease_is_held_while_a_batch_runs(tmp_path: Path, store_url: str, fas
     with run_simulator(SimConfig(seed=4, batch_delay_s=3.0)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = _pipeline(tmp_path)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         thread = _in_thread(_worker(target, store_url, tmp_path / "blobs", run_id))
         deadline = time.monotonic() + 20
         while not _rows(store_url, "SELECT 1 FROM provider_batches WHERE state = 'submitted'"):
@@ -162,7 +155,7 @@ def test_a_batch_created_but_not_recorded_is_adopted_not_paid_twice(tmp_path: Pa
     with run_simulator(SimConfig(seed=5, batch_delay_s=0.3)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = _pipeline(tmp_path)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         first = _worker(target, store_url, tmp_path / "blobs", run_id)
         assert first.batch_keeper is not None
 
@@ -190,7 +183,7 @@ def test_failed_entries_are_batched_again(tmp_path: Path, store_url: str, fast: 
     with run_simulator(SimConfig(seed=6, batch_delay_s=0.2, batch_failure_rate=0.4)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = _pipeline(tmp_path)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
         made = _sim_batches(url)
     report = _report(store_url, run_id)
@@ -208,7 +201,7 @@ def test_expired_entries_and_deadlines_fall_back_to_direct_calls(tmp_path: Path,
     with run_simulator(SimConfig(seed=7, batch_delay_s=0.2, batch_expired_rate=0.5)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = _pipeline(tmp_path)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         stats = _worker(target, store_url, tmp_path / "blobs", run_id).run()
     assert _report(store_url, run_id)["outcomes"] == {"completed": 6}
     assert stats["provider_requests_direct"] > 0 and stats["provider_requests_answered"] > 0
@@ -219,7 +212,7 @@ def test_expired_entries_and_deadlines_fall_back_to_direct_calls(tmp_path: Path,
     with run_simulator(SimConfig(seed=8, batch_delay_s=60.0)) as url:  # slower than the stage's deadline
         monkeypatch.setenv("SIM_URL", url)
         slow = _pipeline(tmp_path, deadline=1.0, name="slow.py")
-        run_slow = _submit(slow, docs, store_url, tmp_path / "blobs")
+        run_slow = submit_run(slow, docs, store_url, tmp_path / "blobs")
         _worker(slow, store_url, tmp_path / "blobs", run_slow).run()
     report = _report(store_url, run_slow)
     assert report["outcomes"] == {"completed": 6} and report["usage"]["provider_calls"] == 12
@@ -234,7 +227,7 @@ def test_limits_split_a_big_set_into_several_batch_files(tmp_path: Path, store_u
     with run_simulator(SimConfig(seed=9, batch_delay_s=0.2)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = _pipeline(tmp_path)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         _worker(target, store_url, tmp_path / "blobs", run_id).run()
         made = _sim_batches(url)
     assert _report(store_url, run_id)["outcomes"] == {"completed": 7}
@@ -329,7 +322,7 @@ def test_a_retried_task_asks_its_batch_again(tmp_path: Path, store_url: str, fas
     with run_simulator(SimConfig(seed=13, batch_delay_s=0.2)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = write_pipeline(tmp_path, FLAKY)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         _worker(target, store_url, tmp_path / "blobs", run_id).run()
         made = _sim_batches(url)
     report = _report(store_url, run_id)
@@ -372,7 +365,7 @@ def test_a_worker_killed_between_create_and_record_pays_once(tmp_path: Path, sto
     with run_simulator(SimConfig(seed=14, batch_delay_s=0.5, batch_create_delay_s=30.0)) as url:
         monkeypatch.setenv("SIM_URL", url)
         target = write_pipeline(tmp_path, KILLED)
-        run_id = _submit(target, docs, store_url, tmp_path / "blobs")
+        run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
         worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--until-idle", "--run", run_id,
                                    "--db", store_url, "--blobs", str(tmp_path / "blobs"), "--quiet"], env=env,

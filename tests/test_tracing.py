@@ -29,9 +29,8 @@ from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service import review
 from conveyor.service.report import find_run
 from conveyor.service.show import show_item
-from conveyor.service.submit import submit
 from conveyor.store import open_store
-from tests.helpers import SRC, cli, make_docs, query, work, write_pipeline
+from tests.helpers import SRC, cli, make_docs, query, submit_run, work, write_pipeline
 
 pytest.importorskip("openai")
 from conveyor.providers.simulator import SimConfig, run_simulator
@@ -108,13 +107,6 @@ def _docs(folder: Path) -> Path:
     return folder
 
 
-def _submit(target: str, docs: Path, store_url: str, blobs: Path) -> str:
-    store = open_store(store_url)
-    try:
-        return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs)).run_id
-    finally:
-        store.close()
-
 
 def _until(condition: Any, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
@@ -156,7 +148,7 @@ def test_one_items_journey_is_one_trace_across_stages_retries_and_workers(
     target, blobs = write_pipeline(tmp_path, PIPE), tmp_path / "blobs"
     with run_simulator(SimConfig(seed=1)) as url:
         monkeypatch.setenv("SIM_URL", url)
-        run_id = _submit(target, _docs(tmp_path / "docs"), store_url, blobs)
+        run_id = submit_run(target, _docs(tmp_path / "docs"), store_url, blobs)
         first = _first_worker_until_retry(target, store_url, blobs, run_id)
         store = open_store(store_url)
         try:
@@ -223,7 +215,7 @@ def test_memo_answers_are_short_spans_in_the_items_trace(tmp_path: Path, store_u
     exporter = spans(ALWAYS_ON)
     target, blobs = write_pipeline(tmp_path, PLAIN), tmp_path / "blobs"
     docs = make_docs(tmp_path / "docs", 2, "same text")  # same input twice: the second is answered by the memo
-    run_id = _submit(target, docs, store_url, blobs)
+    run_id = submit_run(target, docs, store_url, blobs)
     work(target, store_url, blobs, run_id=run_id)
     attempts = [s for s in exporter.get_finished_spans() if s.name != "conveyor.item"]
     assert len(attempts) == 4
@@ -251,7 +243,7 @@ FANOUT = """
 def test_fan_out_children_join_their_roots_trace(tmp_path: Path, store_url: str, spans: Any) -> None:
     exporter = spans(ALWAYS_ON)
     target, blobs = write_pipeline(tmp_path, FANOUT), tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 2, "alpha beta gamma {i}"), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 2, "alpha beta gamma {i}"), store_url, blobs)
     work(target, store_url, blobs, run_id=run_id)
     parents = dict(query(store_url, "SELECT item_key, traceparent FROM items WHERE run_id = ?", run_id))
     children = [key for key in parents if key not in ("doc0000.txt", "doc0001.txt")]
@@ -283,7 +275,7 @@ REVIEWED = """
 def test_a_review_decision_is_a_span_of_the_items_trace(tmp_path: Path, store_url: str, spans: Any) -> None:
     exporter = spans(ALWAYS_ON)
     target, blobs = write_pipeline(tmp_path, REVIEWED), tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
     work(target, store_url, blobs, run_id=run_id)
     store = open_store(store_url)
     try:
@@ -308,7 +300,7 @@ def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(
 ) -> None:
     exporter = spans(ALWAYS_ON)
     target, blobs = write_pipeline(tmp_path, PLAIN), tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 1), store_url, blobs)
     pipeline = load_target(target)
     store = open_store(store_url)
     try:
@@ -339,7 +331,7 @@ def test_an_attempt_whose_worker_died_is_a_span_of_the_items_trace(
 def test_sampled_out_items_make_no_span_and_store_no_context(tmp_path: Path, store_url: str, spans: Any) -> None:
     exporter = spans(ALWAYS_OFF)
     target, blobs = write_pipeline(tmp_path, PLAIN), tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 5), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 5), store_url, blobs)
     work(target, store_url, blobs, run_id=run_id)
     assert exporter.get_finished_spans() == ()
     assert query(store_url, "SELECT COUNT(*) FROM items WHERE traceparent IS NOT NULL") == [(0,)]
@@ -348,7 +340,7 @@ def test_sampled_out_items_make_no_span_and_store_no_context(tmp_path: Path, sto
 def test_a_ratio_traces_whole_items_or_nothing_of_them(tmp_path: Path, store_url: str, spans: Any) -> None:
     exporter = spans(TraceIdRatioBased(0.5))
     target, blobs = write_pipeline(tmp_path, PLAIN), tmp_path / "blobs"
-    run_id = _submit(target, make_docs(tmp_path / "docs", 40, "document {i}"), store_url, blobs)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 40, "document {i}"), store_url, blobs)
     work(target, store_url, blobs, run_id=run_id)
     traced = dict(query(store_url, "SELECT item_key, traceparent FROM items WHERE run_id = ?", run_id))
     kept = {key for key, parent in traced.items() if parent is not None}
