@@ -24,7 +24,8 @@ from typing import Any
 from tests.apiserver import free_port
 from tests.helpers import SRC, query
 
-# parse → enrich → publish. enrich's output (about 10 KiB) is past the 8 KiB kept inline, so every item goes
+# parse → enrich → publish. enrich sleeps long enough (CHAOS_ENRICH_S) that the four workers are busy the whole
+# time the chaos lasts, so that every blow lands on leased work. enrich's output (about 10 KiB) is past the 8 KiB kept inline, so every item goes
 # through the blob store, and carries its own sha256 for publish to check what it read. publish is idempotent on
 # ctx.idempotency_key, as users are told to write one: the ledger's effect lands only when the key has none yet;
 # every call of its body is recorded too.
@@ -40,7 +41,7 @@ PIPELINE = """
 
     @pipe.stage(after=parse)
     def enrich(ctx, doc: dict) -> dict:
-        time.sleep(0.01)
+        time.sleep(float(os.environ["CHAOS_ENRICH_S"]))
         body = hashlib.sha256(doc["text"].encode()).hexdigest() * 160
         return {"text": doc["text"], "body": body, "sha256": hashlib.sha256(body.encode()).hexdigest()}
 
@@ -137,6 +138,18 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         server.stop()
 
 
+def clock_ahead(seconds: int) -> dict[str, str]:
+    """The environment that puts a process's wall clock ``seconds`` ahead: what `faketime -f +60s` sets, without
+    its wrapper process (which would stand between the supervisor's signals and the worker). The monotonic clock
+    moves by as much, harmlessly (it is only ever compared with itself): libfaketime 0.9.10's
+    FAKETIME_DONT_FAKE_MONOTONIC=1 makes every ``time.sleep`` fail with EINVAL (Python sleeps with an absolute
+    clock_nanosleep on the monotonic clock)."""
+    libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+    if not libraries:
+        raise RuntimeError("no libfaketime: install Debian's faketime (scripts/ensure-tools.sh does)")
+    return {"LD_PRELOAD": libraries[0], "FAKETIME": f"+{seconds}s", "FAKETIME_NO_CACHE": "1"}
+
+
 # --- supervised workers -----------------------------------------------------------------------------------
 
 
@@ -144,7 +157,7 @@ class Supervisor:
     """Runs one worker process per slot and starts it again whenever it exits, as a Deployment or systemd
     `Restart=always` would; counts the restarts. ``stop`` sends SIGTERM (a drain) and records the exit codes."""
 
-    def __init__(self, argv: Callable[[int], list[str]], env: dict[str, str], logs: Path, slots: int) -> None:
+    def __init__(self, argv: list[str], env: Callable[[int], dict[str, str]], logs: Path, slots: int) -> None:
         self.argv, self.env, self.logs, self.slots = argv, env, logs, slots
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * slots
         self.restarts = [0] * slots
@@ -167,8 +180,10 @@ class Supervisor:
                 if self.stopping:
                     return
                 with out.open("wb") as stdout, (self.logs / f"worker{slot}-{life}.err").open("wb") as stderr:
-                    proc = subprocess.Popen(self.argv(slot), env=self.env, stdin=subprocess.DEVNULL, stdout=stdout,
-                                            stderr=stderr)
+                    # A session of its own: signals go to its process group, so a worker under a wrapper
+                    # (faketime forks it) gets them itself.
+                    proc = subprocess.Popen(self.argv, env=self.env(slot), stdin=subprocess.DEVNULL, stdout=stdout,
+                                            stderr=stderr, start_new_session=True)
                 self.procs[slot] = proc
             code = proc.wait()
             self._read_stats(slot, out)
@@ -189,7 +204,7 @@ class Supervisor:
         with self.lock:
             proc = self.procs[slot]
             if proc is not None and proc.poll() is None:
-                proc.send_signal(sig)
+                os.killpg(proc.pid, sig)
 
     def all_alive(self) -> bool:
         with self.lock:
@@ -200,14 +215,14 @@ class Supervisor:
             self.stopping = True
             for proc in self.procs:
                 if proc is not None and proc.poll() is None:
-                    proc.send_signal(signal.SIGCONT)
-                    proc.send_signal(signal.SIGTERM)
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGTERM)
         for thread in self.threads:
             thread.join(timeout)
         with self.lock:
             for proc in self.procs:
                 if proc is not None and proc.poll() is None:
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
 
     def stderr(self) -> str:
@@ -289,6 +304,7 @@ class Figures:
     worker_restarts: int = 0
     failed_submits: int = 0
     retries_by_class: dict[str, int] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # one failed attempt's message per class
     outcomes: dict[str, int] = field(default_factory=dict)
     unaccounted: int = 0
     invocations: int = 0
@@ -303,7 +319,7 @@ class Fleet:
     """The store, the blobs, four supervised workers and the client, for one scenario."""
 
     def __init__(self, folder: Path, db: str, blobs: str, env: dict[str, str] | None = None, workers: int = 4,
-                 wrap: Callable[[int], list[str]] = lambda slot: []) -> None:
+                 slot_env: Callable[[int], dict[str, str]] = lambda slot: {}) -> None:
         from tests.helpers import write_pipeline
 
         self.folder, self.db, self.blobs = folder, db, blobs
@@ -311,11 +327,12 @@ class Fleet:
         self.ledger = folder / "ledger.sqlite"
         with sqlite3.connect(self.ledger) as conn:
             conn.executescript(LEDGER_SCHEMA)
+        enrich_s = 0.9 * chaos_seconds() * workers / chaos_items()
         self.env = {**os.environ, "PYTHONPATH": SRC, "CHAOS_LEDGER": str(self.ledger),
-                    "FAKETIME_DONT_FAKE_MONOTONIC": "1", **(env or {})}
+                    "CHAOS_ENRICH_S": f"{enrich_s:.3f}", **(env or {})}
         worker = [sys.executable, "-m", "conveyor", "worker", self.target, "--db", db, "--blobs", blobs,
-                  "--batch-size", "50", "--json", "-q"]
-        self.supervisor = Supervisor(lambda slot: [*wrap(slot), *worker], self.env, folder / "logs", workers)
+                  "--batch-size", "10", "--json", "-q"]
+        self.supervisor = Supervisor(worker, lambda slot: {**self.env, **slot_env(slot)}, folder / "logs", workers)
         self.client = Client(self.target, db, blobs, self.env, folder / "inputs", chaos_items(), 6,
                              chaos_seconds() * 0.8)
         self.began = 0.0
@@ -355,6 +372,8 @@ class Fleet:
                 figures.retries_by_class[name] = figures.retries_by_class.get(name, 0) + int(count)
         figures.store_outages = sum(int(s.get("store_outages", 0)) for s in self.supervisor.stats)
         self._read_ledger(figures)
+        figures.messages = {str(k): str(m)[:300] for k, m in query(
+            self.db, "SELECT error_class, MIN(message) FROM attempts WHERE error_class IS NOT NULL GROUP BY 1")}
         corrupt = query(self.db, "SELECT COUNT(*) FROM attempts WHERE error_class = 'blob_corrupt'")[0][0]
         figures.corrupt_reads += int(corrupt)
         figures.note = "" if alive else "a worker was between restarts at the end"
