@@ -25,10 +25,10 @@ from tests.apiserver import free_port
 from tests.helpers import SRC, query
 
 # parse → enrich → publish. enrich sleeps long enough (CHAOS_ENRICH_S) that the four workers are busy the whole
-# time the chaos lasts, so that every blow lands on leased work. enrich's output (about 10 KiB) is past the 8 KiB kept inline, so every item goes
-# through the blob store, and carries its own sha256 for publish to check what it read. publish is idempotent on
-# ctx.idempotency_key, as users are told to write one: the ledger's effect lands only when the key has none yet;
-# every call of its body is recorded too.
+# time the chaos lasts, so that every blow lands on leased work. enrich's output (about 10 KiB) is past the 8 KiB
+# kept inline, so every item goes through the blob store, and carries its own sha256 for publish to check what it
+# read. publish is idempotent on ctx.idempotency_key, as users are told to write one: the ledger's effect lands only
+# when the key has none yet; every call of its body is recorded too.
 PIPELINE = """
     import hashlib, os, sqlite3, time
     from conveyor import Pipeline, Retry
@@ -286,7 +286,8 @@ class Client:
             if proc.returncode == 0:
                 return str(json.loads(proc.stdout)["run_id"])
             self.failed_submits += 1
-            self.errors.append(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
+            said = proc.stderr.strip().splitlines()
+            self.errors.append(said[-1] if said else f"exit {proc.returncode}")
             time.sleep(1.0)
 
 
@@ -310,6 +311,7 @@ class Figures:
     invocations: int = 0
     effects: int = 0
     duplicate_effects: int = 0
+    unstable_keys: int = 0  # items whose publish ran under more than one idempotency key
     corrupt_reads: int = 0
     store_outages: int = 0
     note: str = ""
@@ -333,7 +335,7 @@ class Fleet:
         worker = [sys.executable, "-m", "conveyor", "worker", self.target, "--db", db, "--blobs", blobs,
                   "--batch-size", "10", "--json", "-q"]
         self.supervisor = Supervisor(worker, lambda slot: {**self.env, **slot_env(slot)}, folder / "logs", workers)
-        self.client = Client(self.target, db, blobs, self.env, folder / "inputs", chaos_items(), 6,
+        self.client = Client(self.target, db, blobs, self.env, folder / "inputs", chaos_items(), 12,
                              chaos_seconds() * 0.8)
         self.began = 0.0
 
@@ -395,6 +397,9 @@ class Fleet:
             # two (the key was not stable across redeliveries).
             figures.duplicate_effects = conn.execute(
                 "SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) AS n FROM effects GROUP BY item)").fetchone()[0]
+            figures.unstable_keys = conn.execute(
+                "SELECT COUNT(*) FROM (SELECT item FROM invocations GROUP BY item HAVING COUNT(DISTINCT key) > 1)"
+            ).fetchone()[0]
             figures.corrupt_reads = conn.execute("SELECT COUNT(*) FROM invocations WHERE intact = 0").fetchone()[0]
             published = {row[0] for row in conn.execute("SELECT DISTINCT item FROM effects")}
         missing = set(self.client.item_keys) - published
@@ -410,6 +415,7 @@ def check(figures: Figures, supervisor: Supervisor) -> None:
     assert figures.unaccounted == 0, f"items without an outcome: {figures}"
     assert figures.outcomes == {"published": figures.items}, f"not every item published: {figures.outcomes}"
     assert figures.duplicate_effects == 0, f"a publish effect happened twice: {figures}"
+    assert figures.unstable_keys == 0, f"a redelivered publish got another idempotency key: {figures}"
     assert figures.corrupt_reads == 0, f"a corrupt blob was read: {figures}"
     assert figures.effects == figures.items, figures
     assert all(code == 0 for code in supervisor.final), f"workers did not drain cleanly: {supervisor.final}"
@@ -446,6 +452,7 @@ def record(figures: Figures, how: str) -> None:
         f"| failed attempts by class | {retries} |",
         f"| publish bodies run / effects landed | {figures.invocations} / {figures.effects} |",
         f"| duplicate effects | {figures.duplicate_effects} |",
+        f"| items published under more than one idempotency key | {figures.unstable_keys} |",
         f"| corrupt reads | {figures.corrupt_reads} |",
         end,
     ]

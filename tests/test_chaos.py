@@ -20,8 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaosfleet import (Figures, Fleet, PrivatePostgres, check, chaos_seconds, clock_ahead, private_postgres,
-                              record)
+from tests.chaosfleet import (
+    Figures,
+    Fleet,
+    PrivatePostgres,
+    chaos_seconds,
+    check,
+    clock_ahead,
+    private_postgres,
+    record,
+)
 from tests.conftest import _check_run_totals
 from tests.s3server import s3_server, weed_binary
 
