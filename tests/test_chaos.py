@@ -7,6 +7,7 @@ over CHAOS_ITEMS items (default 3000) and writes its figures into bench/RESULTS.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
 import shutil
@@ -159,6 +160,11 @@ def test_blob_folder_disk_full_then_freed(tmp_path: Path) -> None:
         figures = _run(fleet, pg, "disk-full",
                        "The blob folder is a 160 MB tmpfs; every 5-15 s it is filled to the last byte, held full "
                        "5-15 s, then freed.", lambda: _chaos(rng, (5.0, 15.0), full_then_freed))
+        stored = [path for path in blobs.glob("??/??/*") if path.is_file()]
+        assert stored, "nothing went through the blob store"
+        assert [p.name for p in stored if hashlib.sha256(p.read_bytes()).hexdigest() != p.name] == [], \
+            "a blob stored under a name its bytes do not hash to"
+        assert list((blobs / "tmp").iterdir()) == [], "temp files left behind by the failed writes"
     assert figures.chaos_events >= 1
 
 
