@@ -252,6 +252,7 @@ class Client:
 
     def __post_init__(self) -> None:
         self.thread = threading.Thread(target=self._submit_all, daemon=True)
+        self.submitting = threading.Event()  # set while a `conveyor submit` runs
 
     def start(self) -> None:
         self.thread.start()
@@ -277,12 +278,15 @@ class Client:
         while True:
             cmd = [sys.executable, "-m", "conveyor", "submit", self.target, "--input", str(docs), "--db", self.db,
                    "--blobs", self.blobs, "--json"]
+            self.submitting.set()
             try:
                 proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
             except subprocess.TimeoutExpired:
                 self.failed_submits += 1
                 self.errors.append("timed out")
                 continue
+            finally:
+                self.submitting.clear()
             if proc.returncode == 0:
                 return str(json.loads(proc.stdout)["run_id"])
             self.failed_submits += 1
@@ -376,6 +380,8 @@ class Fleet:
         self._read_ledger(figures)
         figures.messages = {str(k): str(m)[:300] for k, m in query(
             self.db, "SELECT error_class, MIN(message) FROM attempts WHERE error_class IS NOT NULL GROUP BY 1")}
+        if self.client.errors:
+            figures.messages["submit"] = self.client.errors[0][:300]
         corrupt = query(self.db, "SELECT COUNT(*) FROM attempts WHERE error_class = 'blob_corrupt'")[0][0]
         figures.corrupt_reads += int(corrupt)
         figures.note = "" if alive else "a worker was between restarts at the end"
@@ -410,8 +416,9 @@ class Fleet:
         self.supervisor.stop(timeout=30)
 
 
-def check(figures: Figures, supervisor: Supervisor) -> None:
+def check(figures: Figures, fleet: Fleet) -> None:
     """What must hold after every scenario."""
+    supervisor = fleet.supervisor
     assert figures.unaccounted == 0, f"items without an outcome: {figures}"
     assert figures.outcomes == {"published": figures.items}, f"not every item published: {figures.outcomes}"
     assert figures.duplicate_effects == 0, f"a publish effect happened twice: {figures}"
@@ -420,6 +427,8 @@ def check(figures: Figures, supervisor: Supervisor) -> None:
     assert figures.effects == figures.items, figures
     assert all(code == 0 for code in supervisor.final), f"workers did not drain cleanly: {supervisor.final}"
     assert "Traceback" not in supervisor.stderr(), supervisor.stderr()[-4000:]
+    raw = [line for line in fleet.client.errors if not line.startswith("error: ")]
+    assert raw == [], f"a submission failed with more than a one-line error: {raw}"
 
 
 def record(figures: Figures, how: str) -> None:
