@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check bench bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard soak clean
+.PHONY: setup test demo check bench bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench-dashboard: setup
 
 soak: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python -m pytest -q -m soak
+
+# The chaos suite (tests/test_chaos.py): each scenario starts its own PostgreSQL cluster (the one it restarts),
+# so the server of ensure-postgres.sh is never touched. CHAOS_SECONDS (default 300) sets each scenario's length.
+chaos: setup
+	scripts/ensure-tools.sh
+	PYTHONPATH=src $(BIN)/python -m pytest -q -p no:cacheprovider -m chaos -s tests/test_chaos.py
 
 clean:
 	rm -rf .conveyor .pytest_cache

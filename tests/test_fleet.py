@@ -237,6 +237,32 @@ def test_a_worker_waits_out_lost_connections_and_carries_on(tmp_path: Path, pg_u
     assert report["unaccounted"] == 0 and report["outcomes"] == {"completed": 300}
 
 
+@pytest.mark.timeout(180)
+def test_a_submission_that_loses_its_connection_says_so_in_one_line_and_finishes_when_run_again(
+    tmp_path: Path, pg_url: str,
+) -> None:
+    target = write_pipeline(tmp_path, TWO_STAGES)
+    dbname = pg_url.rpartition("/")[2]
+    cli("submit", target, "--input", str(make_docs(tmp_path / "one", 1)), "--db", pg_url, "--blobs",
+        str(tmp_path / "blobs"), cwd=tmp_path, check=True)  # the schema, made before the clock starts
+    count, proc = 12000, None  # past the first of the batches a submission commits in (5,000 items)
+    for _ in range(3):  # a submission that finished before it was cut off: again, larger
+        docs = make_docs(tmp_path / f"docs{count}", count)
+        args = ["submit", target, "--input", str(docs), "--db", pg_url, "--blobs", str(tmp_path / "blobs"), "--json"]
+        proc = _spawn([sys.executable, "-m", "conveyor", *args], {})
+        _wait_for(lambda: query(pg_url, "SELECT COUNT(*) FROM tasks")[0][0], lambda n: n > 1, 60, "submitted tasks")
+        _cut_off(dbname, 0.0)
+        if proc.wait(timeout=60) != 0:
+            break
+        count *= 2
+    assert proc is not None and proc.returncode == 2, "the submission was never cut off part way"
+    err = proc.communicate()[1]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: lost the connection to the store at postgresql://") and "--resume r" in err, err
+    again = cli_json(*args[:-1], cwd=tmp_path)
+    assert again["resumed"] is True and again["expected"] == count, again
+
+
 @pytest.mark.timeout(120)
 def test_sigterm_while_the_store_is_out_of_reach_still_exits_0(tmp_path: Path, pg_url: str) -> None:
     target = write_pipeline(tmp_path, SLOW)

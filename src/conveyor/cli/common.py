@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from conveyor.blobs import open_blobs
-from conveyor.store import DEFAULT_DB, SqlStore, open_store
+from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
@@ -57,6 +57,11 @@ def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
     store = open_store(db or DEFAULT_DB, create=create)
     try:
         yield store
+    except Exception as exc:
+        lost = lost_connection(store, exc)
+        if lost is None:
+            raise
+        raise lost from None
     finally:
         store.close()
 

@@ -33,7 +33,7 @@ from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
 from conveyor.service.report import stale_code
-from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, sqlite_path
+from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, lost_connection, sqlite_path
 
 BATCH = 5000
 
@@ -122,7 +122,12 @@ def submit(
         try:
             ingest.all(stream, on_work)
         except BaseException as exc:
-            _stop(store, run.run_id, ingest.visible or resumed, exc, clock)
+            kept = ingest.visible or resumed
+            lost = lost_connection(store, exc, "run the same command again once it answers" + (
+                f", or `conveyor submit --resume {run.run_id}`, to finish the submission" if kept else ""))
+            _stop(store, run.run_id, kept, exc, clock)
+            if lost is not None:
+                raise lost from None
             raise
     expected = store.item_count(run.run_id)
     store.set_run_status(run.run_id, "submitted", clock(), expected)

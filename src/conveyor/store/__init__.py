@@ -38,7 +38,7 @@ __all__ = [
     "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
     "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice",
     "PlainAttempt", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "WorkerRow",
-    "open_store", "sqlite_path",
+    "lost_connection", "open_store", "sqlite_path",
 ]
 
 
@@ -114,6 +114,17 @@ def _sqlite(dialect: type, path: str, create: bool):  # type: ignore[no-untyped-
     except OSError as exc:
         raise UrlError(f"cannot open the SQLite store {path!r}: {exc.strerror}; check that the file and its "
                        "folder are writable") from None
+
+
+def lost_connection(store: SqlStore, exc: BaseException,
+                    then: str = "run the command again once it answers") -> BackendUnavailable | None:
+    """What to tell the user when ``exc`` came of the store's connection being lost (PostgreSQL restarting,
+    its backend terminated), else None: a command that meets it says so in one line, never a traceback.
+    Ask before anything uses the store again (a new call opens a new connection)."""
+    if not isinstance(exc, Exception) or isinstance(exc, ConveyorError) or not store.lost():
+        return None
+    return BackendUnavailable(f"lost the connection to the store at {_redact(store.url)} ({_first_line(exc)}); "
+                              f"{then}")
 
 
 def _first_line(exc: BaseException) -> str:
