@@ -92,7 +92,11 @@ def one_run(db: str, work: Path, minutes: float, workers: int, reader: bool) -> 
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # its drain is stuck on the store: the figures are taken already
+                proc.kill()
+                proc.wait()
         if held is not None:
             held.close()
         store.close()
