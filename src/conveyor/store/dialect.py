@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
-from conveyor.store.queuecounts import POSTGRES_SECOND, SQLITE_SECOND
 
 if TYPE_CHECKING:
     import psycopg
@@ -153,7 +152,7 @@ class SqliteDialect:
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
-        "epoch_second": SQLITE_SECOND}
+        "epoch_second": "CAST(available_at AS INTEGER)"}
     skip_locked = ""
     row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
@@ -295,7 +294,7 @@ class PostgresDialect:
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
-        "epoch_second": POSTGRES_SECOND}
+        "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     row_lock = " FOR UPDATE"
     max_params = 60000

@@ -34,8 +34,7 @@ OPEN = "status IN ('queued', 'running')"
 OPEN_STATUSES = frozenset(("queued", "running"))
 WRITER_SHARDS = 16
 
-SQLITE_SECOND = "CAST(available_at AS INTEGER)"
-POSTGRES_SECOND = "CAST(FLOOR(available_at) AS BIGINT)"
+# A task's second: the dialect's ``epoch_second`` (available_at rounded down), in SQL and in the migration.
 
 # Migration 16: the table, and what the store holds now (shard 0).
 MIGRATION = """
@@ -112,7 +111,7 @@ class QueueCountQueries:
         """Queued tasks (runnable, waiting out a backoff, or left by a dead worker) per (pipeline, stage, second):
         the open counts less the leased tasks, these read through ``tasks_leased`` (bounded by the fleet's
         batches); one statement, so both sides are one snapshot."""
-        second = POSTGRES_SECOND if self.db.name == "postgres" else SQLITE_SECOND
+        second = self.db.types["epoch_second"]
         rows = self.db.execute(
             "SELECT pipeline, stage, second, SUM(tasks) FROM ("
             "SELECT pipeline, stage, second, tasks FROM open_task_seconds UNION ALL "
@@ -145,7 +144,7 @@ class QueueCountQueries:
     def recount_open_task_seconds(self) -> None:
         """Count the open tasks again from the rows (after rows were written around the engine, as a benchmark
         or a test does), in one transaction."""
-        second = POSTGRES_SECOND if self.db.name == "postgres" else SQLITE_SECOND
+        second = self.db.types["epoch_second"]
         with self.db.transaction():
             self.db.execute("DELETE FROM open_task_seconds")
             self.db.execute("INSERT INTO open_task_seconds (pipeline, stage, second, shard, tasks) "
@@ -153,7 +152,7 @@ class QueueCountQueries:
 
     def open_task_mismatches(self) -> list[str]:
         """Where the counts disagree with the task rows (empty when they agree)."""
-        second = POSTGRES_SECOND if self.db.name == "postgres" else SQLITE_SECOND
+        second = self.db.types["epoch_second"]
         actual = {(str(p), str(s), int(sec)): int(n) for p, s, sec, n in self.db.execute(
             f"SELECT pipeline, stage, {second}, COUNT(*) FROM tasks WHERE {OPEN} GROUP BY 1, 2, 3")}
         counted = {(c.pipeline, c.stage, c.second): c.tasks for c in self.open_task_seconds()}
