@@ -43,15 +43,20 @@ class Heartbeat:
             self._thread.join(timeout=10)
 
     def _beat(self) -> None:
-        store = None
+        store, missed = None, 0
         while not self._stop.wait(self.interval):
             try:
                 store = store or open_store(self.url, migrate=False)
                 if not store.heartbeat(self.run_id, self.submitter, store.clock()):
                     self.lost = True
-            except Exception:  # a missed beat is not fatal; several are, by design
-                log.warning("submission heartbeat of run %s failed", self.run_id, exc_info=True,
-                            extra={"event": "heartbeat_failed", "run": self.run_id})
+                missed = 0
+            except Exception as exc:  # a missed beat is not fatal; several are, by design
+                missed += 1
+                log.debug("submission heartbeat of run %s missed", self.run_id, exc_info=True)
+                if missed == 2:  # one is noise (the submission itself reports a store it lost, in one line)
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    log.warning("submission heartbeat of run %s missed twice: %s", self.run_id, first,
+                                extra={"event": "heartbeat_failed", "run": self.run_id})
         if store is not None:
             store.close()
 

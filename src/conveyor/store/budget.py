@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.records import LEASED
 
 GRANTED, NO_BUDGET, PAUSED, EXHAUSTED, WAIT = "granted", "no_budget", "paused", "exhausted", "wait"
 
@@ -92,7 +93,7 @@ class BudgetQueries:
         skip = (f"AND NOT (run_id IN ({','.join('?' * len(runs))}) AND stage IN ({','.join('?' * len(stages))}))"
                 if runs and stages else "")
         total = 0
-        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", "status = 'running'"):
+        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", LEASED):
             rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where} {skip}",
                                    [*params, *(runs if skip else ()), *(stages if skip else ())])
             total += int(rows[0][0])

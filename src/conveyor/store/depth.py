@@ -23,7 +23,8 @@ SELECT pipeline, stage, SUM(runnable), SUM(running), MIN(oldest_at) FROM (
     SELECT pipeline, stage, COUNT(*), 0, MIN(available_at) FROM tasks
     WHERE status = 'queued' AND crashes > 0 AND available_at <= ? GROUP BY pipeline, stage
     UNION ALL
-    SELECT pipeline, stage, 0, COUNT(*), NULL FROM tasks WHERE status = 'running' GROUP BY pipeline, stage
+    SELECT pipeline, stage, 0, COUNT(*), NULL FROM tasks WHERE status = 'running' AND lease_expires_at IS NOT NULL
+    GROUP BY pipeline, stage
 ) AS open_work GROUP BY pipeline, stage ORDER BY pipeline, stage"""
 
 

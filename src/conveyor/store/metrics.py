@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.records import LEASED
 
 LABEL_SEP = "\x1f"  # joins label values into metric_totals.labels
 SHARDS = 16
@@ -72,7 +73,7 @@ class MetricsQueries:
 
     def running_counts(self) -> list[StageCount]:
         """Leased tasks (bounded by the fleet's batches), through ``tasks_leased``."""
-        return self._stage_counts("status = 'running'", "NULL")
+        return self._stage_counts(LEASED, "NULL")
 
     def _stage_counts(self, where: str, oldest: str) -> list[StageCount]:
         rows = self.db.execute(f"SELECT pipeline, stage, COUNT(*), {oldest} FROM tasks WHERE {where} "

@@ -27,6 +27,8 @@ import os
 from collections import defaultdict
 from typing import TYPE_CHECKING, NamedTuple
 
+from conveyor.store.records import LEASED
+
 if TYPE_CHECKING:
     from conveyor.store.dialect import Dialect
 
@@ -115,7 +117,7 @@ class QueueCountQueries:
         rows = self.db.execute(
             "SELECT pipeline, stage, second, SUM(tasks) FROM ("
             "SELECT pipeline, stage, second, tasks FROM open_task_seconds UNION ALL "
-            f"SELECT pipeline, stage, {second} AS second, -1 AS tasks FROM tasks WHERE status = 'running'"
+            f"SELECT pipeline, stage, {second} AS second, -1 AS tasks FROM tasks WHERE {LEASED}"
             ") counted GROUP BY pipeline, stage, second HAVING SUM(tasks) > 0")
         return [SecondCount(str(p), str(s), int(sec), int(n)) for p, s, sec, n in rows]
 

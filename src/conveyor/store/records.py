@@ -86,6 +86,14 @@ class NewItem(NamedTuple):
 # Rows of the fenced transitions (store/tasks.py): each field in the order its statement binds it, the
 # task's id and lease token last, for the fence ``WHERE id = ? AND lease_token = ? AND status = 'running'``.
 
+# The leased tasks, as the partial index ``tasks_leased`` is defined (migration 18): statements that scan or count
+# them say this, so they read that index. A running task always has a lease expiry; the second term is there so
+# that a statement naming one task (the fence above: ``id = ? ... AND status = 'running'``) cannot be served
+# from the index, only from the primary key, whatever the planner's statistics say. Before it, PostgreSQL with
+# stale statistics (autovacuum off, an ANALYZE that sampled no running task) judged the index empty and walked
+# every leased task for each fenced update: lease renewals of 44 s at 2.4 million tasks.
+LEASED = "status = 'running' AND lease_expires_at IS NOT NULL"
+
 
 class Lease(NamedTuple):
     """A task a worker holds, and the token that proves it."""

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
-from conveyor.store.records import DeadLetter
+from conveyor.store.records import LEASED, DeadLetter
 from conveyor.store.runtotals import OPEN as OPEN_STATE
 from conveyor.store.runtotals import USAGE_FIELDS, RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
@@ -134,7 +134,7 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
         where, params = _scope(run_id, None)
         total = 0
         for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0",
-                      "status = 'running'"):
+                      LEASED):
             rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where}",
                                    (pipeline, *params))
             total += int(rows[0][0])

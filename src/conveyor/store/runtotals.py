@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.records import AttemptRecord, PlainAttempt
+from conveyor.store.records import LEASED, AttemptRecord, PlainAttempt
 
 SHARDS = 16
 MINUTE = 60
@@ -180,7 +180,7 @@ class RunTotalsQueries:
 
     def running_by_stage(self, pipeline: str, run_id: str) -> dict[str, int]:
         """Leased tasks of a run per stage, through ``tasks_leased`` (bounded by the fleet's leases)."""
-        rows = self.db.execute("SELECT stage, COUNT(*) FROM tasks WHERE status = 'running' AND pipeline = ? "
+        rows = self.db.execute(f"SELECT stage, COUNT(*) FROM tasks WHERE {LEASED} AND pipeline = ? "
                                "AND run_id = ? GROUP BY stage", (pipeline, run_id))
         return {str(s): int(n) for s, n in rows}
 

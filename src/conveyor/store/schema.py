@@ -627,4 +627,15 @@ CREATE TABLE provider_batch_keepers (
 );
 """,
     ),
+    (
+        18,
+        "tasks_leased indexes leased tasks by a predicate no fenced one-task statement implies",
+        """
+-- A fenced statement names one task (WHERE id = ? AND lease_token = ? AND status = 'running'): it must be served
+-- from the primary key. With the old predicate (status = 'running') PostgreSQL could serve it from this index
+-- instead, walking every leased task, when its statistics judged the index empty (store/records.py LEASED).
+DROP INDEX tasks_leased;
+CREATE INDEX tasks_leased ON tasks (pipeline, lease_expires_at) WHERE status = 'running' AND lease_expires_at IS NOT NULL;
+""",
+    ),
 ]

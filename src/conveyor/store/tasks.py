@@ -14,6 +14,7 @@ from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
 from conveyor.store.records import (
+    LEASED,
     AttemptRecord,
     ClaimedTask,
     Crashed,
@@ -433,7 +434,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             return {}
         marks = ",".join("?" * len(owners))
         with self.db.transaction():
-            held = self.db.execute(f"SELECT lease_owner, COUNT(*) FROM tasks WHERE status = 'running' AND "
+            held = self.db.execute(f"SELECT lease_owner, COUNT(*) FROM tasks WHERE {LEASED} AND "
                                    f"lease_owner IN ({marks}) GROUP BY lease_owner", list(owners))
             self.db.executemany("INSERT INTO lost_workers (owner, in_flight, noticed_at) VALUES (?, ?, ?) "
                                 "ON CONFLICT (owner) DO NOTHING", [(owner, count, now) for owner, count in held])
@@ -452,7 +453,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         rows = self.db.execute(
             f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes,
                 root_key, started_at, available_at
-            FROM tasks WHERE status = 'running' AND pipeline = ? AND lease_expires_at < ?
+            FROM tasks WHERE {LEASED} AND pipeline = ? AND lease_expires_at < ?
             ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",
             (pipeline, now, limit),
         )

@@ -1,0 +1,78 @@
+"""The queue's one-task statements are served from the primary key whatever the planner's statistics say.
+
+On PostgreSQL an ANALYZE that samples no running task records ``tasks_leased`` as empty; with the index's old
+predicate (``status = 'running'``) the planner then served every fenced update from it, walking all leased
+tasks per row (bench/RESULTS.md, "Bloat, first attempt"). The test makes exactly those statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.store import open_store
+from conveyor.store.provider_batch import PARK
+from conveyor.store.records import LEASED
+from conveyor.store.tasks import FENCE, MARK_ENDED, MARK_RETRY, MARK_SUCCEEDED, RELEASE, REQUEUE_CRASHED
+from tests.conftest import _drop, fresh_pg_url
+
+FENCED = {
+    "renew": f"UPDATE tasks SET lease_expires_at = 1 {FENCE}",
+    "succeeded": MARK_SUCCEEDED, "retry": MARK_RETRY, "ended": MARK_ENDED, "release": RELEASE,
+    "crashed": REQUEUE_CRASHED, "park": PARK,
+}
+HELD = "SELECT id, lease_token FROM tasks WHERE status = 'running' AND id IN (1000, 2000, 3000)"
+
+
+def _explain(conn, sql: str) -> str:  # type: ignore[no-untyped-def]
+    """The generic plan of ``sql`` (its ? bound to NULL, as a prepared statement's generic plan sees them)."""
+    marks = sql.count("?")
+    conn.execute(f"PREPARE probe AS {sql.replace('?', '${}').format(*range(1, marks + 1))}"
+                 if marks else f"PREPARE probe AS {sql}")
+    try:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        return "\n".join(row[0] for row in conn.execute(
+            f"EXPLAIN EXECUTE probe{'(' + ', '.join(['NULL'] * marks) + ')' if marks else ''}").fetchall())
+    finally:
+        conn.execute("DEALLOCATE probe")
+
+
+def test_fenced_statements_use_the_primary_key_when_statistics_saw_no_running_task() -> None:
+    import psycopg
+
+    url = fresh_pg_url()
+    try:
+        open_store(url).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO tasks (run_id, pipeline, item_key, root_key, stage, status, task_key, stage_version, "
+                "config_hash, input_digest, input_kind, input_size, max_attempts, available_at, created_at, "
+                "lane_rank, tier) SELECT 'r', 'p', 'k' || g, 'k' || g, 's', 'succeeded', 't' || g, 'v', 'c', "
+                "'d' || g, 'inline', 1, 3, g, g, 0, 0 FROM generate_series(1, 60000) AS g")
+            # A third of the tasks ran (the index holds their dead entries), then statistics were taken while no
+            # task was leased: the index is recorded as empty.
+            conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1 WHERE id % 3 = 0")
+            conn.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL WHERE status = 'running'")
+            conn.execute("VACUUM ANALYZE tasks")
+            conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1e12, lease_token = 1 "
+                         "WHERE id % 1000 = 0")
+            (tuples,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'tasks_leased'").fetchone()
+            assert tuples == 0  # the statistics this test is about
+            for name, sql in [*FENCED.items(), ("held", HELD)]:
+                plan = _explain(conn, sql)
+                assert "tasks_pkey" in plan and "tasks_leased" not in plan, f"{name}:\n{plan}"
+            # ... while the statements that scan the leased tasks still read the index.
+            plan = _explain(conn, f"SELECT COUNT(*) FROM tasks WHERE {LEASED} AND pipeline = 'p'")
+            assert "tasks_leased" in plan, plan
+    finally:
+        _drop(url)
+
+
+@pytest.mark.parametrize("name", sorted(FENCED))
+def test_fenced_statements_use_the_rowid_on_sqlite(tmp_path, name: str) -> None:  # type: ignore[no-untyped-def]
+    store = open_store(f"sqlite:///{tmp_path}/conveyor.db")
+    try:
+        plan = " ".join(str(row[-1]) for row in store.db.execute(f"EXPLAIN QUERY PLAN {FENCED[name]}",
+                                                                 [None] * FENCED[name].count("?")))
+    finally:
+        store.close()
+    assert "INTEGER PRIMARY KEY" in plan, plan
