@@ -635,7 +635,8 @@ CREATE TABLE provider_batch_keepers (
 -- from the primary key. With the old predicate (status = 'running') PostgreSQL could serve it from this index
 -- instead, walking every leased task, when its statistics judged the index empty (store/records.py LEASED).
 DROP INDEX tasks_leased;
-CREATE INDEX tasks_leased ON tasks (pipeline, lease_expires_at) WHERE status = 'running' AND lease_expires_at IS NOT NULL;
+CREATE INDEX tasks_leased ON tasks (pipeline, lease_expires_at)
+    WHERE status = 'running' AND lease_expires_at IS NOT NULL;
 """,
     ),
 ]
