@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from conveyor.store.bulk import CopiedInsert, copied_insert, copied_update, first_per_key
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
 if TYPE_CHECKING:
@@ -58,6 +59,16 @@ class Dialect(Protocol):
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
     def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int: ...
+
+    def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
+        """``executemany_count`` of a one-row ``INSERT ... VALUES`` whose rows conflict on ``key`` (positions in a
+        row): the rows inserted or updated. On PostgreSQL, COPY and one statement (store/bulk.py)."""
+        ...
+
+    def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """``executemany_count`` of a one-row ``UPDATE ... SET c = ? ... WHERE k = ? ...`` whose rows name distinct
+        rows (by their ``WHERE`` values): the rows changed. On PostgreSQL, COPY and one statement (store/bulk.py)."""
+        ...
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """Add rows to a table with no unique constraint to check (the attempts log), fastest way."""
@@ -141,6 +152,8 @@ class WriterLock:
         os.close(self.fd)
 
 
+# From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
+COPY_FROM = 16
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
 
 
@@ -191,6 +204,12 @@ class SqliteDialect:
     def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """executemany, returning the total number of rows changed."""
         return self.conn.executemany(sql, rows).rowcount if rows else 0
+
+    def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
+        return self.executemany_count(sql, rows)  # one prepared statement stepped per row: SQLite's bulk rate
+
+    def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return self.executemany_count(sql, rows)
 
     def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """sqlite3's executemany cannot return rows: one execute per row, in the caller's transaction."""
@@ -311,6 +330,9 @@ class PostgresDialect:
         self._listener: Any = None
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
+        self._copied: dict[str, CopiedInsert | None] = {}  # None: not of the shape (executemany)
+        self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
+        self._staging: set[str] = set()  # those made by the open transaction
 
     @staticmethod
     def glob(pattern: str) -> tuple[str, str]:
@@ -329,6 +351,7 @@ class PostgresDialect:
             fresh = self._psycopg.connect(self.url, autocommit=True)
             self.conn.close()
             self.conn = fresh
+            self._staged.clear()  # temporary tables die with their session
         return self.conn
 
     def _sql(self, sql: str) -> str:
@@ -356,6 +379,42 @@ class PostgresDialect:
         with self._live().cursor() as cur:
             cur.executemany(self._sql(sql), rows)
             return cur.rowcount
+
+    def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
+        """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and moved by one
+        statement, the first row of each key kept (store/bulk.py)."""
+        if len(rows) < COPY_FROM:
+            return self.executemany_count(sql, rows)
+        if sql not in self._copied:
+            self._copied[sql] = copied_insert(sql)
+        plan = self._copied[sql]
+        if plan is None:
+            return self.executemany_count(sql, rows)
+        return self._copy_and_move(plan, first_per_key(rows, key))
+
+    def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and applied by one
+        ``UPDATE ... FROM`` (store/bulk.py)."""
+        if len(rows) < COPY_FROM:
+            return self.executemany_count(sql, rows)
+        if sql not in self._copied:
+            self._copied[sql] = copied_update(sql)
+        plan = self._copied[sql]
+        keys = len(plan.bound) - sum(name.startswith("key_") for name in plan.bound) if plan else 0
+        if plan is None or len({tuple(row[keys:]) for row in rows}) < len(rows):
+            return self.executemany_count(sql, rows)  # a row named twice: one statement would change it once
+        return self._copy_and_move(plan, rows)
+
+    def _copy_and_move(self, plan: CopiedInsert, rows: Sequence[Sequence[Any]]) -> int:
+        with self.transaction():
+            conn = self.conn
+            if plan.staging not in self._staged and plan.staging not in self._staging:
+                conn.execute(plan.create)
+                self._staging.add(plan.staging)  # made for good once this transaction commits
+            with conn.cursor() as cur, cur.copy(f"COPY {plan.staging} ({', '.join(plan.bound)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            return conn.execute(plan.move).rowcount
 
     def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """executemany of a statement with RETURNING: every row returned, in one pipeline."""
@@ -387,8 +446,10 @@ class PostgresDialect:
         try:
             with conn.transaction():
                 yield
+            self._staged |= self._staging  # their CREATE is committed
         finally:
             self._depth = 0
+            self._staging.clear()
 
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """ANALYZE: right after a bulk load the statistics still describe a far smaller table."""

@@ -121,7 +121,7 @@ class ProviderBatchQueries(QueueCountQueries):
 
     def park_tasks(self, parked: Sequence[Parked]) -> int:
         """Give leased tasks back to wait for their requests (fenced); returns the rows changed."""
-        return self.db.executemany_count(PARK, list(parked)) if parked else 0
+        return self.db.update_many(PARK, list(parked)) if parked else 0
 
     def add_batch_requests(self, requests: Sequence[BatchRequest], waiters: Sequence[Waiter], now: float,
                            opened: OpenTally, direct_answers: Sequence[tuple[str, str]] = ()) -> None:

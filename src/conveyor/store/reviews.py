@@ -122,10 +122,10 @@ class ReviewQueries:
     # --- the worker's side: answers that go to review or to a stronger tier (fenced) ----------------
 
     def mark_awaiting_review(self, rows: Sequence[AwaitingReview]) -> int:
-        return self.db.executemany_count(MARK_AWAITING_REVIEW, rows)
+        return self.db.update_many(MARK_AWAITING_REVIEW, rows)
 
     def mark_escalated(self, rows: Sequence[Escalated]) -> int:
-        return self.db.executemany_count(MARK_ESCALATED, rows)
+        return self.db.update_many(MARK_ESCALATED, rows)
 
     def insert_reviews(self, rows: Sequence[NewReview]) -> None:
         self.db.executemany(INSERT_REVIEW, rows)

@@ -9,6 +9,7 @@ from typing import Any
 from conveyor.errors import StoreError
 from conveyor.store.alerts import AlertQueries
 from conveyor.store.budget import BudgetQueries
+from conveyor.store.claimfloors import ClaimFloors
 from conveyor.store.compare import CompareQueries
 from conveyor.store.depth import DepthQueries
 from conveyor.store.dialect import Dialect
@@ -44,6 +45,7 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
     def __init__(self, db: Dialect, url: str) -> None:
         self.db = db
         self.url = url
+        self.claim_floors = ClaimFloors()  # where claims start while an old snapshot is held (PostgreSQL)
 
     @property
     def backend(self) -> str:

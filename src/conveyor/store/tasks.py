@@ -7,9 +7,11 @@ Each method runs inside the caller's transaction when there is one
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from conveyor.store.claimfloors import LANES, SLOW_CLAIM_S, ClaimFloors
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
@@ -44,6 +46,8 @@ CLAIM_COLUMNS = (
 _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
     config_hash, input_digest, input_kind"""
 _NEW_TASK_TAIL = "ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING"
+TASK_KEY = (0, 4, 3, 2)  # a new task row's (run_id, root_key, item_key, stage): its conflict key (insert_many)
+ITEM_KEY = (0, 1)  # a new item row's (run_id, item_key)
 
 
 def _revives(sets: str) -> str:
@@ -162,6 +166,16 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
+def _claim_sql(run_filter: str, skip_locked: str, lane: str) -> str:
+    """Lease up to ? queued tasks of a stage, in lane then age order (``lane``: one lane, from its floor)."""
+    return f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
+        lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
+    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
+        AND stage = ? {lane} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at LIMIT ?
+        {skip_locked})
+    RETURNING {CLAIM_COLUMNS}"""
+
+
 def _not_paused(paused: Sequence[str]) -> str:
     """A claim's condition that leaves paused runs' tasks alone (none in the common case: no condition)."""
     return f" AND run_id NOT IN ({','.join('?' * len(paused))})" if paused else ""
@@ -213,13 +227,14 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
     """Batched task operations over one dialect's connection."""
 
     db: Dialect
+    claim_floors: ClaimFloors
 
     def insert_items(self, items: Sequence[NewItem]) -> None:
         roots = [i[:2] + i[3:] for i in items if i.parent_key is None]  # NewItem without parent_key
         with self.db.transaction():
-            self.db.executemany(INSERT_ROOT_ITEM, roots)
+            self.db.insert_many(INSERT_ROOT_ITEM, roots, ITEM_KEY)
             if len(roots) < len(items):
-                self.db.executemany(INSERT_ITEM, [i for i in items if i.parent_key is not None])
+                self.db.insert_many(INSERT_ITEM, [i for i in items if i.parent_key is not None], ITEM_KEY)
 
     def set_item_meta(self, run_id: str, metas: Mapping[str, str]) -> None:
         """Record root items' manifest ``meta`` (JSON text, by item key), after they are inserted."""
@@ -272,7 +287,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             return
         groups = _by_run_stage(rows, 0, 2)
         for (run_id, stage), part in groups.items():
-            totals.task(run_id, stage, status, cached, self.db.executemany_count(sql, part))
+            totals.task(run_id, stage, status, cached, self.db.insert_many(sql, part, TASK_KEY))
 
     def _insert_queued(self, rows: Sequence[tuple[Any, ...]], totals: RunTally, opened: OpenTally) -> None:
         """Queued rows: one executemany per (run, stage, second of ``available_at``), so that each group's row
@@ -284,7 +299,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             for row in part:
                 seconds.setdefault(math.floor(row[QUEUED_AT]), []).append(row)
             for second, same in seconds.items():
-                inserted = self.db.executemany_count(INSERT_QUEUED, same)
+                inserted = self.db.insert_many(INSERT_QUEUED, same, TASK_KEY)
                 totals.task(run_id, stage, "queued", 0, inserted)
                 opened.add(same[0][1], stage, second, inserted)
 
@@ -335,20 +350,30 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                     continue
                 held = paused if paused_stages is None or stage in paused_stages else ()
                 run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
-                params: list[Any] = [owner, now + lease_seconds, now, pipeline, stage, now]
-                if run_id:
-                    params.append(run_id)
-                params += [*held, want]
-                rows = self.db.execute(
-                    f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
-                        lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
-                    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
-                        AND stage = ? AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at LIMIT ?
-                        {self.db.skip_locked})
-                    RETURNING {CLAIM_COLUMNS}""",
-                    params,
-                )
-                claimed.extend(map(ClaimedTask._make, rows))
+                head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage]
+                tail: list[Any] = [now, *([run_id] if run_id else []), *held]
+                floors = self.claim_floors.lanes(pipeline, stage) if self.db.name == "postgres" else None
+                if floors is None:
+                    started = time.perf_counter()
+                    rows = self.db.execute(_claim_sql(run_filter, self.db.skip_locked, ""), [*head, *tail, want])
+                    if time.perf_counter() - started > SLOW_CLAIM_S and self.db.name == "postgres":
+                        self.claim_floors.engage(pipeline, stage, [(r.lane_rank, r.available_at) for r in
+                                                                   map(ClaimedTask._make, rows)], len(rows) == want,
+                                                 now)
+                    claimed.extend(map(ClaimedTask._make, rows))
+                    continue
+                for lane in LANES:  # an old snapshot is held: each lane from its floor (store/claimfloors.py)
+                    if want <= 0:
+                        break
+                    floor = floors.get(lane)
+                    where = "AND lane_rank = ? AND available_at >= ?" if floor is not None else "AND lane_rank = ?"
+                    rows = self.db.execute(_claim_sql(run_filter, self.db.skip_locked, where),
+                                           [*head, lane, *([floor] if floor is not None else []), *tail, want])
+                    got = list(map(ClaimedTask._make, rows))
+                    self.claim_floors.advance(pipeline, stage, lane, [t.available_at for t in got],
+                                              len(got) == want, now)
+                    claimed.extend(got)
+                    want -= len(got)
         return claimed
 
     def claim_suspect(
@@ -387,15 +412,15 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
 
     def mark_succeeded(self, rows: Sequence[Succeeded]) -> int:
         """Returns the rows changed (fewer than given: a lease was lost)."""
-        return self.db.executemany_count(MARK_SUCCEEDED, rows)
+        return self.db.update_many(MARK_SUCCEEDED, rows)
 
     def mark_retry(self, rows: Sequence[Retried]) -> int:
         """Returns the rows changed."""
-        return self.db.executemany_count(MARK_RETRY, rows)
+        return self.db.update_many(MARK_RETRY, rows)
 
     def mark_ended(self, rows: Sequence[Ended]) -> int:
         """Returns the rows changed."""
-        return self.db.executemany_count(MARK_ENDED, rows)
+        return self.db.update_many(MARK_ENDED, rows)
 
     def insert_attempts(self, attempts: Sequence[AttemptRecord], plain: Sequence[PlainAttempt] = ()) -> None:
         """``plain``: successes without provider calls (no NULL column to bind)."""
@@ -408,7 +433,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
     def renew_leases(self, tokens: Sequence[Lease], expires_at: float) -> int:
         """Extend the leases still held, in one batch; returns how many were."""
         with self.db.transaction():
-            return self.db.executemany_count(
+            return self.db.update_many(
                 f"UPDATE tasks SET lease_expires_at = ? {FENCE}",
                 [(expires_at, task_id, token) for task_id, token in tokens],
             )
@@ -421,7 +446,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
 
     def release_leases(self, tokens: Sequence[Lease]) -> int:
         """``release`` inside the caller's transaction (a commit): returns the rows changed."""
-        return self.db.executemany_count(RELEASE, list(tokens))
+        return self.db.update_many(RELEASE, list(tokens))
 
     def requeue_crashed(self, rows: Sequence[Crashed]) -> int:
         """The tasks become suspects (run alone); returns the rows changed."""

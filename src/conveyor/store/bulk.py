@@ -1,0 +1,111 @@
+"""Many rows in one PostgreSQL statement: a one-row ``INSERT ... VALUES (?, ...)`` or ``UPDATE ... SET c = ?
+WHERE k = ?`` fed by ``COPY``.
+
+psycopg's ``executemany`` pipelines one Bind/Execute per row: the server runs the statement once per row and
+the client builds a message per row. Instead the rows are copied (psycopg's COPY writes a row in C) into a
+temporary table of the statement's bound columns, and one ``INSERT ... SELECT`` moves them, its conflict clause
+unchanged: 20,000 new task rows in 0.84 s instead of 1.74 s (arrays through ``unnest`` took 1.29 s: psycopg
+builds an array parameter element by element in Python).
+
+The temporary table lives as long as the connection (``ON COMMIT DELETE ROWS``: no catalog rows are written
+per batch, which matters on a server that never vacuums); the statement that reads it also empties it.
+
+One difference from the row-at-a-time form, which the caller settles: a later row of the batch meeting an
+earlier one under ``ON CONFLICT DO UPDATE`` is refused by one statement ("cannot affect row a second time").
+``first_per_key`` keeps the first row of each key, which is what the row-at-a-time form did for conveyor's
+statements (an insert that meets its own batch's row does nothing: that row is not superseded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+_INSERT = re.compile(r"^\s*INSERT INTO (\w+) \(([^()]*)\)\s*VALUES\s*\(([^()]*)\)\s*(.*)$", re.DOTALL)
+_UPDATE = re.compile(r"^\s*UPDATE (\w+) SET ([^()]*?)\s+WHERE ([^()]*?)\s*$", re.DOTALL)
+_BOUND = re.compile(r"^(\w+)\s*=\s*\?$")
+_CONSTANT = re.compile(r"^(\w+)\s*=\s*('[^']*')$")
+
+
+class CopiedInsert(NamedTuple):
+    """A one-row statement fed from a temporary table: create it once per connection (``create``), ``COPY`` the
+    rows into ``staging`` (``bound`` columns, in the order of the statement's ?), then run ``move``."""
+
+    staging: str
+    bound: tuple[str, ...]
+    create: str
+    move: str
+
+
+def copied_insert(sql: str) -> CopiedInsert | None:
+    """``sql`` (``INSERT INTO t (c, ...) VALUES (?, 'literal', ...) [ON CONFLICT ...]``) fed by COPY; None when
+    it is not of that shape."""
+    match = _INSERT.match(sql)
+    if match is None:
+        return None
+    table, columns_sql, values_sql, tail = match.groups()
+    columns = [c.strip() for c in columns_sql.split(",")]
+    values = [v.strip() for v in values_sql.split(",")]
+    if len(columns) != len(values) or "?" in tail or any("?" in v and v != "?" for v in values):
+        return None
+    bound = tuple(c for c, v in zip(columns, values, strict=True) if v == "?")
+    staging = f"conveyor_rows_{table}_{hashlib.sha256(sql.encode()).hexdigest()[:10]}"
+    create = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS AS "
+              f"SELECT {', '.join(bound)} FROM {table} WITH NO DATA")
+    select = ", ".join(f"v.{c}" if v == "?" else v for c, v in zip(columns, values, strict=True))
+    move = (f"WITH v AS (DELETE FROM {staging} RETURNING *) "
+            f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM v {tail}")
+    return CopiedInsert(staging, bound, create, move)
+
+
+def copied_update(sql: str) -> CopiedInsert | None:
+    """``sql`` (``UPDATE t SET c = ?, d = 'literal', ... WHERE k = ? AND e = 'literal' ...``, every ? alone on
+    the right of its column's ``=``) fed by COPY; None when it is not of that shape. Staging columns are named
+    ``set_c`` and ``key_k`` (a column may be both set and matched)."""
+    match = _UPDATE.match(sql)
+    if match is None:
+        return None
+    table, sets_sql, where_sql = match.groups()
+    sets = [a.strip() for a in sets_sql.split(",")]
+    where = [c.strip() for c in where_sql.split(" AND ")]
+    if any("?" in part and not _BOUND.match(part) for part in (*sets, *where)):
+        return None
+    bound_set = [m.group(1) for m in map(_BOUND.match, sets) if m]
+    bound_key = [m.group(1) for m in map(_BOUND.match, where) if m]
+    if not bound_key:
+        return None
+    names = tuple([f"set_{c}" for c in bound_set] + [f"key_{c}" for c in bound_key])
+    staging = f"conveyor_rows_{table}_{hashlib.sha256(sql.encode()).hexdigest()[:10]}"
+    columns = ", ".join([f"{c} AS set_{c}" for c in bound_set] + [f"{c} AS key_{c}" for c in bound_key])
+    create = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS AS "
+              f"SELECT {columns} FROM {table} WITH NO DATA")
+    assign = ", ".join(f"{m.group(1)} = v.set_{m.group(1)}" if (m := _BOUND.match(a)) else a for a in sets)
+    # Every condition is a join condition: a constant one (status = 'running') comes through v too. Left as a
+    # filter on the table, a stale statistic could make the planner think almost no row passes it and scan the
+    # whole table once per batch instead of looking each row up by its key (tests/test_plans.py).
+    constants = [m.groups() for m in map(_CONSTANT.match, where) if m]
+    if len(constants) + len(bound_key) != len(where):
+        return None
+    match_on = " AND ".join([f"{table}.{c} = v.key_{c}" for c in bound_key]
+                            + [f"{table}.{c} = v.is_{c}" for c, _ in constants])
+    fixed = "".join(f", CAST({value} AS TEXT) AS is_{c}" for c, value in constants)
+    move = (f"WITH v AS (DELETE FROM {staging} RETURNING *{fixed}) "
+            f"UPDATE {table} SET {assign} FROM v WHERE {match_on}")
+    return CopiedInsert(staging, names, create, move)
+
+
+def first_per_key(rows: Sequence[Sequence[Any]], key: Sequence[int]) -> Sequence[Sequence[Any]]:
+    """The first row of each key (the values at positions ``key``), in order."""
+    keys = list(map(itemgetter(*key), rows))
+    if len(set(keys)) == len(rows):
+        return rows  # the usual case, found at C speed
+    seen: set[Any] = set()
+    kept = []
+    for k, row in zip(keys, rows, strict=True):
+        if k not in seen:
+            seen.add(k)
+            kept.append(row)
+    return kept

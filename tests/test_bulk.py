@@ -1,0 +1,121 @@
+"""insert_many: a batch of one-row inserts, on PostgreSQL copied into a temporary table and moved by one statement
+(store/bulk.py), means what the row-at-a-time form meant: the same rows, the same counts, the first row of a
+key kept, a superseded row revived, and it keeps working across rolled-back transactions and lost connections."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor.store import open_store
+from conveyor.store.bulk import copied_insert, copied_update, first_per_key
+from conveyor.store.dialect import COPY_FROM
+from conveyor.store.tasks import FENCE, INSERT_QUEUED, MARK_SUCCEEDED, REQUEUE_CRASHED, TASK_KEY
+
+
+def _queued(run_id: str, keys: list[str], tag: str = "") -> list[tuple[object, ...]]:
+    now = time.time()
+    return [(run_id, "p", "a", key, key, f"t-{key}{tag}", "v1", "cfg", f"d-{key}", "text", f"doc {key}".encode(),
+             7, 3, 0, now, now) for key in keys]
+
+
+def _rows(store, run_id: str) -> dict[str, tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return {str(k): (str(t), str(s)) for k, t, s in store.db.execute(
+        "SELECT item_key, task_key, status FROM tasks WHERE run_id = ?", (run_id,))}
+
+
+@pytest.mark.parametrize("size", [3, COPY_FROM, 500])
+def test_insert_many_counts_keeps_the_first_of_a_key_and_revives_superseded_rows(store_url: str, size: int) -> None:
+    store = open_store(store_url)
+    try:
+        keys = [f"k{i:04d}" for i in range(size)]
+        with store.db.transaction():
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r1", keys), TASK_KEY) == size
+        # Again: every row is there (and not superseded), so nothing changes; a duplicate within the batch too.
+        again = _queued("r1", [*keys, keys[0]], tag="-again")
+        with store.db.transaction():
+            assert store.db.insert_many(INSERT_QUEUED, again, TASK_KEY) == 0
+        assert {k: t for k, (t, _) in _rows(store, "r1").items()} == {k: f"t-{k}" for k in keys}
+        # A superseded row is taken by the new task; the first of two rows with its key wins.
+        store.db.execute("UPDATE tasks SET status = 'superseded' WHERE run_id = 'r1' AND item_key = ?", (keys[0],))
+        batch = _queued("r1", [keys[0]], tag="-first") + _queued("r1", [keys[0]], tag="-second")
+        batch += _queued("r1", keys[1:], tag="-late") + _queued("r1", ["new"], tag="")
+        with store.db.transaction():
+            assert store.db.insert_many(INSERT_QUEUED, batch, TASK_KEY) == 2
+        rows = _rows(store, "r1")
+        assert rows[keys[0]] == (f"t-{keys[0]}-first", "queued") and rows["new"] == ("t-new", "queued")
+        assert all(rows[k] == (f"t-{k}", "queued") for k in keys[1:])
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+def test_insert_many_after_a_rolled_back_batch_and_a_lost_connection(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        keys = [f"k{i:04d}" for i in range(COPY_FROM * 2)]
+        with pytest.raises(RuntimeError), store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", keys), TASK_KEY)
+            raise RuntimeError("the transaction fails after the batch")
+        assert _rows(store, "r1") == {}
+        with store.db.transaction():  # the temporary table's CREATE was rolled back too: made again
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r1", keys), TASK_KEY) == len(keys)
+        if store.db.name == "postgres":
+            import psycopg
+
+            with psycopg.connect(store_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (store.db.conn.info.backend_pid,))
+            with pytest.raises(psycopg.OperationalError):
+                store.db.execute("SELECT 1")
+        with store.db.transaction():  # a new session: its own temporary table
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r2", keys), TASK_KEY) == len(keys)
+        assert len(_rows(store, "r2")) == len(keys)
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+def test_copied_insert_reads_the_statement_shape() -> None:
+    plan = copied_insert(INSERT_QUEUED)
+    assert plan is not None and plan.bound[:3] == ("run_id", "pipeline", "stage") and "'queued'" in plan.move
+    assert "ON CONFLICT (run_id, root_key, item_key, stage) DO UPDATE" in plan.move
+    assert copied_insert("UPDATE tasks SET status = ? WHERE id = ?") is None
+    assert copied_insert("INSERT INTO t (a, b) VALUES (?, ? + 1)") is None
+    assert first_per_key([(1, "a"), (2, "a"), (1, "b")], (1,)) == [(1, "a"), (1, "b")]
+
+
+@pytest.mark.parametrize("size", [3, COPY_FROM * 4])
+def test_update_many_is_fenced_like_one_row_updates(store_url: str, size: int) -> None:
+    store = open_store(store_url)
+    try:
+        keys = [f"k{i:04d}" for i in range(size)]
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", keys), TASK_KEY)
+        store.db.execute("UPDATE tasks SET status = 'running', lease_token = 1, lease_expires_at = 1e12")
+        ids = [int(i) for (i,) in store.db.execute("SELECT id FROM tasks ORDER BY id")]
+        lost = ids[1]
+        store.db.execute("UPDATE tasks SET lease_token = 2 WHERE id = ?", (lost,))  # another worker took it
+        # A fenced success for every task: the lost lease changes nothing, the others are counted once each.
+        rows = [("digest", "text", 0, 5.0, task_id, 1) for task_id in ids]
+        with store.db.transaction():
+            assert store.db.update_many(MARK_SUCCEEDED, rows) == size - 1
+        states = dict(store.db.execute("SELECT id, status FROM tasks"))
+        assert states[lost] == "running" and sum(s == "succeeded" for s in states.values()) == size - 1
+        # Renewing the lost one (named twice: one-row statements, each counted) and a finished one: one change.
+        renew = f"UPDATE tasks SET lease_expires_at = ? {FENCE}"
+        twice = [(9.0, lost, 2)] * COPY_FROM + [(9.0, ids[0], 1)]
+        with store.db.transaction():
+            assert store.db.update_many(renew, twice) == COPY_FROM
+        assert store.db.execute("SELECT lease_expires_at FROM tasks WHERE id = ?", (lost,)) == [(9.0,)]
+        store.db.execute("UPDATE tasks SET status = 'succeeded' WHERE id = ?", (lost,))
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+def test_copied_update_reads_the_statement_shape() -> None:
+    plan = copied_update(MARK_SUCCEEDED)
+    assert plan is not None and plan.bound[-2:] == ("key_id", "key_lease_token")
+    assert "tasks.id = v.key_id AND tasks.lease_token = v.key_lease_token AND tasks.status = v.is_status" in plan.move
+    assert copied_update(REQUEUE_CRASHED) is None  # attempts = attempts - ?: left to executemany

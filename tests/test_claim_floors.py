@@ -1,0 +1,112 @@
+"""Claim floors (store/claimfloors.py): with an old snapshot held, claims stop walking the dead queue entries of
+every task claimed since, keep lane order, and still reach a task queued below a floor."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from conveyor.store import claimfloors, open_store
+from conveyor.store.claimfloors import FLOOR_MARGIN_S, ClaimFloors
+from conveyor.store.tasks import INSERT_QUEUED, TASK_KEY
+from tests.conftest import _drop, fresh_pg_url
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_floors_follow_what_claims_took_and_are_dropped_after_the_rescan_period() -> None:
+    clock = Clock()
+    floors = ClaimFloors(clock)
+    assert floors.lanes("p", "a") is None
+    floors.engage("p", "a", [(1, 10.0), (1, 12.0), (0, 3.0)], got_all=True, now=50.0)
+    assert floors.lanes("p", "a") == {0: 3.0, 1: 12.0}
+    floors.advance("p", "a", 1, [13.0, 15.0], got_all=True, now=50.0)
+    assert floors.lanes("p", "a") == {0: 3.0, 1: 15.0}
+    floors.advance("p", "a", 0, [], got_all=False, now=50.0)  # lane 0 exhausted up to the claim's clock
+    assert floors.lanes("p", "a") == {0: 50.0 - FLOOR_MARGIN_S, 1: 15.0}
+    floors.engage("p", "b", [], got_all=False, now=60.0)
+    assert floors.lanes("p", "b") == {0: 60.0 - FLOOR_MARGIN_S, 1: 60.0 - FLOOR_MARGIN_S}
+    clock.now += claimfloors.FLOOR_RESCAN_S + 1
+    assert floors.lanes("p", "a") is None and floors.lanes("p", "b") is None
+
+
+def _queued(run_id: str, keys: list[str], lane: int, at: float) -> list[tuple[Any, ...]]:
+    return [(run_id, "p", "a", key, key, f"t-{run_id}-{key}", "v1", "cfg", f"d-{key}", "text", b"x", 1, 3, lane,
+             at + i / 1000, at) for i, key in enumerate(keys)]
+
+
+def _buffers(conn, sql: str, params: list[Any]) -> int:  # type: ignore[no-untyped-def]
+    """Pages a statement touched (EXPLAIN ANALYZE, rolled back)."""
+    with conn.transaction(force_rollback=True):
+        plan = [r[0] for r in conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)]
+    top = next(line for line in plan if line.strip().startswith("Buffers:"))  # the statement's, children included
+    return sum(int(part.split("=")[1]) for part in top.split() if part.split("=")[0] in ("hit", "read"))
+
+
+def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    url = fresh_pg_url()
+    store = open_store(url)
+    reader = psycopg.connect(url, autocommit=True)
+    try:
+        now = time.time()
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(20_000)], 1, now - 50),
+                                 TASK_KEY)
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT COUNT(*) FROM runs").fetchall()  # the snapshot is taken; held to the end
+        # The old queued versions of 19,000 claimed tasks stay in tasks_runnable, ahead of the live ones.
+        monkeypatch.setattr("conveyor.store.tasks.SLOW_CLAIM_S", 0.0)  # every usual claim counts as slow
+        first = store.claim("p", ["a"], 19_000, "w1", now, 60.0)
+        assert len(first) == 19_000 and store.claim_floors.lanes("p", "a") is not None
+        with store.db.transaction():  # an urgent task arrives in the interactive lane
+            store.db.insert_many(INSERT_QUEUED, _queued("r2", ["urgent"], 0, now), TASK_KEY)
+        taken = store.claim("p", ["a"], 10, "w1", now + 1, 60.0)
+        assert [t.run_id for t in taken[:1]] == ["r2"] and len(taken) == 10  # lane order kept
+        assert all(t.lane_rank == 1 for t in taken[1:])
+
+        # What each claim's scan reads: the usual one walks the 19,000 dead entries, the floored one does not.
+        conn = store.db.conn
+        scan = ("SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = 'p' AND stage = 'a' "
+                "{} AND available_at <= %s ORDER BY lane_rank, available_at LIMIT 10")
+        floor = store.claim_floors.lanes("p", "a")[1]  # type: ignore[index]
+        walked = _buffers(conn, scan.format(""), [now])
+        skipped = _buffers(conn, scan.format("AND lane_rank = 1 AND available_at >= %s"), [floor, now])
+        assert skipped * 20 < walked, (skipped, walked)
+
+        # A task released below the floor (a worker drained) is claimed again once the floors are dropped.
+        store.db.execute("UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+                         "WHERE id = ?", (first[0].id,))
+        monkeypatch.setattr(claimfloors, "FLOOR_RESCAN_S", 0.0)
+        rest = store.claim("p", ["a"], 5_000, "w1", now + 2, 60.0)
+        assert first[0].id in {t.id for t in rest}
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        reader.close()
+        store.close()
+        _drop(url)
+
+
+def test_sqlite_claims_never_set_floors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/conveyor.db")
+    try:
+        now = time.time()
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", ["a", "b"], 1, now - 1), TASK_KEY)
+        monkeypatch.setattr("conveyor.store.tasks.SLOW_CLAIM_S", 0.0)
+        assert len(store.claim("p", ["a"], 5, "w1", now, 60.0)) == 2
+        assert store.claim_floors.lanes("p", "a") is None
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
