@@ -37,6 +37,9 @@ SCRIPT = "bloat"
 BEGIN, END = markers(f"{SCRIPT}.py")
 TARGET = f"{ROOT / 'bench' / 'noop_pipeline.py'}:pipe"
 BATCH, LOW_WATER = 20_000, 40_000
+HALVES = {"": "; then the same with a `REPEATABLE READ` transaction held open from the start",
+          "fresh": " (no long reader: the first half only)",
+          "reader": ", with a `REPEATABLE READ` transaction held open from the start (the second half only)"}
 
 
 def manifest(path: Path, run: int) -> Path:
@@ -141,10 +144,11 @@ def main() -> None:
         BEGIN, "## Bloat: a long run beside a long reader (bench/bloat.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (1-minute load {os.getloadavg()[0]:.1f}) "
         "with:", "",
-        f"    PYTHONPATH=src .venv/bin/python bench/bloat.py --minutes {args.minutes:g} --workers {args.workers}", "",
+        f"    PYTHONPATH=src .venv/bin/python bench/bloat.py --minutes {args.minutes:g} --workers {args.workers}"
+        + (f" --only {args.only}" if args.only else ""), "",
         f"{args.workers} `conveyor worker` processes of the no-op pipeline on PostgreSQL, fed 20,000-item runs to keep "
-        f"40,000 tasks queued, for {args.minutes:g} minutes; then the same with a `REPEATABLE READ` transaction held "
-        f"open from the start. Rates are tasks finished per second over the first and the last {span / 60:g} "
+        f"40,000 tasks queued, for {args.minutes:g} minutes" + HALVES[args.only or ""]
+        + f". Rates are tasks finished per second over the first and the last {span / 60:g} "
         "minutes; sizes are `tasks` and its indexes at the end. Target (issue 12 point 5): last/first >= 0.8 with "
         "the reader.", "",
         "| run | first tasks/s | last tasks/s | last/first | heap MiB | indexes MiB |",
