@@ -6,11 +6,13 @@ Each method runs inside the caller's transaction when there is one
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from conveyor.store import claimfloors
 from conveyor.store.claimfloors import LANES, SLOW_CLAIM_S, ClaimFloors
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
@@ -35,6 +37,7 @@ from conveyor.store.records import (
 )
 from conveyor.store.runtotals import RunTally, RunTotalsQueries
 
+log = logging.getLogger("conveyor.store")
 T = TypeVar("T")
 MemoRow = tuple[str, str, str, bytes | None, int, str | None, str | None]
 
@@ -356,7 +359,10 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 if floors is None:
                     started = time.perf_counter()
                     rows = self.db.execute(_claim_sql(run_filter, self.db.skip_locked, ""), [*head, *tail, want])
-                    if time.perf_counter() - started > SLOW_CLAIM_S and self.db.name == "postgres":
+                    if (took := time.perf_counter() - started) > SLOW_CLAIM_S and self.db.name == "postgres":
+                        log.info("claims of %s take %.0f ms: claiming from floors for %.0f s (store/claimfloors.py; "
+                                 "an old snapshot is held?)", stage, took * 1000, claimfloors.FLOOR_RESCAN_S,
+                                 extra={"event": "claim_floors", "stage": stage})
                         self.claim_floors.engage(pipeline, stage, [(r.lane_rank, r.available_at) for r in
                                                                    map(ClaimedTask._make, rows)], len(rows) == want,
                                                  now)
