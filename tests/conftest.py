@@ -78,6 +78,14 @@ def _drop(url: str) -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL of an empty, migrated PostgreSQL store (for the tests that are about PostgreSQL only)."""
+    url = fresh_pg_url()
+    yield url
+    _drop(url)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL of an empty, migrated store on each backend."""

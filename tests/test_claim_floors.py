@@ -11,7 +11,6 @@ import pytest
 from conveyor.store import claimfloors, open_store
 from conveyor.store.claimfloors import FLOOR_MARGIN_S, ClaimFloors
 from conveyor.store.tasks import INSERT_QUEUED, TASK_KEY
-from tests.conftest import _drop, fresh_pg_url
 
 
 class Clock:
@@ -51,12 +50,12 @@ def _buffers(conn, sql: str, params: list[Any]) -> int:  # type: ignore[no-untyp
     return sum(int(part.split("=")[1]) for part in top.split() if part.split("=")[0] in ("hit", "read"))
 
 
-def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import psycopg
 
-    url = fresh_pg_url()
-    store = open_store(url)
-    reader = psycopg.connect(url, autocommit=True)
+    store = open_store(pg_url)
+    reader = psycopg.connect(pg_url, autocommit=True)
     try:
         now = time.time()
         with store.db.transaction():
@@ -94,7 +93,6 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(monkeypa
     finally:
         reader.close()
         store.close()
-        _drop(url)
 
 
 def test_sqlite_claims_never_set_floors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.inputs import SourceItem
 from conveyor.service.submit import submit
 from conveyor.store import open_store
-from tests.conftest import _drop, fresh_pg_url
 from tests.helpers import SRC, query, write_pipeline
 
 SLOW = """
@@ -38,13 +36,6 @@ SLOW = """
         await asyncio.sleep(4)  # two lease lengths: the healthy worker renews it meanwhile
         return source.decode()
 """
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    url = fresh_pg_url()
-    yield url
-    _drop(url)
 
 
 def _submit(target: str, url: str, blobs: Path) -> str:

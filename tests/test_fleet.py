@@ -21,7 +21,7 @@ from conveyor.blobs import FilesystemBlobs
 from conveyor.runtime.target import load_target
 from conveyor.service.submit import submit
 from conveyor.store import open_store
-from tests.conftest import PG_URL, fresh_pg_url
+from tests.conftest import PG_URL
 from tests.helpers import SRC, cli, cli_json, make_docs, query, reconciled, submit_run, work, write_pipeline
 
 STAMPED = """
@@ -102,13 +102,6 @@ def _no_stray_workers() -> Iterator[None]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    url = fresh_pg_url()
-    yield url
-    _admin(f"DROP DATABASE IF EXISTS {url.rpartition('/')[2]} WITH (FORCE)")
 
 
 def _admin(sql: str) -> list[tuple[Any, ...]]:

@@ -14,7 +14,6 @@ from conveyor.store.bulk import copied_update
 from conveyor.store.provider_batch import PARK
 from conveyor.store.records import LEASED
 from conveyor.store.tasks import FENCE, MARK_ENDED, MARK_RETRY, MARK_SUCCEEDED, RELEASE, REQUEUE_CRASHED
-from tests.conftest import _drop, fresh_pg_url
 
 FENCED = {
     "renew": f"UPDATE tasks SET lease_expires_at = 1 {FENCE}",
@@ -37,48 +36,43 @@ def _explain(conn, sql: str) -> str:  # type: ignore[no-untyped-def]
         conn.execute("DEALLOCATE probe")
 
 
-def test_fenced_statements_use_the_primary_key_when_statistics_saw_no_running_task() -> None:
+def test_fenced_statements_use_the_primary_key_when_statistics_saw_no_running_task(pg_url: str) -> None:
     import psycopg
 
-    url = fresh_pg_url()
-    try:
-        open_store(url).close()
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO tasks (run_id, pipeline, item_key, root_key, stage, status, task_key, stage_version, "
-                "config_hash, input_digest, input_kind, input_size, max_attempts, available_at, created_at, "
-                "lane_rank, tier) SELECT 'r', 'p', 'k' || g, 'k' || g, 's', 'succeeded', 't' || g, 'v', 'c', "
-                "'d' || g, 'inline', 1, 3, g, g, 0, 0 FROM generate_series(1, 60000) AS g")
-            # A third of the tasks ran (the index holds their dead entries), then statistics were taken while no
-            # task was leased: the index is recorded as empty.
-            conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1 WHERE id % 3 = 0")
-            conn.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL WHERE status = 'running'")
-            conn.execute("VACUUM ANALYZE tasks")
-            conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1e12, lease_token = 1 "
-                         "WHERE id % 1000 = 0")
-            (tuples,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'tasks_leased'").fetchone()
-            assert tuples == 0  # the statistics this test is about
-            for name, sql in [*FENCED.items(), ("held", HELD)]:
-                plan = _explain(conn, sql)
-                assert "tasks_pkey" in plan and "tasks_leased" not in plan, f"{name}:\n{plan}"
-            # The same updates for a batch (store/bulk.py): one join, each task found through the primary key.
-            for name, sql in FENCED.items():
-                plan = copied_update(sql)
-                if plan is None:
-                    continue
-                conn.execute(plan.create)
-                conn.execute(f"INSERT INTO {plan.staging} SELECT {', '.join(['NULL'] * len(plan.bound))} "
-                             "FROM generate_series(1, 1000)")
-                text = _explain(conn, plan.move)
-                # The fence's constant comes through the staged rows, so no statistic about it can make the
-                # planner believe the table nearly empty and scan it whole per batch (a hash join over 60,000
-                # rows is its honest choice here; over millions, the primary key per row).
-                assert "Filter: (status = 'running'" not in text, f"{name} (batch):\n{text}"
-            # ... while the statements that scan the leased tasks still read the index.
-            plan = _explain(conn, f"SELECT COUNT(*) FROM tasks WHERE {LEASED} AND pipeline = 'p'")
-            assert "tasks_leased" in plan, plan
-    finally:
-        _drop(url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO tasks (run_id, pipeline, item_key, root_key, stage, status, task_key, stage_version, "
+            "config_hash, input_digest, input_kind, input_size, max_attempts, available_at, created_at, "
+            "lane_rank, tier) SELECT 'r', 'p', 'k' || g, 'k' || g, 's', 'succeeded', 't' || g, 'v', 'c', "
+            "'d' || g, 'inline', 1, 3, g, g, 0, 0 FROM generate_series(1, 60000) AS g")
+        # A third of the tasks ran (the index holds their dead entries), then statistics were taken while no
+        # task was leased: the index is recorded as empty.
+        conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1 WHERE id % 3 = 0")
+        conn.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL WHERE status = 'running'")
+        conn.execute("VACUUM ANALYZE tasks")
+        conn.execute("UPDATE tasks SET status = 'running', lease_expires_at = 1e12, lease_token = 1 "
+                     "WHERE id % 1000 = 0")
+        (tuples,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'tasks_leased'").fetchone()
+        assert tuples == 0  # the statistics this test is about
+        for name, sql in [*FENCED.items(), ("held", HELD)]:
+            plan = _explain(conn, sql)
+            assert "tasks_pkey" in plan and "tasks_leased" not in plan, f"{name}:\n{plan}"
+        # The same updates for a batch (store/bulk.py): one join, each task found through the primary key.
+        for name, sql in FENCED.items():
+            plan = copied_update(sql)
+            if plan is None:
+                continue
+            conn.execute(plan.create)
+            conn.execute(f"INSERT INTO {plan.staging} SELECT {', '.join(['NULL'] * len(plan.bound))} "
+                         "FROM generate_series(1, 1000)")
+            text = _explain(conn, plan.move)
+            # The fence's constant comes through the staged rows, so no statistic about it can make the
+            # planner believe the table nearly empty and scan it whole per batch (a hash join over 60,000
+            # rows is its honest choice here; over millions, the primary key per row).
+            assert "Filter: (status = 'running'" not in text, f"{name} (batch):\n{text}"
+        # ... while the statements that scan the leased tasks still read the index.
+        plan = _explain(conn, f"SELECT COUNT(*) FROM tasks WHERE {LEASED} AND pipeline = 'p'")
+        assert "tasks_leased" in plan, plan
 
 
 @pytest.mark.parametrize("name", sorted(FENCED))

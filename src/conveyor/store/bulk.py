@@ -30,7 +30,7 @@ _BOUND = re.compile(r"^(\w+)\s*=\s*\?$")
 _CONSTANT = re.compile(r"^(\w+)\s*=\s*('[^']*')$")
 
 
-class CopiedInsert(NamedTuple):
+class CopiedRows(NamedTuple):
     """A one-row statement fed from a temporary table: create it once per connection (``create``), ``COPY`` the
     rows into ``staging`` (``bound`` columns, in the order of the statement's ?), then run ``move``."""
 
@@ -38,9 +38,17 @@ class CopiedInsert(NamedTuple):
     bound: tuple[str, ...]
     create: str
     move: str
+    match: tuple[int, ...] = ()  # an update's: the positions in a row of the values its WHERE matches
 
 
-def copied_insert(sql: str) -> CopiedInsert | None:
+def _staging(sql: str, table: str, columns: str) -> tuple[str, str]:
+    """The temporary table of ``sql`` (named after it) and the statement that makes it with ``columns``."""
+    staging = f"conveyor_rows_{table}_{hashlib.sha256(sql.encode()).hexdigest()[:10]}"
+    return staging, (f"CREATE TEMPORARY TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS AS "
+                     f"SELECT {columns} FROM {table} WITH NO DATA")
+
+
+def copied_insert(sql: str) -> CopiedRows | None:
     """``sql`` (``INSERT INTO t (c, ...) VALUES (?, 'literal', ...) [ON CONFLICT ...]``) fed by COPY; None when
     it is not of that shape."""
     match = _INSERT.match(sql)
@@ -52,16 +60,14 @@ def copied_insert(sql: str) -> CopiedInsert | None:
     if len(columns) != len(values) or "?" in tail or any("?" in v and v != "?" for v in values):
         return None
     bound = tuple(c for c, v in zip(columns, values, strict=True) if v == "?")
-    staging = f"conveyor_rows_{table}_{hashlib.sha256(sql.encode()).hexdigest()[:10]}"
-    create = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS AS "
-              f"SELECT {', '.join(bound)} FROM {table} WITH NO DATA")
+    staging, create = _staging(sql, table, ", ".join(bound))
     select = ", ".join(f"v.{c}" if v == "?" else v for c, v in zip(columns, values, strict=True))
     move = (f"WITH v AS (DELETE FROM {staging} RETURNING *) "
             f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM v {tail}")
-    return CopiedInsert(staging, bound, create, move)
+    return CopiedRows(staging, bound, create, move)
 
 
-def copied_update(sql: str) -> CopiedInsert | None:
+def copied_update(sql: str) -> CopiedRows | None:
     """``sql`` (``UPDATE t SET c = ?, d = 'literal', ... WHERE k = ? AND e = 'literal' ...``, every ? alone on
     the right of its column's ``=``) fed by COPY; None when it is not of that shape. Staging columns are named
     ``set_c`` and ``key_k`` (a column may be both set and matched)."""
@@ -78,10 +84,8 @@ def copied_update(sql: str) -> CopiedInsert | None:
     if not bound_key:
         return None
     names = tuple([f"set_{c}" for c in bound_set] + [f"key_{c}" for c in bound_key])
-    staging = f"conveyor_rows_{table}_{hashlib.sha256(sql.encode()).hexdigest()[:10]}"
-    columns = ", ".join([f"{c} AS set_{c}" for c in bound_set] + [f"{c} AS key_{c}" for c in bound_key])
-    create = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS AS "
-              f"SELECT {columns} FROM {table} WITH NO DATA")
+    staging, create = _staging(sql, table, ", ".join(
+        [f"{c} AS set_{c}" for c in bound_set] + [f"{c} AS key_{c}" for c in bound_key]))
     assign = ", ".join(f"{m.group(1)} = v.set_{m.group(1)}" if (m := _BOUND.match(a)) else a for a in sets)
     # Every condition is a join condition: a constant one (status = 'running') comes through v too. Left as a
     # filter on the table, a stale statistic could make the planner think almost no row passes it and scan the
@@ -94,7 +98,7 @@ def copied_update(sql: str) -> CopiedInsert | None:
     fixed = "".join(f", CAST({value} AS TEXT) AS is_{c}" for c, value in constants)
     move = (f"WITH v AS (DELETE FROM {staging} RETURNING *{fixed}) "
             f"UPDATE {table} SET {assign} FROM v WHERE {match_on}")
-    return CopiedInsert(staging, names, create, move)
+    return CopiedRows(staging, names, create, move, tuple(range(len(bound_set), len(names))))
 
 
 def first_per_key(rows: Sequence[Sequence[Any]], key: Sequence[int]) -> Sequence[Sequence[Any]]:

@@ -11,11 +11,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from conveyor.store.bulk import CopiedInsert, copied_insert, copied_update, first_per_key
+from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
 if TYPE_CHECKING:
@@ -330,7 +330,7 @@ class PostgresDialect:
         self._listener: Any = None
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
-        self._copied: dict[str, CopiedInsert | None] = {}  # None: not of the shape (executemany)
+        self._copied: dict[str, CopiedRows | None] = {}  # None: not of the shape (executemany)
         self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
         self._staging: set[str] = set()  # those made by the open transaction
 
@@ -383,11 +383,7 @@ class PostgresDialect:
     def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
         """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and moved by one
         statement, the first row of each key kept (store/bulk.py)."""
-        if len(rows) < COPY_FROM:
-            return self.executemany_count(sql, rows)
-        if sql not in self._copied:
-            self._copied[sql] = copied_insert(sql)
-        plan = self._copied[sql]
+        plan = self._copy_plan(sql, rows, copied_insert)
         if plan is None:
             return self.executemany_count(sql, rows)
         return self._copy_and_move(plan, first_per_key(rows, key))
@@ -395,17 +391,22 @@ class PostgresDialect:
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and applied by one
         ``UPDATE ... FROM`` (store/bulk.py)."""
-        if len(rows) < COPY_FROM:
-            return self.executemany_count(sql, rows)
-        if sql not in self._copied:
-            self._copied[sql] = copied_update(sql)
-        plan = self._copied[sql]
-        keys = len(plan.bound) - sum(name.startswith("key_") for name in plan.bound) if plan else 0
-        if plan is None or len({tuple(row[keys:]) for row in rows}) < len(rows):
+        plan = self._copy_plan(sql, rows, copied_update)
+        if plan is None or len(first_per_key(rows, plan.match)) < len(rows):
             return self.executemany_count(sql, rows)  # a row named twice: one statement would change it once
         return self._copy_and_move(plan, rows)
 
-    def _copy_and_move(self, plan: CopiedInsert, rows: Sequence[Sequence[Any]]) -> int:
+    def _copy_plan(self, sql: str, rows: Sequence[Sequence[Any]],
+                   make: Callable[[str], CopiedRows | None]) -> CopiedRows | None:
+        """How ``sql`` goes through COPY (made once per statement), or None: executemany (few rows, or a
+        statement not of the shape)."""
+        if len(rows) < COPY_FROM:
+            return None
+        if sql not in self._copied:
+            self._copied[sql] = make(sql)
+        return self._copied[sql]
+
+    def _copy_and_move(self, plan: CopiedRows, rows: Sequence[Sequence[Any]]) -> int:
         with self.transaction():
             conn = self.conn
             if plan.staging not in self._staged and plan.staging not in self._staging:

@@ -355,31 +355,39 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
                 head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage]
                 tail: list[Any] = [now, *([run_id] if run_id else []), *held]
-                floors = self.claim_floors.lanes(pipeline, stage) if self.db.name == "postgres" else None
-                if floors is None:
-                    started = time.perf_counter()
-                    rows = self.db.execute(_claim_sql(run_filter, self.db.skip_locked, ""), [*head, *tail, want])
-                    if (took := time.perf_counter() - started) > SLOW_CLAIM_S and self.db.name == "postgres":
-                        log.info("claims of %s take %.0f ms: claiming from floors for %.0f s (store/claimfloors.py; "
-                                 "an old snapshot is held?)", stage, took * 1000, claimfloors.FLOOR_RESCAN_S,
-                                 extra={"event": "claim_floors", "stage": stage})
-                        self.claim_floors.engage(pipeline, stage, [(r.lane_rank, r.available_at) for r in
-                                                                   map(ClaimedTask._make, rows)], len(rows) == want,
-                                                 now)
-                    claimed.extend(map(ClaimedTask._make, rows))
-                    continue
-                for lane in LANES:  # an old snapshot is held: each lane from its floor (store/claimfloors.py)
-                    if want <= 0:
-                        break
-                    floor = floors.get(lane)
-                    where = "AND lane_rank = ? AND available_at >= ?" if floor is not None else "AND lane_rank = ?"
-                    rows = self.db.execute(_claim_sql(run_filter, self.db.skip_locked, where),
-                                           [*head, lane, *([floor] if floor is not None else []), *tail, want])
-                    got = list(map(ClaimedTask._make, rows))
-                    self.claim_floors.advance(pipeline, stage, lane, [t.available_at for t in got],
-                                              len(got) == want, now)
-                    claimed.extend(got)
-                    want -= len(got)
+                claimed += self._claim_stage(pipeline, stage, want, run_filter, head, tail, now)
+        return claimed
+
+    def _claim_stage(self, pipeline: str, stage: str, want: int, run_filter: str, head: list[Any],
+                     tail: list[Any], now: float) -> list[ClaimedTask]:
+        """One stage's part of a claim: the usual statement, or one per lane from its floor while an old snapshot
+        is held (PostgreSQL, store/claimfloors.py). ``head`` and ``tail`` are its parameters before and after the
+        lane's."""
+        postgres = self.db.name == "postgres"
+        floors = self.claim_floors.lanes(pipeline, stage) if postgres else None
+        if floors is None:
+            started = time.perf_counter()
+            got = list(map(ClaimedTask._make, self.db.execute(_claim_sql(run_filter, self.db.skip_locked, ""),
+                                                              [*head, *tail, want])))
+            if postgres and (took := time.perf_counter() - started) > SLOW_CLAIM_S:
+                log.info("claims of %s take %.0f ms: claiming from floors for %.0f s (store/claimfloors.py; "
+                         "an old snapshot is held?)", stage, took * 1000, claimfloors.FLOOR_RESCAN_S,
+                         extra={"event": "claim_floors", "stage": stage})
+                self.claim_floors.engage(pipeline, stage, [(t.lane_rank, t.available_at) for t in got],
+                                         len(got) == want, now)
+            return got
+        claimed: list[ClaimedTask] = []
+        for lane in LANES:
+            if len(claimed) >= want:
+                break
+            floor = floors.get(lane)
+            where = "AND lane_rank = ? AND available_at >= ?" if floor is not None else "AND lane_rank = ?"
+            asked = want - len(claimed)
+            got = list(map(ClaimedTask._make, self.db.execute(
+                _claim_sql(run_filter, self.db.skip_locked, where),
+                [*head, lane, *([floor] if floor is not None else []), *tail, asked])))
+            self.claim_floors.advance(pipeline, stage, lane, [t.available_at for t in got], len(got) == asked, now)
+            claimed += got
         return claimed
 
     def claim_suspect(
@@ -447,7 +455,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
     def release(self, tokens: Sequence[Lease]) -> None:
         """Give leased tasks back untouched (a clean shutdown); the attempt is not counted."""
         with self.db.transaction():
-            self.db.executemany(RELEASE, list(tokens))
+            self.db.update_many(RELEASE, list(tokens))
             self.db.notify()
 
     def release_leases(self, tokens: Sequence[Lease]) -> int:
