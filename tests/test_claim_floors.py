@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from conveyor.store import claimfloors, open_store
-from conveyor.store.claimfloors import FLOOR_MARGIN_S, ClaimFloors
+from conveyor.store.claimfloors import FLOOR_MARGIN_S, ClaimFloors, ReclaimFloors
 from conveyor.store.tasks import INSERT_QUEUED, TASK_KEY
 
 
@@ -35,6 +35,21 @@ def test_floors_follow_what_claims_took_and_are_dropped_after_the_rescan_period(
     assert floors.lanes("p", "b") == {0: 60.0 - FLOOR_MARGIN_S, 1: 60.0 - FLOOR_MARGIN_S}
     clock.now += claimfloors.FLOOR_RESCAN_S + 1
     assert floors.lanes("p", "a") is None and floors.lanes("p", "b") is None
+
+
+def test_reclaim_floors_follow_complete_scans_and_are_dropped_after_the_rescan_period() -> None:
+    clock = Clock()
+    floors = ReclaimFloors(clock)
+    floors.scanned("p", [1.0, 2.0], limit=10, now=50.0, slow=False)
+    assert floors.floor("p") is None  # a quick scan sets nothing
+    floors.scanned("p", [1.0, 2.0, 3.0], limit=3, now=50.0, slow=True)
+    assert floors.floor("p") == 3.0  # a full page: everything below its last expiry was returned
+    floors.scanned("p", [4.0], limit=3, now=60.0, slow=False)
+    assert floors.floor("p") == 60.0 - FLOOR_MARGIN_S  # a short page: everything below its clock
+    floors.scanned("p", [], limit=3, now=20.0, slow=False)
+    assert floors.floor("p") == 60.0 - FLOOR_MARGIN_S  # a floor never moves back
+    clock.now += claimfloors.FLOOR_RESCAN_S + 1
+    assert floors.floor("p") is None
 
 
 def _queued(run_id: str, keys: list[str], lane: int, at: float) -> list[tuple[Any, ...]]:
@@ -72,6 +87,9 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: 
         taken = store.claim("p", ["a"], 10, "w1", now + 1, 60.0)
         assert [t.run_id for t in taken[:1]] == ["r2"] and len(taken) == 10  # lane order kept
         assert all(t.lane_rank == 1 for t in taken[1:])
+        # A worker's backlog read counts from the same floors: the 991 runnable tasks, capped as asked.
+        assert store.queued_depths("p", ["a"], 100_000) == {"a": 991}
+        assert store.queued_depths("p", ["a"], 500) == {"a": 500}
 
         # What each claim's scan reads: the usual one walks the 19,000 dead entries, the floored one does not.
         conn = store.db.conn
@@ -88,6 +106,47 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: 
         monkeypatch.setattr(claimfloors, "FLOOR_RESCAN_S", 0.0)
         rest = store.claim("p", ["a"], 5_000, "w1", now + 2, 60.0)
         assert first[0].id in {t.id for t in rest}
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_with_an_old_snapshot_held_the_reclaim_scan_starts_from_its_floor(pg_url: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    store = open_store(pg_url)
+    reader = psycopg.connect(pg_url, autocommit=True)
+    try:
+        now = time.time()
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(6_000)], 1, now - 50),
+                                 TASK_KEY)
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT COUNT(*) FROM runs").fetchall()
+        leased = store.claim("p", ["a"], 6_000, "w1", now - 40, 10.0)  # leases that expired 30 s ago
+        # 5,990 finish: their entries in tasks_leased stay, dead, below the 10 whose worker died.
+        done = [t.id for t in leased[:5_990]]
+        store.db.executemany("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL WHERE id = ?",
+                             [(i,) for i in done])
+        monkeypatch.setattr("conveyor.store.tasks.SLOW_CLAIM_S", 0.0)  # every scan counts as slow
+        expired = store.expired_leases("p", now, limit=1000)
+        assert sorted(e.id for e in expired) == sorted(t.id for t in leased[5_990:])
+        assert store.reclaim_floors.floor("p") == now - FLOOR_MARGIN_S
+        store.db.executemany("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL WHERE id = ?",
+                             [(e.id,) for e in expired])
+        # A lease taken after that scan expires above the floor and is found from it.
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r2", ["late"], 1, now), TASK_KEY)
+        late = store.claim("p", ["a"], 1, "w2", now, 5.0)
+        assert [e.id for e in store.expired_leases("p", now + 10, limit=1000)] == [late[0].id]
+        # A lease below the floor (written by a worker whose clock is far behind) waits for the rescan.
+        store.db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", (now - 60, late[0].id))
+        assert store.expired_leases("p", now + 10, limit=1000) == []
+        monkeypatch.setattr(claimfloors, "FLOOR_RESCAN_S", 0.0)
+        assert [e.id for e in store.expired_leases("p", now + 10, limit=1000)] == [late[0].id]
         store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
         store.recount_open_task_seconds()
     finally:

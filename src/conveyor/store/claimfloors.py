@@ -19,6 +19,15 @@ A task can still be queued below a floor: released by a worker that drains, its 
 early, claimed by a transaction that rolled back. Floors are dropped ``FLOOR_RESCAN_S`` after they were set, so
 such a task waits at most that long; the next claim walks the whole queue again (slowly) and sets them anew.
 Without an old snapshot no claim is slow, and no floor is ever set: the claim statement is the usual one.
+
+Two other walks meet the same dead entries and use floors alike. A worker's backlog read (how many tasks of a
+stage are runnable, up to the pipeline's ``max_backlog``) counts each lane from its claim floor. The reclaim scan
+(leases whose expiry has passed, read through ``tasks_leased``) meets an entry for every task leased since the
+snapshot, all of them expired: when it is slow it keeps a floor per pipeline (``ReclaimFloors``), the expiry
+below which a complete scan returned every lease, and scans from there; a lease is given an expiry in the future
+and only ever moved later, so nothing below the floor can expire afterwards (save a lease written by a worker
+whose clock is behind by more than ``FLOOR_MARGIN_S``: it is reclaimed at the next rescan, within
+``FLOOR_RESCAN_S``).
 """
 
 from __future__ import annotations
@@ -72,6 +81,40 @@ class ClaimFloors:
                 floors[lane] = max(floors.get(lane, latest), latest)
         else:
             floors[lane] = max(floors.get(lane, now - FLOOR_MARGIN_S), now - FLOOR_MARGIN_S)
+
+    def drop(self) -> None:
+        self._floors.clear()
+
+
+class ReclaimFloors:
+    """Per pipeline, the lease expiry below which the reclaim scan has returned every expired lease."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._floors: dict[str, tuple[float, float]] = {}  # pipeline -> (set at, floor)
+
+    def floor(self, pipeline: str) -> float | None:
+        """The pipeline's floor, or None: scan from the start (none was slow, or the rescan is due)."""
+        entry = self._floors.get(pipeline)
+        if entry is None:
+            return None
+        if self._monotonic() - entry[0] > FLOOR_RESCAN_S:
+            del self._floors[pipeline]
+            return None
+        return entry[1]
+
+    def scanned(self, pipeline: str, expiries: list[float], limit: int, now: float, slow: bool) -> None:
+        """After a scan that returned ``expiries`` (ascending) of at most ``limit``: a slow one from the start
+        sets the floor, any from a floor moves it. A full page says everything below its last expiry was seen;
+        a short one, everything below ``now``."""
+        entry = self._floors.get(pipeline)
+        if entry is None and not slow:
+            return
+        seen = expiries[-1] if len(expiries) >= limit else now - FLOOR_MARGIN_S
+        if entry is None:
+            self._floors[pipeline] = (self._monotonic(), seen)
+        else:
+            self._floors[pipeline] = (entry[0], max(entry[1], seen))
 
     def drop(self) -> None:
         self._floors.clear()

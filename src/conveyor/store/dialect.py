@@ -155,6 +155,9 @@ class WriterLock:
 # From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
 COPY_FROM = 16
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
+# PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
+# they counted, plus STALE_ROWS, were written since (autovacuum's own rule, which a server may have switched off).
+STALE_SHARE, STALE_ROWS = 0.2, 1_000
 
 
 class SqliteDialect:
@@ -453,9 +456,15 @@ class PostgresDialect:
             self._staging.clear()
 
     def refresh_statistics(self, tables: Sequence[str]) -> None:
-        """ANALYZE: right after a bulk load the statistics still describe a far smaller table."""
+        """ANALYZE the tables whose statistics are stale: never gathered, or more rows written since than
+        ``STALE_SHARE`` of the rows they counted (right after a bulk load they describe a far smaller table). Not
+        every time: an ANALYZE of a large table reads 30,000 of its pages, and each submission asks."""
         for table in tables:
-            self._live().execute(f"ANALYZE {table}")
+            row = self._live().execute(
+                "SELECT c.reltuples, s.n_mod_since_analyze FROM pg_class c JOIN pg_stat_all_tables s "
+                "ON s.relid = c.oid WHERE c.oid = to_regclass(%s)", (table,)).fetchone()
+            if row is None or row[0] < 0 or row[1] > STALE_SHARE * row[0] + STALE_ROWS:
+                self._live().execute(f"ANALYZE {table}")
 
     def clock(self) -> float:
         """The server's clock: workers on machines whose clocks disagree still agree on leases."""

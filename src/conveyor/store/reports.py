@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from conveyor.store.claimfloors import LANES, ClaimFloors
 from conveyor.store.dialect import Dialect
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
 from conveyor.store.records import LEASED, DeadLetter
@@ -73,6 +74,7 @@ def _among(column: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
 
 class ReportQueries(RunTotalsQueries, QueueCountQueries):
     db: Dialect
+    claim_floors: ClaimFloors
 
     # --- progress -----------------------------------------------------------
 
@@ -142,14 +144,24 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
 
     def queued_depths(self, pipeline: str, stages: Sequence[str], cap: int,
                       run_id: str | None = None) -> dict[str, int]:
-        """Runnable tasks per stage, counted up to ``cap`` (a bounded walk of the hot index)."""
+        """Runnable tasks per stage, counted up to ``cap`` (a bounded walk of the hot index); a stage claimed from
+        floors (an old snapshot is held: store/claimfloors.py) is counted lane by lane from them."""
         where, params = _scope(run_id, None)
         depths = {}
         for stage in stages:
-            rows = self.db.execute(
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' AND crashes = 0 "
-                f"AND pipeline = ? AND stage = ? {where} LIMIT ?) AS q", (pipeline, stage, *params, cap))
-            depths[stage] = int(rows[0][0])
+            floors = self.claim_floors.lanes(pipeline, stage) if self.db.name == "postgres" else None
+            parts = [("", ())] if floors is None else [
+                ("AND lane_rank = ?" + (" AND available_at >= ?" if lane in floors else ""),
+                 (lane, *([floors[lane]] if lane in floors else []))) for lane in LANES]
+            depths[stage] = 0
+            for lane_where, lane_params in parts:
+                if depths[stage] >= cap:
+                    break
+                rows = self.db.execute(
+                    f"SELECT COUNT(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' AND crashes = 0 "
+                    f"AND pipeline = ? AND stage = ? {lane_where} {where} LIMIT ?) AS q",
+                    (pipeline, stage, *lane_params, *params, cap - depths[stage]))
+                depths[stage] += int(rows[0][0])
         return depths
 
     def next_due(self, pipeline: str, run_id: str | None = None) -> float | None:

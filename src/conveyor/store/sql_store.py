@@ -9,7 +9,7 @@ from typing import Any
 from conveyor.errors import StoreError
 from conveyor.store.alerts import AlertQueries
 from conveyor.store.budget import BudgetQueries
-from conveyor.store.claimfloors import ClaimFloors
+from conveyor.store.claimfloors import ClaimFloors, ReclaimFloors
 from conveyor.store.compare import CompareQueries
 from conveyor.store.depth import DepthQueries
 from conveyor.store.dialect import Dialect
@@ -46,6 +46,7 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
         self.db = db
         self.url = url
         self.claim_floors = ClaimFloors()  # where claims start while an old snapshot is held (PostgreSQL)
+        self.reclaim_floors = ReclaimFloors()  # and where the reclaim scan starts
 
     @property
     def backend(self) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from conveyor.store import claimfloors
-from conveyor.store.claimfloors import LANES, SLOW_CLAIM_S, ClaimFloors
+from conveyor.store.claimfloors import LANES, SLOW_CLAIM_S, ClaimFloors, ReclaimFloors
 from conveyor.store.dialect import Dialect
 from conveyor.store.memokey import key64
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
@@ -231,6 +231,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
 
     db: Dialect
     claim_floors: ClaimFloors
+    reclaim_floors: ReclaimFloors
 
     def insert_items(self, items: Sequence[NewItem]) -> None:
         roots = [i[:2] + i[3:] for i in items if i.parent_key is None]  # NewItem without parent_key
@@ -489,11 +490,20 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             "DO UPDATE SET count = run_notices.count + excluded.count", rows)
 
     def expired_leases(self, pipeline: str, now: float, limit: int = 1000) -> list[ExpiredLease]:
+        """Up to ``limit`` leases of ``pipeline`` expired before ``now``, the oldest first; on PostgreSQL from the
+        pipeline's reclaim floor while an old snapshot is held (store/claimfloors.py)."""
+        postgres = self.db.name == "postgres"
+        floor = self.reclaim_floors.floor(pipeline) if postgres else None
+        started = time.perf_counter()
         rows = self.db.execute(
             f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes,
-                root_key, started_at, available_at
+                root_key, started_at, available_at, lease_expires_at
             FROM tasks WHERE {LEASED} AND pipeline = ? AND lease_expires_at < ?
+            {"AND lease_expires_at >= ?" if floor is not None else ""}
             ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",
-            (pipeline, now, limit),
+            (pipeline, now, *([floor] if floor is not None else []), limit),
         )
-        return [ExpiredLease(*r) for r in rows]
+        if postgres:
+            self.reclaim_floors.scanned(pipeline, [float(r[-1]) for r in rows], limit, now,
+                                        time.perf_counter() - started > SLOW_CLAIM_S)
+        return [ExpiredLease(*r[:-1]) for r in rows]
