@@ -4,6 +4,7 @@ key kept, a superseded row revived, and it keeps working across rolled-back tran
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -11,7 +12,16 @@ import pytest
 from conveyor.store import open_store
 from conveyor.store.bulk import copied_insert, copied_update, first_per_key
 from conveyor.store.dialect import COPY_FROM
-from conveyor.store.tasks import FENCE, INSERT_QUEUED, MARK_SUCCEEDED, REQUEUE_CRASHED, TASK_KEY
+from conveyor.store.records import NewOutput
+from conveyor.store.tasks import (
+    CLAIM_COLUMNS,
+    FENCE,
+    INSERT_QUEUED,
+    INSERT_RUNNING,
+    MARK_SUCCEEDED,
+    REQUEUE_CRASHED,
+    TASK_KEY,
+)
 
 
 def _queued(run_id: str, keys: list[str], tag: str = "") -> list[tuple[object, ...]]:
@@ -83,6 +93,53 @@ def test_copied_insert_reads_the_statement_shape() -> None:
     assert copied_insert("UPDATE tasks SET status = ? WHERE id = ?") is None
     assert copied_insert("INSERT INTO t (a, b) VALUES (?, ? + 1)") is None
     assert first_per_key([(1, "a"), (2, "a"), (1, "b")], (1,)) == [(1, "a"), (1, "b")]
+
+
+@pytest.mark.parametrize("size", [3, COPY_FROM * 4])
+def test_running_tasks_return_what_was_inserted_or_revived(store_url: str, size: int) -> None:
+    """Successor tasks claimed as they are made (INSERT ... RETURNING): the rows inserted, a superseded row taken
+    over, nothing for a row already there or a batch's second row of a key."""
+    store = open_store(store_url)
+    sql = f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}"
+    now = time.time()
+
+    def running(keys: list[str], tag: str) -> list[tuple[object, ...]]:
+        return [(*row, "w1", now + 60, now) for row in _queued("r1", keys, tag)]
+
+    try:
+        keys = [f"k{i:04d}" for i in range(size)]
+        with store.db.transaction():
+            first = store.db.insert_many_returning(sql, running(keys, ""), TASK_KEY)
+        assert sorted(row[3] for row in first) == keys and {row[5] for row in first} == {f"t-{k}" for k in keys}
+        store.db.execute("UPDATE tasks SET status = 'superseded' WHERE run_id = 'r1' AND item_key = ?", (keys[-1],))
+        batch = running([keys[-1]], "-new") + running([keys[-1]], "-second") + running(keys[:-1], "-again")
+        with store.db.transaction():
+            again = store.db.insert_many_returning(sql, batch, TASK_KEY)
+        assert [(row[3], row[5], row[10], row[12]) for row in again] == [(keys[-1], f"t-{keys[-1]}-new", 1, 2)]
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("size", [3, COPY_FROM * 4])
+def test_outputs_are_first_written_wins_and_replace_only_a_refusal(store_url: str, size: int) -> None:
+    store = open_store(store_url)
+    now = time.time()
+
+    def output(key: str, kind: str = "text", digest: str = "d1") -> NewOutput:
+        return NewOutput(key, "a", kind, digest, b"x", 1, "r1", now)
+
+    try:
+        keys = [hashlib.sha256(f"t{i}".encode()).hexdigest() for i in range(size)]
+        assert store.insert_outputs([output(k) for k in keys[:-1]] + [output(keys[-1], "failed")]) == size
+        # Again, with other bytes: the first write stands, save the refusal, which an output replaces.
+        assert store.insert_outputs([output(k, digest="d2") for k in keys]) == 1
+        memo = store.lookup_outputs(keys)
+        assert {(m.kind, m.digest) for k, m in memo.items() if k != keys[-1]} == {("text", "d1")}
+        assert (memo[keys[-1]].kind, memo[keys[-1]].digest) == ("text", "d2")
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("size", [3, COPY_FROM * 4])

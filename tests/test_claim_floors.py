@@ -167,3 +167,24 @@ def test_sqlite_claims_never_set_floors(tmp_path: Any, monkeypatch: pytest.Monke
         store.recount_open_task_seconds()
     finally:
         store.close()
+
+
+def test_an_idle_worker_waits_for_the_next_task_due_later_not_one_due_already(store_url: str) -> None:
+    """next_due: tasks due already wait on something else (a cap, backpressure); the answer is the first later."""
+    store = open_store(store_url)
+    try:
+        now = time.time()
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", ["due"], 1, now - 10), TASK_KEY)
+        assert store.next_due("p", ["a"], now) is None
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", ["later"], 0, now + 20), TASK_KEY)
+            store.db.insert_many(INSERT_QUEUED, _queued("r2", ["retry"], 1, now + 30), TASK_KEY)
+        store.db.execute("UPDATE tasks SET crashes = 1 WHERE item_key = 'retry'")
+        assert store.next_due("p", ["a"], now) == pytest.approx(now + 20)
+        assert store.next_due("p", ["a"], now, run_id="r2") == pytest.approx(now + 30)
+        assert store.next_due("p", ["b"], now, run_id="r1") is None
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        store.close()

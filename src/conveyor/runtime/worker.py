@@ -362,7 +362,7 @@ class Worker:
 
     async def _idle(self, seconds: float) -> None:
         assert self._stop is not None
-        due = await self._call(self.store.next_due, self.pipeline.name, self.opts.run_id)
+        due = await self._call(self.store.next_due, self.pipeline.name, self._stages, self.clock(), self.opts.run_id)
         if due is not None:
             seconds = max(0.0, min(seconds, due - self.clock()))
         if self.store.db.wakes_on_notify and seconds > 0.05:

@@ -65,6 +65,11 @@ class Dialect(Protocol):
         row): the rows inserted or updated. On PostgreSQL, COPY and one statement (store/bulk.py)."""
         ...
 
+    def insert_many_returning(self, sql: str, rows: Sequence[Sequence[Any]],
+                              key: Sequence[int]) -> list[tuple[Any, ...]]:
+        """``insert_many`` of a statement ending in ``RETURNING ...``: every row it returned (in no set order)."""
+        ...
+
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """``executemany_count`` of a one-row ``UPDATE ... SET c = ? ... WHERE k = ? ...`` whose rows name distinct
         rows (by their ``WHERE`` values): the rows changed. On PostgreSQL, COPY and one statement (store/bulk.py)."""
@@ -210,6 +215,10 @@ class SqliteDialect:
 
     def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
         return self.executemany_count(sql, rows)  # one prepared statement stepped per row: SQLite's bulk rate
+
+    def insert_many_returning(self, sql: str, rows: Sequence[Sequence[Any]],
+                              key: Sequence[int]) -> list[tuple[Any, ...]]:
+        return self.executemany_returning(sql, rows)
 
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         return self.executemany_count(sql, rows)
@@ -389,7 +398,15 @@ class PostgresDialect:
         plan = self._copy_plan(sql, rows, copied_insert)
         if plan is None:
             return self.executemany_count(sql, rows)
-        return self._copy_and_move(plan, first_per_key(rows, key))
+        return int(self._copy_and_move(plan, first_per_key(rows, key)).rowcount)
+
+    def insert_many_returning(self, sql: str, rows: Sequence[Sequence[Any]],
+                              key: Sequence[int]) -> list[tuple[Any, ...]]:
+        """As insert_many; the move statement's RETURNING rows."""
+        plan = self._copy_plan(sql, rows, copied_insert)
+        if plan is None:
+            return self.executemany_returning(sql, rows)
+        return list(self._copy_and_move(plan, first_per_key(rows, key)).fetchall())
 
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and applied by one
@@ -397,7 +414,7 @@ class PostgresDialect:
         plan = self._copy_plan(sql, rows, copied_update)
         if plan is None or len(first_per_key(rows, plan.match)) < len(rows):
             return self.executemany_count(sql, rows)  # a row named twice: one statement would change it once
-        return self._copy_and_move(plan, rows)
+        return int(self._copy_and_move(plan, rows).rowcount)
 
     def _copy_plan(self, sql: str, rows: Sequence[Sequence[Any]],
                    make: Callable[[str], CopiedRows | None]) -> CopiedRows | None:
@@ -409,7 +426,8 @@ class PostgresDialect:
             self._copied[sql] = make(sql)
         return self._copied[sql]
 
-    def _copy_and_move(self, plan: CopiedRows, rows: Sequence[Sequence[Any]]) -> int:
+    def _copy_and_move(self, plan: CopiedRows, rows: Sequence[Sequence[Any]]) -> Any:
+        """COPY ``rows`` and run the plan's move: its cursor (rowcount, and rows if it returns any)."""
         with self.transaction():
             conn = self.conn
             if plan.staging not in self._staged and plan.staging not in self._staging:
@@ -418,7 +436,7 @@ class PostgresDialect:
             with conn.cursor() as cur, cur.copy(f"COPY {plan.staging} ({', '.join(plan.bound)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
-            return conn.execute(plan.move).rowcount
+            return conn.execute(plan.move)
 
     def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """executemany of a statement with RETURNING: every row returned, in one pipeline."""

@@ -164,12 +164,21 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
                 depths[stage] += int(rows[0][0])
         return depths
 
-    def next_due(self, pipeline: str, run_id: str | None = None) -> float | None:
+    def next_due(self, pipeline: str, stages: Sequence[str], after: float,
+                 run_id: str | None = None) -> float | None:
+        """The earliest ``available_at`` later than ``after`` of a queued task (a retry's backoff, a delayed task):
+        when an idle worker looks again. One ordered probe per (stage, lane) of ``tasks_runnable`` and one of
+        ``tasks_suspect``, each entered at ``after``: a task due already is not its answer (it waits on something
+        else: a cap, backpressure, a paused run), and the entries of tasks claimed since an old snapshot (all due
+        before now) are never walked."""
         where, params = _scope(run_id, None)
-        rows = self.db.execute(
-            f"SELECT MIN(available_at) FROM tasks WHERE status = 'queued' AND pipeline = ? {where}",
-            (pipeline, *params),
-        )
+        probes = [("crashes = 0 AND pipeline = ? AND stage = ? AND lane_rank = ?", (pipeline, stage, lane))
+                  for stage in stages for lane in LANES] + [("crashes > 0 AND pipeline = ?", (pipeline,))]
+        sql = " UNION ALL ".join(
+            f"SELECT (SELECT available_at FROM tasks WHERE status = 'queued' AND {cond} AND available_at > ? "
+            f"{where} ORDER BY available_at LIMIT 1) AS due" for cond, _ in probes)
+        rows = self.db.execute(f"SELECT MIN(due) FROM ({sql}) AS probes",
+                               [p for _, values in probes for p in (*values, after, *params)])
         return None if rows[0][0] is None else float(rows[0][0])
 
     def attempt_counts(self, run_id: str) -> dict[str, Any]:

@@ -51,6 +51,7 @@ _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_k
 _NEW_TASK_TAIL = "ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING"
 TASK_KEY = (0, 4, 3, 2)  # a new task row's (run_id, root_key, item_key, stage): its conflict key (insert_many)
 ITEM_KEY = (0, 1)  # a new item row's (run_id, item_key)
+OUTPUT_KEY = (0,)  # an output row's key64
 
 
 def _revives(sets: str) -> str:
@@ -308,7 +309,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 opened.add(same[0][1], stage, second, inserted)
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
-        returned = self.db.executemany_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows)
+        returned = self.db.insert_many_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows, TASK_KEY)
         return list(map(ClaimedTask._make, returned))
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
@@ -335,7 +336,8 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         """Insert-or-ignore: when two workers race on one key, the first write wins. Returns the rows
         written, so a caller can tell that it lost a race (see Transitions.commit_and_claim)."""
         with self.db.transaction():
-            return self.db.executemany_count(INSERT_OUTPUT, [(key64(o[0]), *o) for o in outputs])
+            # A batch holds one output per key (transitions: _first_per_key), so the count is exact.
+            return self.db.insert_many(INSERT_OUTPUT, [(key64(o[0]), *o) for o in outputs], OUTPUT_KEY)
 
     def claim(
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
