@@ -14,7 +14,11 @@ What it measures, over the no-op three-stage pipeline in bench/noop_pipeline.py
 4. peak RSS of the supervisor and each worker at ``--memory-items`` items (SQLite);
 5. a raw-SQL floor: the same per-item-stage transitions written by hand with
    batched SQL against the conveyor schema, single process, and the ratio
-   engine time / floor time for each backend.
+   engine time / floor time for each backend;
+6. side by side at ``--side-items`` (20,000) items, process only, two processes
+   each: conveyor's workers, the floor in two processes, and a peer queue on
+   the same backend (pgqueuer on PostgreSQL, huey on SQLite: bench/peers.py),
+   with the ratios conveyor / floor (issue 13's targets) and conveyor / peer.
 
 Each figure is printed next to its target with PASS or FAIL, with the CPU seconds
 that the bench's own process tree spent on it (robust to other work on a shared
@@ -125,7 +129,8 @@ class Row:
     def target_text(self) -> str:
         if self.target is None:
             return ""
-        return f"{'≤' if self.at_most else '≥'} {self.target:,.0f}"
+        value = f"{self.target:.2f}" if self.unit == "x" else f"{self.target:,.0f}"
+        return f"{'≤' if self.at_most else '≥'} {value}"
 
 
 @dataclass
@@ -564,6 +569,40 @@ def raw_floor(url: str, manifest: Path) -> tuple[Timing, Timing, int]:
         db.close()
 
 
+def floor_worker(url: str) -> None:
+    """One process of the two-process floor: claim and commit until no task of the floor run is open (a batch
+    the other process holds may still make successors)."""
+    db = RawSql(url)
+    try:
+        while True:
+            if claimed := floor_claim(db, time.time()):
+                floor_commit(db, claimed, time.time())
+            elif db.query("SELECT COUNT(*) FROM tasks WHERE run_id = ? AND status IN ('queued', 'running')",
+                          (FLOOR_RUN,))[0][0]:
+                time.sleep(0.001)
+            else:
+                return
+    finally:
+        db.close()
+
+
+def raw_floor_processes(url: str, manifest: Path, processes: int = 2) -> tuple[Timing, int]:
+    """Seed here, then ``processes`` floor workers together: (their timing, tasks succeeded)."""
+    db = RawSql(url)
+    try:
+        floor_seed(db, manifest)
+        with timed() as process:
+            procs = [subprocess.Popen([sys.executable, __file__, "--floor-worker", url], cwd=ROOT)
+                     for _ in range(processes)]
+            for proc in procs:
+                if proc.wait() != 0:
+                    raise RuntimeError(f"floor worker exited {proc.returncode}")
+        done = db.query("SELECT COUNT(*) FROM tasks WHERE status = 'succeeded' AND run_id = ?", (FLOOR_RUN,))
+        return process, int(done[0][0])
+    finally:
+        db.close()
+
+
 def bench_floor(report: Report, backend: str, url: str, manifest: Path, n: int,
                 engine: dict[str, Timing]) -> None:
     seed, process, done = raw_floor(url, manifest)
@@ -576,6 +615,44 @@ def bench_floor(report: Report, backend: str, url: str, manifest: Path, n: int,
     report.add(Row(backend, "engine/floor wall: process only", None, work.wall / process.wall, "x"))
     report.add(Row(backend, "engine/floor CPU: run vs seed+process", None, run.cpu / total.cpu, "x"))
     report.add(Row(backend, "engine/floor CPU: process only", None, work.cpu / process.cpu, "x"))
+
+
+# --- 6: side by side at the issue's size: conveyor, the two-process floor, a peer queue -----------------
+
+SIDE_ITEMS = 20_000
+SIDE_TARGETS = {"sqlite": 0.75, "postgres": 0.5}  # conveyor / floor, process only, 2 processes each (issue 13)
+
+
+def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work: Path, n: int) -> None:
+    """Process only, two processes each, N items through a → b → c: conveyor's workers, the hand-written floor,
+    and the peer queue of the backend (pgqueuer on PostgreSQL, huey on SQLite: bench/peers.py)."""
+    import peers
+
+    manifest = write_manifest(work / f"manifest-side-{n}.jsonl", n)
+    size = f"{n:,} items"
+    db = next(stores)
+    _, out = cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(work / "blobs-side"))
+    engine, stats = workers_until_idle(out["run_id"], db, work / "blobs-side")
+    calls = sum(s.get("stage_calls", 0) for s in stats)
+    report.check(calls == 3 * n, f"{backend} side by side: expected {3 * n} stage calls, workers made {calls}")
+    mine = report.add(Row(backend, f"{size}: conveyor, 2 workers", engine, 3 * n / engine.wall, "item-stages/s"))
+    timing, done = raw_floor_processes(next(stores), manifest)
+    report.check(done == 3 * n, f"{backend} two-process floor: expected {3 * n} succeeded tasks, got {done}")
+    floor = report.add(Row(backend, f"{size}: floor, 2 processes", timing, 3 * n / timing.wall, "item-stages/s"))
+    report.add(Row(backend, f"{size}: conveyor / floor", None, mine.value / floor.value, "x",
+                   SIDE_TARGETS[backend]))
+    if backend == "postgres":
+        name = "pgqueuer"
+        with timed() as timing:
+            wall, done = peers.measure_pgqueuer(next(stores), n)
+    else:
+        name = "huey (SqliteHuey)"
+        with timed() as timing:
+            wall, done = peers.measure_huey(work / "huey.db", n)
+    report.check(done == n, f"{name}: expected {n} items through c, got {done}")
+    timing.wall = wall  # the peer's clock: its workers' start to the last c (its enqueue is before)
+    peer = report.add(Row(backend, f"{size}: {name}, 2 workers", timing, 3 * n / wall, "item-stages/s"))
+    report.add(Row(backend, f"{size}: conveyor / {name.split()[0]}", None, mine.value / peer.value, "x"))
 
 
 # --- profile (optional) ---------------------------------------------------------------
@@ -731,6 +808,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg", default=os.environ.get("CONVEYOR_TEST_PG", DEFAULT_PG),
                         help="PostgreSQL URL of a server where databases may be created ('' skips PostgreSQL)")
     parser.add_argument("--quick", action="store_true", help="skip the peak-memory run")
+    parser.add_argument("--side-items", type=int, default=SIDE_ITEMS,
+                        help="items for the side-by-side figures (conveyor, two-process floor, pgqueuer, huey; "
+                             "0 skips them)")
+    parser.add_argument("--floor-worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=int, default=0, metavar="TOP",
                         help="also profile in-process cold and cached runs (cProfile on SQLite, SQL time by "
                              "statement on both backends); print the TOP costs of each")
@@ -757,6 +838,9 @@ def pg_stores(admin_url: str) -> Iterator[Iterator[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.floor_worker:
+        floor_worker(args.floor_worker)
+        return 0
     command = " ".join([".venv/bin/python bench/engine.py", *map(shlex.quote, sys.argv[1:])])
     info = machine(args.pg or None)
     print(f"conveyor engine benchmark: {command}", *(f"  {k}: {v}" for k, v in info.items()), sep="\n", flush=True)
@@ -772,6 +856,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             with pg_stores(args.pg) as stores:
                 engine = bench_backend(report, "postgres", stores, manifest, args.items, work)
                 bench_floor(report, "postgres", next(stores), manifest, args.items, engine)
+        if args.side_items:
+            print(f"\nside by side, N = {args.side_items:,}", flush=True)
+            bench_side_by_side(report, "sqlite", sqlite_stores(work, "side"), work, args.side_items)
+            if args.pg:
+                with pg_stores(args.pg) as stores:
+                    bench_side_by_side(report, "postgres", stores, work, args.side_items)
         if not args.quick:
             print(f"\nsqlite, peak memory at {args.memory_items:,} items", flush=True)
             bench_memory(report, args.memory_items, work)

@@ -130,6 +130,21 @@ def test_user_errors_are_one_clear_line(tmp_path: Path, args: list[str], message
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("value", ["lots", "0", "-5"])
+def test_a_bad_sqlite_cache_setting_is_one_line_and_creates_nothing(tmp_path: Path, value: str) -> None:
+    write_pipeline(tmp_path, PIPE)
+    (tmp_path / "m.jsonl").write_text('{"key": "a", "text": "x"}\n')
+    proc = cli("run", "pipe.py:pipe", "--input", "m.jsonl", "--db", f"sqlite:///{tmp_path}/c.db", cwd=tmp_path,
+               env={"CONVEYOR_SQLITE_CACHE_MB": value})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: CONVEYOR_SQLITE_CACHE_MB={value!r}: expected MiB of SQLite page cache per connection, a number > 0 "
+        "(default 16)"]
+    assert not (tmp_path / "c.db").exists()
+    done = cli_json("run", "pipe.py:pipe", "--input", "m.jsonl", "--db", f"sqlite:///{tmp_path}/c.db",
+                    cwd=tmp_path, env={"CONVEYOR_SQLITE_CACHE_MB": "2.5"})
+    assert done["outcomes"] == {"published": 1}
+
+
 def test_a_missing_source_is_a_bad_input_item_not_a_refused_submission(tmp_path: Path) -> None:
     write_pipeline(tmp_path, PIPE)
     manifest = tmp_path / "m.jsonl"

@@ -484,3 +484,33 @@ def test_the_loser_of_a_memo_race_builds_on_the_winners_output(tmp_path: Path, s
         assert attempt_rows(store, b.id) == [(1, "succeeded", "B")], "B's call is still recorded as made"
     finally:
         store.close()
+
+
+def test_a_submission_that_stops_mid_stream_while_a_batch_is_written_resumes_without_duplicates(
+        tmp_path: Path, store_url: str) -> None:
+    """The store writes one batch while the input's next is read (service/submit.py): an input that breaks off
+    then leaves the written batch in an abandoned run, and resuming it adds each missing item once."""
+    from conveyor.service.submit import BATCH, SubmitOptions
+
+    keys = [f"doc{i:05d}" for i in range(BATCH + 50)]
+
+    def broken() -> Iterator[SourceItem]:
+        for key in keys[:BATCH + 10]:
+            yield SourceItem(key, text=key.encode())
+        raise KeyboardInterrupt  # Ctrl-C while the first batch is in the store's hands
+
+    store = open_store(store_url)
+    blobs = FilesystemBlobs(tmp_path / "blobs")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            submit(RACE, "race", "inline", store, blobs, clock=lambda: T0, items=broken())
+        [(run_id, status)] = store.db.execute("SELECT run_id, status FROM runs")
+        assert status == "abandoned" and store.item_count(run_id) == BATCH
+        done = submit(RACE, "race", "inline", store, blobs, clock=lambda: T0 + 1,
+                      items=[SourceItem(key, text=key.encode()) for key in keys],
+                      options=SubmitOptions(resume=run_id))
+        assert done.run_id == run_id and done.expected == len(keys)
+        rows = store.db.execute("SELECT item_key, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY item_key", (run_id,))
+        assert sorted(rows) == [(key, 1) for key in keys]
+    finally:
+        store.close()

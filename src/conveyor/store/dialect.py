@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from conveyor.errors import UserError
 from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
@@ -157,6 +158,27 @@ class WriterLock:
         os.close(self.fd)
 
 
+# SQLite's page cache per connection, MiB (CONVEYOR_SQLITE_CACHE_MB): most of a SQLite worker's memory. The
+# operating system caches the file's pages as well; a larger one saves copies out of that cache on stores far
+# larger than memory.
+SQLITE_CACHE_MB = 16
+ENV_SQLITE_CACHE = "CONVEYOR_SQLITE_CACHE_MB"
+
+
+def sqlite_cache_kib(env: Any = os.environ) -> int:
+    raw = env.get(ENV_SQLITE_CACHE)
+    if not raw:
+        return SQLITE_CACHE_MB * 1024
+    try:
+        mib = float(raw)
+    except ValueError:
+        mib = 0.0
+    if not 0 < mib <= 65536:
+        raise UserError(f"{ENV_SQLITE_CACHE}={raw!r}: expected MiB of SQLite page cache per connection, "
+                        "a number > 0 (default 16)")
+    return max(1, int(mib * 1024))
+
+
 # From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
 COPY_FROM = 16
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
@@ -187,10 +209,11 @@ class SqliteDialect:
     def __init__(self, path: str) -> None:
         import sqlite3
 
+        cache_kib = sqlite_cache_kib()
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         # A bounded page cache and no mmap: memory must not grow with the size of the store.
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=60000",
-                       "foreign_keys=OFF", "cache_size=-65536", "wal_autocheckpoint=100000",
+                       "foreign_keys=OFF", f"cache_size=-{cache_kib}", "wal_autocheckpoint=100000",
                        "journal_size_limit=268435456"):
             self.conn.execute(f"PRAGMA {pragma}")
         self.conn.create_function(SQLITE_FUNCTION, 1, key64, deterministic=True)
