@@ -143,8 +143,15 @@ def main() -> None:
         heap, index = samples[-1][2], samples[-1][3]
         rows.append(f"| {'with a reader holding a snapshot' if reader else 'no long reader'} | {fresh:,.0f} | "
                     f"{last:,.0f} | {last / fresh if fresh else 0:.2f} | {heap / 2**20:,.0f} | {index / 2**20:,.0f} |")
+    both = ""
+    if len(results) == 2:
+        with_reader, alone = rate(results[True], False, span), rate(results[False], False, span)
+        both = (f"With the reader, the last {span / 60:g} minutes ran at {with_reader / alone:.2f} of the rate "
+                "without one over the same minutes.")
     for line in rows:
         print(line)
+    if both:
+        print(both)
     section = "\n".join([
         BEGIN, "## Bloat: a long run beside a long reader (bench/bloat.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (1-minute load {os.getloadavg()[0]:.1f}) "
@@ -152,12 +159,12 @@ def main() -> None:
         f"    PYTHONPATH=src .venv/bin/python bench/bloat.py --minutes {args.minutes:g} --workers {args.workers}"
         + (f" --only {args.only}" if args.only else ""), "",
         f"{args.workers} `conveyor worker` processes of the no-op pipeline on PostgreSQL, fed 20,000-item runs to keep "
-        f"40,000 tasks queued, for {args.minutes:g} minutes" + HALVES[args.only or ""]
+        f"40,000 tasks open, for {args.minutes:g} minutes" + HALVES[args.only or ""]
         + f". Rates are tasks finished per second over the first and the last {span / 60:g} "
         "minutes; sizes are `tasks` and its indexes at the end. Target (issue 12 point 5): last/first >= 0.8 with "
         "the reader.", "",
         "| run | first tasks/s | last tasks/s | last/first | heap MiB | indexes MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |", *rows, "", END])
+        "| --- | ---: | ---: | ---: | ---: | ---: |", *rows, *(["", both] if both else []), "", END])
     if not args.no_write:
         write_section(f"{SCRIPT}.py", section)
 

@@ -486,10 +486,10 @@ def test_the_loser_of_a_memo_race_builds_on_the_winners_output(tmp_path: Path, s
         store.close()
 
 
-def test_a_submission_that_stops_mid_stream_while_a_batch_is_written_resumes_without_duplicates(
+def test_a_submission_that_stops_mid_stream_resumes_without_duplicates(
         tmp_path: Path, store_url: str) -> None:
-    """The store writes one batch while the input's next is read (service/submit.py): an input that breaks off
-    then leaves the written batch in an abandoned run, and resuming it adds each missing item once."""
+    """An input that breaks off after a whole batch was written leaves that batch in an abandoned run, and
+    resuming it adds each missing item once."""
     from conveyor.service.submit import BATCH, SubmitOptions
 
     keys = [f"doc{i:05d}" for i in range(BATCH + 50)]
@@ -497,7 +497,7 @@ def test_a_submission_that_stops_mid_stream_while_a_batch_is_written_resumes_wit
     def broken() -> Iterator[SourceItem]:
         for key in keys[:BATCH + 10]:
             yield SourceItem(key, text=key.encode())
-        raise KeyboardInterrupt  # Ctrl-C while the first batch is in the store's hands
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the second batch
 
     store = open_store(store_url)
     blobs = FilesystemBlobs(tmp_path / "blobs")

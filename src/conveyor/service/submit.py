@@ -17,8 +17,7 @@ import itertools
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,37 +234,21 @@ class _Ingest:
         self.visible = False  # some of the run's work is committed: a worker may have started on it
 
     def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
-        """Every batch of ``items``. While the store writes one batch (on a thread of its own: it owns the store's
-        connection meanwhile), this thread reads the next from the input and stores its sources; a resumed
-        submission asks the store first which items it holds already, so it goes one batch at a time."""
-        landed = on_work
+        batch: list[SourceItem] = []
+        for item in itertools.chain(items, [None]):  # streamed: None marks the end
+            if item is not None:
+                batch.append(item)
+            if batch and (item is None or len(batch) >= BATCH):
+                queued = self.batch(batch)
+                batch = []
+                if queued and on_work is not None:
+                    on_work(self.run_id)
+                    on_work = None
 
-        def land(queued: int) -> None:
-            nonlocal landed
-            if queued and landed is not None:
-                landed(self.run_id)
-                landed = None
-
-        batches = _batches(items, BATCH)
+    def batch(self, batch: list[SourceItem]) -> int:
         if self.resumed:
-            for batch in batches:
-                done = self.store.existing_roots(self.run_id, [item.key for item in batch])
-                land(self.admit(*self.refs([item for item in batch if item.key not in done])))
-            return
-        with ThreadPoolExecutor(1, thread_name_prefix="conveyor-submit") as writer:
-            pending: Future[int] | None = None
-            for batch in batches:
-                refs = self.refs(batch)
-                if pending is not None:
-                    land(pending.result())
-                pending = writer.submit(self.admit, *refs)
-            if pending is not None:
-                land(pending.result())
-
-    def refs(self, batch: Sequence[SourceItem]) -> tuple[list[tuple[str, Ref]], list[tuple[str, str]],
-                                                         dict[str, Any]]:
-        """The batch's sources, stored (a blob when not inline): (key, reference) of those read, (key, why) of
-        those that could not be, and the items' metadata."""
+            done = self.store.existing_roots(self.run_id, [item.key for item in batch])
+            batch = [item for item in batch if item.key not in done]
         good: list[tuple[str, Ref]] = []
         bad: list[tuple[str, str]] = []
         metas = {item.key: item.meta for item in batch if item.meta is not None}
@@ -280,10 +263,6 @@ class _Ingest:
                 bad.append((item.key, ref))
             else:
                 good.append((item.key, ref))
-        return good, bad, metas
-
-    def admit(self, good: list[tuple[str, Ref]], bad: list[tuple[str, str]], metas: dict[str, Any]) -> int:
-        """Write one batch's items and first tasks; returns the tasks queued."""
         hits, queued = self.transitions.admit(self.run_id, good, self.clock(), bad, metas)
         self.visible = True
         self.cached += hits
@@ -298,13 +277,6 @@ class _Ingest:
             if self.strict:
                 raise InputError(f"cannot read input {where!r}: {exc.strerror}; fix or remove it") from None
             return f"{where!r} could not be read: {exc.strerror or exc}"
-
-
-def _batches(items: Iterable[SourceItem], size: int) -> Iterator[list[SourceItem]]:
-    """``items`` in lists of ``size`` (the last one shorter), read as they are asked for."""
-    it = iter(items)
-    while batch := list(itertools.islice(it, size)):
-        yield batch
 
 
 def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
