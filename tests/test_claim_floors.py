@@ -65,6 +65,16 @@ def _buffers(conn, sql: str, params: list[Any]) -> int:  # type: ignore[no-untyp
     return sum(int(part.split("=")[1]) for part in top.split() if part.split("=")[0] in ("hit", "read"))
 
 
+def _queue_and_hold(store: Any, reader: Any, count: int, now: float) -> None:
+    """Queue ``count`` tasks of stage a (lane 1, due 50 s ago), then take ``reader``'s snapshot, held until it
+    closes: every row version dead from then on stays."""
+    with store.db.transaction():
+        store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(count)], 1, now - 50),
+                             TASK_KEY)
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    reader.execute("SELECT COUNT(*) FROM runs").fetchall()
+
+
 def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import psycopg
@@ -73,11 +83,7 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: 
     reader = psycopg.connect(pg_url, autocommit=True)
     try:
         now = time.time()
-        with store.db.transaction():
-            store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(20_000)], 1, now - 50),
-                                 TASK_KEY)
-        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        reader.execute("SELECT COUNT(*) FROM runs").fetchall()  # the snapshot is taken; held to the end
+        _queue_and_hold(store, reader, 20_000, now)
         # The old queued versions of 19,000 claimed tasks stay in tasks_runnable, ahead of the live ones.
         monkeypatch.setattr("conveyor.store.tasks.SLOW_CLAIM_S", 0.0)  # every usual claim counts as slow
         first = store.claim("p", ["a"], 19_000, "w1", now, 60.0)
@@ -121,11 +127,7 @@ def test_with_an_old_snapshot_held_the_reclaim_scan_starts_from_its_floor(pg_url
     reader = psycopg.connect(pg_url, autocommit=True)
     try:
         now = time.time()
-        with store.db.transaction():
-            store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(6_000)], 1, now - 50),
-                                 TASK_KEY)
-        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        reader.execute("SELECT COUNT(*) FROM runs").fetchall()
+        _queue_and_hold(store, reader, 6_000, now)
         leased = store.claim("p", ["a"], 6_000, "w1", now - 40, 10.0)  # leases that expired 30 s ago
         # 5,990 finish: their entries in tasks_leased stay, dead, below the 10 whose worker died.
         done = [t.id for t in leased[:5_990]]
