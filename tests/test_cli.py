@@ -138,7 +138,7 @@ def test_a_bad_sqlite_cache_setting_is_one_line_and_creates_nothing(tmp_path: Pa
                env={"CONVEYOR_SQLITE_CACHE_MB": value})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: CONVEYOR_SQLITE_CACHE_MB={value!r}: expected MiB of SQLite page cache per connection, a number > 0 "
-        "(default 16)"]
+        "(default 64, 16 in a worker)"]
     assert not (tmp_path / "c.db").exists()
     done = cli_json("run", "pipe.py:pipe", "--input", "m.jsonl", "--db", f"sqlite:///{tmp_path}/c.db",
                     cwd=tmp_path, env={"CONVEYOR_SQLITE_CACHE_MB": "2.5"})

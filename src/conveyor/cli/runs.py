@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Annotated, Any
@@ -36,6 +37,7 @@ from conveyor.cli.common import (
 )
 from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB, open_store
+from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
 
 
 @app.command()
@@ -185,6 +187,8 @@ def worker(
     from conveyor.service.fleet import exit_with_parent
 
     exit_with_parent()  # a worker of `conveyor serve` stops when the server's process is gone
+    # A worker's SQLite page cache is the small one (its memory), unless CONVEYOR_SQLITE_CACHE_MB says otherwise.
+    os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
 
     pipeline = load_target(target)
     open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server

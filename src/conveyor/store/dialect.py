@@ -158,10 +158,12 @@ class WriterLock:
         os.close(self.fd)
 
 
-# SQLite's page cache per connection, MiB (CONVEYOR_SQLITE_CACHE_MB): most of a SQLite worker's memory. The
-# operating system caches the file's pages as well; a larger one saves copies out of that cache on stores far
-# larger than memory.
-SQLITE_CACHE_MB = 16
+# SQLite's page cache per connection, MiB (CONVEYOR_SQLITE_CACHE_MB sets it for every process). A `conveyor
+# worker` takes the small one: it is most of a worker's memory (one worker over 20,000 items: 70 MB peak RSS at
+# 16 MiB, 115 MB at 64 MiB, in the same time). Other processes keep the large one: a cached re-run copies the
+# rows of the run before it, and ran about 10% slower at 16 MiB (bench/RESULTS.md).
+SQLITE_CACHE_MB = 64
+WORKER_SQLITE_CACHE_MB = 16
 ENV_SQLITE_CACHE = "CONVEYOR_SQLITE_CACHE_MB"
 
 
@@ -175,7 +177,7 @@ def sqlite_cache_kib(env: Any = os.environ) -> int:
         mib = 0.0
     if not 0 < mib <= 65536:
         raise UserError(f"{ENV_SQLITE_CACHE}={raw!r}: expected MiB of SQLite page cache per connection, "
-                        "a number > 0 (default 16)")
+                        f"a number > 0 (default {SQLITE_CACHE_MB}, {WORKER_SQLITE_CACHE_MB} in a worker)")
     return max(1, int(mib * 1024))
 
 
