@@ -4,6 +4,8 @@ every task claimed since, keep lane order, and still reach a task queued below a
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -65,25 +67,32 @@ def _buffers(conn, sql: str, params: list[Any]) -> int:  # type: ignore[no-untyp
     return sum(int(part.split("=")[1]) for part in top.split() if part.split("=")[0] in ("hit", "read"))
 
 
-def _queue_and_hold(store: Any, reader: Any, count: int, now: float) -> None:
-    """Queue ``count`` tasks of stage a (lane 1, due 50 s ago), then take ``reader``'s snapshot, held until it
-    closes: every row version dead from then on stays."""
-    with store.db.transaction():
-        store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(count)], 1, now - 50),
-                             TASK_KEY)
-    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    reader.execute("SELECT COUNT(*) FROM runs").fetchall()
-
-
-def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@contextmanager
+def _held_snapshot(pg_url: str, count: int, now: float) -> Iterator[Any]:
+    """A store with ``count`` tasks of stage a queued (lane 1, due 50 s ago), then a reader's snapshot taken and held
+    until the block ends: every row version dead from then on stays. The tasks are settled afterwards."""
     import psycopg
 
     store = open_store(pg_url)
     reader = psycopg.connect(pg_url, autocommit=True)
     try:
-        now = time.time()
-        _queue_and_hold(store, reader, 20_000, now)
+        with store.db.transaction():
+            store.db.insert_many(INSERT_QUEUED, _queued("r1", [f"k{i:05d}" for i in range(count)], 1, now - 50),
+                                 TASK_KEY)
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT COUNT(*) FROM runs").fetchall()
+        yield store
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = time.time()
+    with _held_snapshot(pg_url, 20_000, now) as store:
         # The old queued versions of 19,000 claimed tasks stay in tasks_runnable, ahead of the live ones.
         monkeypatch.setattr("conveyor.store.tasks.SLOW_CLAIM_S", 0.0)  # every usual claim counts as slow
         first = store.claim("p", ["a"], 19_000, "w1", now, 60.0)
@@ -112,22 +121,12 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: 
         monkeypatch.setattr(claimfloors, "FLOOR_RESCAN_S", 0.0)
         rest = store.claim("p", ["a"], 5_000, "w1", now + 2, 60.0)
         assert first[0].id in {t.id for t in rest}
-        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
-        store.recount_open_task_seconds()
-    finally:
-        reader.close()
-        store.close()
 
 
 def test_with_an_old_snapshot_held_the_reclaim_scan_starts_from_its_floor(pg_url: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import psycopg
-
-    store = open_store(pg_url)
-    reader = psycopg.connect(pg_url, autocommit=True)
-    try:
-        now = time.time()
-        _queue_and_hold(store, reader, 6_000, now)
+    now = time.time()
+    with _held_snapshot(pg_url, 6_000, now) as store:
         leased = store.claim("p", ["a"], 6_000, "w1", now - 40, 10.0)  # leases that expired 30 s ago
         # 5,990 finish: their entries in tasks_leased stay, dead, below the 10 whose worker died.
         done = [t.id for t in leased[:5_990]]
@@ -149,11 +148,6 @@ def test_with_an_old_snapshot_held_the_reclaim_scan_starts_from_its_floor(pg_url
         assert store.expired_leases("p", now + 10, limit=1000) == []
         monkeypatch.setattr(claimfloors, "FLOOR_RESCAN_S", 0.0)
         assert [e.id for e in store.expired_leases("p", now + 10, limit=1000)] == [late[0].id]
-        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL")
-        store.recount_open_task_seconds()
-    finally:
-        reader.close()
-        store.close()
 
 
 def test_sqlite_claims_never_set_floors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -362,9 +362,10 @@ class Worker:
 
     async def _idle(self, seconds: float) -> None:
         assert self._stop is not None
-        due = await self._call(self.store.next_due, self.pipeline.name, self._stages, self.clock(), self.opts.run_id)
+        now = self.clock()
+        due = await self._call(self.store.next_due, self.pipeline.name, self._stages, now, self.opts.run_id)
         if due is not None:
-            seconds = max(0.0, min(seconds, due - self.clock()))
+            seconds = max(0.0, min(seconds, due - now))
         if self.store.db.wakes_on_notify and seconds > 0.05:
             await asyncio.to_thread(self.store.wait_for_work, seconds)
         else:

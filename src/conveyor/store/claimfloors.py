@@ -34,11 +34,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 SLOW_CLAIM_S = 0.05  # a claim statement this slow is walking dead entries
 FLOOR_RESCAN_S = 30.0  # floors are dropped this long after they were set
 FLOOR_MARGIN_S = 5.0  # how far below a claim's clock its floor is set when the queue was exhausted
 LANES = (0, 1)  # lane ranks (runtime/expand.py LANE_RANKS), claimed in this order
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _current(floors: dict[K, tuple[float, V]], key: K, monotonic: Callable[[], float]) -> V | None:
+    """The floor kept under ``key``, or None when there is none or it was set over FLOOR_RESCAN_S ago (dropped)."""
+    entry = floors.get(key)
+    if entry is None:
+        return None
+    if monotonic() - entry[0] > FLOOR_RESCAN_S:
+        del floors[key]
+        return None
+    return entry[1]
 
 
 class ClaimFloors:
@@ -50,13 +66,7 @@ class ClaimFloors:
 
     def lanes(self, pipeline: str, stage: str) -> dict[int, float] | None:
         """The stage's floors by lane (a lane without one is walked from its start), or None: claim as usual."""
-        entry = self._floors.get((pipeline, stage))
-        if entry is None:
-            return None
-        if self._monotonic() - entry[0] > FLOOR_RESCAN_S:
-            del self._floors[pipeline, stage]
-            return None
-        return entry[1]
+        return _current(self._floors, (pipeline, stage), self._monotonic)
 
     def engage(self, pipeline: str, stage: str, claimed: Iterable[tuple[int, float]], got_all: bool,
                now: float) -> None:
@@ -95,13 +105,7 @@ class ReclaimFloors:
 
     def floor(self, pipeline: str) -> float | None:
         """The pipeline's floor, or None: scan from the start (none was slow, or the rescan is due)."""
-        entry = self._floors.get(pipeline)
-        if entry is None:
-            return None
-        if self._monotonic() - entry[0] > FLOOR_RESCAN_S:
-            del self._floors[pipeline]
-            return None
-        return entry[1]
+        return _current(self._floors, pipeline, self._monotonic)
 
     def scanned(self, pipeline: str, expiries: list[float], limit: int, now: float, slow: bool) -> None:
         """After a scan that returned ``expiries`` (ascending) of at most ``limit``: a slow one from the start
