@@ -19,7 +19,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
+# The bytecode of conveyor's own modules, written once: this environment sets PYTHONDONTWRITEBYTECODE, so without
+# it every command would compile them again (0.1 s of each CLI call). A stale file is only ignored.
 setup: $(STAMP)
+	$(BIN)/python -m compileall -q src
 
 test: setup
 	scripts/ensure-tools.sh

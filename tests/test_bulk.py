@@ -17,6 +17,7 @@ from conveyor.store.tasks import (
     CLAIM_COLUMNS,
     FENCE,
     INSERT_QUEUED,
+    INSERT_ROOT_ITEM,
     INSERT_RUNNING,
     MARK_SUCCEEDED,
     REQUEUE_CRASHED,
@@ -86,10 +87,40 @@ def test_insert_many_after_a_rolled_back_batch_and_a_lost_connection(store_url: 
         store.close()
 
 
+def test_a_batch_that_meets_existing_rows_keeps_the_rest_of_its_transaction(store_url: str) -> None:
+    """On PostgreSQL a batch is first copied straight into its table; one that meets an existing row is rolled
+    back to its savepoint and moved with its conflict clause. Rows written earlier in the same transaction stay,
+    and after the pause the direct way is taken again."""
+    from conveyor.store.dialect import DIRECT_PAUSE
+
+    store = open_store(store_url)
+    try:
+        keys = [f"k{i:04d}" for i in range(COPY_FROM * 2)]
+        with store.db.transaction():
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r1", keys[:COPY_FROM]), TASK_KEY) == COPY_FROM
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r1", keys, tag="-x"), TASK_KEY) == COPY_FROM
+        rows = _rows(store, "r1")
+        assert len(rows) == len(keys) and rows[keys[0]][0] == f"t-{keys[0]}" and rows[keys[-1]][0] == f"t-{keys[-1]}-x"
+        for run in range(DIRECT_PAUSE + 2):  # through the pause and back to the direct way
+            with store.db.transaction():
+                assert store.db.insert_many(INSERT_QUEUED, _queued(f"s{run}", keys), TASK_KEY) == len(keys)
+        assert store.db.execute("SELECT COUNT(*) FROM tasks WHERE run_id LIKE 's%'")[0][0] == len(keys) * (
+            DIRECT_PAUSE + 2)
+        if store.db.name == "postgres":
+            assert store.db._direct_paused[INSERT_QUEUED] == 0  # type: ignore[attr-defined]
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
 def test_copied_insert_reads_the_statement_shape() -> None:
     plan = copied_insert(INSERT_QUEUED)
     assert plan is not None and plan.bound[:3] == ("run_id", "pipeline", "stage") and "'queued'" in plan.move
     assert "ON CONFLICT (run_id, root_key, item_key, stage) DO UPDATE" in plan.move
+    assert plan.direct is not None and plan.direct.endswith("status, cached) FROM STDIN")
+    assert plan.constants == ("queued", 0)
+    assert copied_insert(INSERT_ROOT_ITEM).constants == (None,)  # type: ignore[union-attr]
+    assert copied_insert("INSERT INTO t (a, b) VALUES (?, CURRENT_TIMESTAMP)").direct is None  # type: ignore[union-attr]
     assert copied_insert("UPDATE tasks SET status = ? WHERE id = ?") is None
     assert copied_insert("INSERT INTO t (a, b) VALUES (?, ? + 1)") is None
     assert first_per_key([(1, "a"), (2, "a"), (1, "b")], (1,)) == [(1, "a"), (1, "b")]

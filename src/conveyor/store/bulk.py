@@ -7,6 +7,12 @@ temporary table of the statement's bound columns, and one ``INSERT ... SELECT`` 
 unchanged: 20,000 new task rows in 0.84 s instead of 1.74 s (arrays through ``unnest`` took 1.29 s: psycopg
 builds an array parameter element by element in Python).
 
+A batch of new rows that meets no row already there (a new run's items and tasks, a commit's next tasks and
+outputs) skips the temporary table: it is copied straight into its table inside a savepoint (``direct``), and
+only when that meets a unique key (a resumed submission, a memo race) is it rolled back to the savepoint and
+moved as above, its conflict clause deciding. `conveyor submit` of 100,000 items went from 3.4 to 2.1 s, two
+workers through 20,000 items x 3 no-op stages from 3.2 to 2.8 s.
+
 The temporary table lives as long as the connection (``ON COMMIT DELETE ROWS``: no catalog rows are written
 per batch, which matters on a server that never vacuums); the statement that reads it also empties it.
 
@@ -28,6 +34,7 @@ _INSERT = re.compile(r"^\s*INSERT INTO (\w+) \(([^()]*)\)\s*VALUES\s*\(([^()]*)\
 _UPDATE = re.compile(r"^\s*UPDATE (\w+) SET ([^()]*?)\s+WHERE ([^()]*?)\s*$", re.DOTALL)
 _BOUND = re.compile(r"^(\w+)\s*=\s*\?$")
 _CONSTANT = re.compile(r"^(\w+)\s*=\s*('[^']*')$")
+_LITERAL = re.compile(r"^(?:'([^']*)'|(-?\d+)|(NULL))$")
 
 
 class CopiedRows(NamedTuple):
@@ -39,6 +46,8 @@ class CopiedRows(NamedTuple):
     create: str
     move: str
     match: tuple[int, ...] = ()  # an update's: the positions in a row of the values its WHERE matches
+    direct: str | None = None  # an insert's COPY straight into its table: bound columns, then the constant ones
+    constants: tuple[Any, ...] = ()  # the values of those constant columns, appended to every copied row
 
 
 def _staging(sql: str, table: str, columns: str) -> tuple[str, str]:
@@ -64,7 +73,21 @@ def copied_insert(sql: str) -> CopiedRows | None:
     select = ", ".join(f"v.{c}" if v == "?" else v for c, v in zip(columns, values, strict=True))
     move = (f"WITH v AS (DELETE FROM {staging} RETURNING *) "
             f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM v {tail}")
-    return CopiedRows(staging, bound, create, move)
+    fixed = {c: _literal(v) for c, v in zip(columns, values, strict=True) if v != "?"}
+    direct = None
+    if None not in fixed.values() and (not tail or tail.lstrip().startswith("ON CONFLICT")):
+        direct = f"COPY {table} ({', '.join((*bound, *fixed))}) FROM STDIN"
+    constants = tuple(value[0] for value in fixed.values() if value is not None)
+    return CopiedRows(staging, bound, create, move, direct=direct, constants=constants)
+
+
+def _literal(sql: str) -> tuple[Any] | None:
+    """A constant of an INSERT's VALUES as (its Python value,), or None when it is not a plain literal."""
+    match = _LITERAL.match(sql)
+    if match is None:
+        return None
+    text, number, _null = match.groups()
+    return (text,) if text is not None else (int(number),) if number is not None else (None,)
 
 
 def copied_update(sql: str) -> CopiedRows | None:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import orjson
+
 from conveyor.errors import UserError
 from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
@@ -46,6 +48,7 @@ class Dialect(Protocol):
     row_lock: str  # appended to a SELECT to hold its rows until the transaction ends
     wakes_on_notify: bool  # wait_for_work returns as soon as another process queues work
     skip_locked: str
+    in_chunk: int  # the most values one one_of may take
     max_params: int
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
@@ -74,6 +77,12 @@ class Dialect(Protocol):
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """``executemany_count`` of a one-row ``UPDATE ... SET c = ? ... WHERE k = ? ...`` whose rows name distinct
         rows (by their ``WHERE`` values): the rows changed. On PostgreSQL, COPY and one statement (store/bulk.py)."""
+        ...
+
+    def one_of(self, column: str, values: Sequence[Any], kind: str) -> tuple[str, list[Any]]:
+        """``column`` is one of ``values`` (at most ``in_chunk`` of them; ``kind``: "bigint" or "text"): the
+        condition and its parameters. ``IN (?, ...)`` on SQLite; ``= ANY(?)`` of one array on PostgreSQL, one
+        statement text for any count (a list of ? is parsed by psycopg for every call, and prepared never)."""
         ...
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -183,6 +192,7 @@ def sqlite_cache_kib(env: Any = os.environ) -> int:
 
 # From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
 COPY_FROM = 16
+DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its direct COPY met an existing row
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
 # PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
 # they counted, plus STALE_ROWS, were written since (autovacuum's own rule, which a server may have switched off).
@@ -199,6 +209,7 @@ class SqliteDialect:
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
         "epoch_second": "CAST(available_at AS INTEGER)"}
     skip_locked = ""
+    in_chunk = 900  # values per one_of: under SQLite's limit of bound parameters
     row_lock = ""  # one writer at a time: a row read in a write transaction is held already
     max_params = 30000
     local_clock = True
@@ -255,6 +266,10 @@ class SqliteDialect:
         for row in rows:
             returned += execute(sql, row).fetchall()
         return returned
+
+    @staticmethod
+    def one_of(column: str, values: Sequence[Any], kind: str) -> tuple[str, list[Any]]:
+        return f"{column} IN ({','.join('?' * len(values))})", list(values)
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if rows:
@@ -352,6 +367,7 @@ class PostgresDialect:
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
         "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}
     skip_locked = "FOR UPDATE SKIP LOCKED"
+    in_chunk = 10_000  # values per one_of: one array, a batch's worth
     row_lock = " FOR UPDATE"
     max_params = 60000
     local_clock = False
@@ -368,6 +384,7 @@ class PostgresDialect:
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
         self._copied: dict[str, CopiedRows | None] = {}  # None: not of the shape (executemany)
+        self._direct_paused: dict[str, int] = {}  # statement: batches it skips the direct COPY for (_copy_direct)
         self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
         self._staging: set[str] = set()  # those made by the open transaction
 
@@ -423,7 +440,30 @@ class PostgresDialect:
         plan = self._copy_plan(sql, rows, copied_insert)
         if plan is None:
             return self.executemany_count(sql, rows)
-        return int(self._copy_and_move(plan, first_per_key(rows, key)).rowcount)
+        with self.transaction():
+            if plan.direct is not None and self._copy_direct(sql, plan, rows):
+                return len(rows)
+            return int(self._copy_and_move(plan, first_per_key(rows, key)).rowcount)
+
+    def _copy_direct(self, sql: str, plan: CopiedRows, rows: Sequence[Sequence[Any]]) -> bool:
+        """COPY ``rows`` straight into the table, in a savepoint of the open transaction: True, or False (rolled
+        back) when one of them meets a unique key. After a miss the statement goes the staged way for its next
+        ``DIRECT_PAUSE`` batches: its rows are likely to meet existing ones again (a resumed submission)."""
+        paused = self._direct_paused.get(sql, 0)
+        if paused:
+            self._direct_paused[sql] = paused - 1
+            return False
+        assert plan.direct is not None
+        constants = plan.constants
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
+                write = copy.write_row
+                for row in rows:
+                    write((*row, *constants))
+        except self._psycopg.errors.UniqueViolation:
+            self._direct_paused[sql] = DIRECT_PAUSE
+            return False
+        return True
 
     def insert_many_returning(self, sql: str, rows: Sequence[Sequence[Any]],
                               key: Sequence[int]) -> list[tuple[Any, ...]]:
@@ -474,6 +514,15 @@ class PostgresDialect:
                 returned += cur.fetchall()
                 if not cur.nextset():
                     return returned
+
+    @staticmethod
+    def one_of(column: str, values: Sequence[Any], kind: str) -> tuple[str, list[Any]]:
+        # The array goes as one text parameter written at C speed (psycopg builds a list parameter element by
+        # element in Python): a literal of numbers, or a JSON array of strings.
+        if kind == "bigint":
+            return f"{column} = ANY(CAST(? AS bigint[]))", ["{" + ",".join(map(str, values)) + "}"]
+        return (f"{column} = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(? AS jsonb))))",
+                [orjson.dumps(list(values)).decode()])
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """COPY: one stream instead of a statement per row (attempts went from 14 to ~3 us a row)."""

@@ -47,16 +47,17 @@ class ReplayQueries(RunTotalsQueries):
         as its success, so "every task succeeded" also means the item's whole graph is there."""
         digests = dict(roots)
         settled: list[str] = []
-        for part in chunks(list(digests), 900):
-            marks = ",".join("?" * len(part))
+        for part in chunks(list(digests), self.db.in_chunk):
+            where, params = self.db.one_of("item_key", part, "text")
             same = {key for key, digest in self.db.execute(
-                f"SELECT item_key, source_digest FROM items WHERE run_id = ? AND item_key IN ({marks})"
-                " AND parent_key IS NULL", [base, *part]) if digest is not None and digest == digests[key]}
+                f"SELECT item_key, source_digest FROM items WHERE run_id = ? AND {where}"
+                " AND parent_key IS NULL", [base, *params]) if digest is not None and digest == digests[key]}
             if not same:
                 continue
+            where, params = self.db.one_of("root_key", part, "text")
             open_or_failed = {row[0] for row in self.db.execute(
-                f"SELECT DISTINCT root_key FROM tasks WHERE run_id = ? AND root_key IN ({marks})"
-                " AND status <> 'succeeded'", [base, *part])}
+                f"SELECT DISTINCT root_key FROM tasks WHERE run_id = ? AND {where}"
+                " AND status <> 'succeeded'", [base, *params])}
             settled += [key for key in part if key in same and key not in open_or_failed]
         return settled
 
@@ -67,15 +68,15 @@ class ReplayQueries(RunTotalsQueries):
         copied. Runs inside the caller's transaction."""
         copied = 0
         with self.db.transaction():
-            for part in chunks(list(roots), 900):
-                marks = ",".join("?" * len(part))
+            for part in chunks(list(roots), self.db.in_chunk):
+                where, params = self.db.one_of("root_key", part, "text")
                 for (stage,) in self.db.execute(
                     f"""INSERT INTO tasks ({_TASK_COPY_COLUMNS})
                     SELECT ?, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash, input_digest,
                         input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1
-                    FROM tasks WHERE run_id = ? AND root_key IN ({marks})
+                    FROM tasks WHERE run_id = ? AND {where}
                     ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING RETURNING stage""",
-                        [run_id, lane_rank, now, now, now, base, *part]):
+                        [run_id, lane_rank, now, now, now, base, *params]):
                     totals.task(run_id, str(stage), "succeeded", 1)
                     copied += 1
             if children:

@@ -321,12 +321,11 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         planner's hot loop."""
         wanted = set(task_keys)
         found: dict[str, MemoRow] = {}
-        for part in chunks([key64(k) for k in wanted], 900):
-            marks = ",".join("?" * len(part))
+        for part in chunks([key64(k) for k in wanted], self.db.in_chunk):
+            where, params = self.db.one_of("key64", part, "bigint")
             for key, *row in self.db.execute(
-                "SELECT task_key, stage, kind, digest, inline, size, code, provenance FROM outputs "
-                f"WHERE key64 IN ({marks})",
-                part,
+                f"SELECT task_key, stage, kind, digest, inline, size, code, provenance FROM outputs WHERE {where}",
+                params,
             ):
                 if key in wanted:
                     found[key] = row  # type: ignore[assignment]
@@ -416,12 +415,11 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         """The ids among (id, token) whose lease this worker still holds."""
         held: set[int] = set()
         wanted = dict(tokens)
-        for part in chunks(list(wanted), 900):
-            marks = ",".join("?" * len(part))
+        for part in chunks(list(wanted), self.db.in_chunk):
+            where, params = self.db.one_of("id", part, "bigint")
             for task_id, token in self.db.execute(
-                f"SELECT id, lease_token FROM tasks WHERE status = 'running' AND id IN ({marks})"
-                f" {self.db.skip_locked}",
-                part,
+                f"SELECT id, lease_token FROM tasks WHERE status = 'running' AND {where} {self.db.skip_locked}",
+                params,
             ):
                 if wanted.get(task_id) == token:
                     held.add(task_id)
