@@ -501,7 +501,9 @@ class PostgresDialect:
             with conn.cursor() as cur, cur.copy(f"COPY {plan.staging} ({', '.join(plan.bound)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
-            return conn.execute(plan.move)
+            # Planned at each call, never prepared: a plan made while the table was small (a hash join over all
+            # of it) would be kept as it grew (tests/test_plans.py).
+            return conn.execute(plan.move, prepare=False)
 
     def executemany_returning(self, sql: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """executemany of a statement with RETURNING: every row returned, in one pipeline."""

@@ -11,6 +11,7 @@ one memo lookup and one row built in Python per task, its rows are copied with o
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
@@ -70,15 +71,16 @@ class ReplayQueries(RunTotalsQueries):
         with self.db.transaction():
             for part in chunks(list(roots), self.db.in_chunk):
                 where, params = self.db.one_of("root_key", part, "text")
-                for (stage,) in self.db.execute(
+                stages = Counter(stage for (stage,) in self.db.execute(
                     f"""INSERT INTO tasks ({_TASK_COPY_COLUMNS})
                     SELECT ?, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash, input_digest,
                         input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1
                     FROM tasks WHERE run_id = ? AND {where}
                     ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING RETURNING stage""",
-                        [run_id, lane_rank, now, now, now, base, *params]):
-                    totals.task(run_id, str(stage), "succeeded", 1)
-                    copied += 1
+                        [run_id, lane_rank, now, now, now, base, *params]))
+                for stage, count in stages.items():
+                    totals.task(run_id, str(stage), "succeeded", 1, count)
+                    copied += count
             if children:
                 # A root's descendants are one range of item keys (records.CHILD_MARK); root_key = ? is a guard.
                 self.db.executemany(
