@@ -70,7 +70,7 @@ def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False
     if path.is_dir() or path.suffix not in MANIFEST_SUFFIXES:
         return
     _check_readable(path, f"manifest {str(path)!r}")
-    twice = _repeated_hashes(key for _, key, _, _ in _entries(path, skip_bad_lines))
+    twice = _repeated_hashes(_manifest_keys(path, skip_bad_lines))
     if twice:
         _report_duplicate(path, twice, skip_bad_lines)
 
@@ -258,29 +258,65 @@ def _file_type(mode: int) -> str:
 def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
     _check_readable(path, f"manifest {str(path)!r}")
     base = path.parent
-    for number, key, entry, problem in _entries(path, skip_bad_lines):
-        if entry is None:
-            yield SourceItem(key, problem=problem)
-            continue
-        text, meta = entry.get("text"), entry.get("meta")
-        if type(text) is str:
-            item = SourceItem(key, None, text.encode())
+    for number, raw in _lines(path):
+        usual = _usual(raw)
+        if usual is not None:
+            yield SourceItem(usual[0], None, usual[1].encode())
         else:
-            item = _path_item(key, entry["path"], base, number, path, strict)
-        yield item if meta is None else item._replace(meta=meta)
+            yield _entry(path, base, number, raw, skip_bad_lines, strict)
+
+
+def _usual(raw: bytes) -> tuple[str, str] | None:
+    """(key, text) of the usual line, ``{"key": ..., "text": ...}`` with a good key and no "meta"; None for any
+    other line (``_parse`` then says what it is). Runs twice per item of every submission: keep it lean."""
+    try:
+        entry = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(entry) is not dict or "meta" in entry:
+        return None
+    key, text = entry.get("key"), entry.get("text")
+    if type(key) is str and type(text) is str and key and len(key) <= MAX_KEY_CHARS and _BAD_KEY_CHAR.search(key) \
+            is None:
+        return key, text
+    return None
+
+
+def _entry(path: Path, base: Path, number: int, raw: bytes, skip_bad_lines: bool, strict: bool) -> SourceItem:
+    """The item of any manifest line (``_manifest``'s fast path takes the usual ones)."""
+    key, entry, problem = _line(path, number, raw, skip_bad_lines)
+    if entry is None:
+        return SourceItem(key, problem=problem)
+    text, meta = entry.get("text"), entry.get("meta")
+    if type(text) is str:
+        item = SourceItem(key, None, text.encode())
+    else:
+        item = _path_item(key, entry["path"], base, number, path, strict)
+    return item if meta is None else item._replace(meta=meta)
+
+
+def _manifest_keys(path: Path, skip_bad_lines: bool) -> Iterator[str]:
+    """The key of each line, as ``_entries`` would give it (a bad line: an InputError, or its line key)."""
+    for number, raw in _lines(path):
+        usual = _usual(raw)
+        yield usual[0] if usual is not None else _line(path, number, raw, skip_bad_lines)[0]
 
 
 def _entries(path: Path, skip_bad_lines: bool) -> Iterator[tuple[int, str, dict[str, Any] | None, str | None]]:
     """(line number, key, entry, None) for each usable line. A bad line is an InputError, or with
     ``skip_bad_lines`` (line number, its line key, None, why)."""
     for number, raw in _lines(path):
-        parsed = _parse(raw)
-        if not isinstance(parsed, BadLine):
-            yield number, parsed[0], parsed[1], None
-        elif skip_bad_lines:
-            yield number, line_key(path, number), None, f"{path.name}:{number}: {parsed.message}"
-        else:
-            raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
+        yield number, *_line(path, number, raw, skip_bad_lines)
+
+
+def _line(path: Path, number: int, raw: bytes, skip_bad_lines: bool) -> tuple[str, dict[str, Any] | None, str | None]:
+    """(key, entry, None) of a usable line; a bad one is an InputError, or (its line key, None, why)."""
+    parsed = _parse(raw)
+    if not isinstance(parsed, BadLine):
+        return parsed[0], parsed[1], None
+    if skip_bad_lines:
+        return line_key(path, number), None, f"{path.name}:{number}: {parsed.message}"
+    raise InputError(f"{path}:{number}: {parsed.message}; {_HINT} (or pass --skip-bad-lines)")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -305,7 +341,7 @@ def _path_item(key: str, given: str, base: Path, number: int, manifest: Path, st
 
 
 def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
-    """(key, entry) of a usable manifest line, else why not. Runs twice per line (check and submit): keep it lean."""
+    """(key, entry) of a usable manifest line, else why not."""
     try:
         entry = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
