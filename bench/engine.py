@@ -74,6 +74,7 @@ PG_TARGET = 10_000  # item-stages/s end to end
 # item-stage target but none for this one; on PostgreSQL a cached task is still a row the server inserts
 # (~8 us each here), so its figure is printed without a target.
 CACHED_TARGET = 100_000
+SUBMIT_TARGETS = {"sqlite": 100_000, "postgres": 50_000}  # items/s through `conveyor submit` (issue 13)
 MEMORY_TARGET_MB = 300  # peak RSS of any one process at 1M items
 
 
@@ -210,14 +211,31 @@ def run_args(manifest: Path, db: str, blobs: Path) -> list[str]:
     return ["run", TARGET, "--input", str(manifest), "--workers", "2", "--db", db, "--blobs", str(blobs)]
 
 
-def workers_until_idle(run_id: str, db: str, blobs: Path, count: int = 2) -> tuple[Timing, list[dict[str, Any]]]:
-    """Start ``count`` ``conveyor worker --until-idle`` processes together; time until all have exited."""
+def workers_until_idle(run_id: str, db: str, blobs: Path, count: int = 2,
+                       peaks: list[float] | None = None) -> tuple[Timing, list[dict[str, Any]]]:
+    """Start ``count`` ``conveyor worker --until-idle`` processes together; time until all have exited. With
+    ``peaks``, each worker's peak RSS in MB (VmHWM, the kernel's own peak, read until the worker exits) is
+    appended to it."""
     cmd = [*conveyor_cmd(), "worker", TARGET, "--until-idle", "--run", run_id, "--db", db,
            "--blobs", str(blobs), "--json"]
     with timed() as timing:
         procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(count)]
+        hwm = [0.0] * count
+
+        def watch() -> None:
+            while any(p.poll() is None for p in procs):
+                for i, p in enumerate(procs):
+                    hwm[i] = max(hwm[i], _memory_mb(p.pid).get("VmHWM", 0.0))
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        if peaks is not None:
+            watcher.start()
         outputs = [p.communicate() for p in procs]
+    if peaks is not None:
+        watcher.join()
+        peaks += hwm
     stats = []
     for proc, (out, err) in zip(procs, outputs, strict=True):
         if proc.returncode != 0:
@@ -260,7 +278,8 @@ def bench_backend(report: Report, backend: str, stores: Iterator[str], manifest:
     db = next(stores)
     timing, out = cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(blobs))
     times["submit"] = timing
-    report.add(Row(backend, "submit only (conveyor submit)", timing, n / timing.wall, "items/s"))
+    report.add(Row(backend, "submit only (conveyor submit)", timing, n / timing.wall, "items/s",
+                   SUBMIT_TARGETS[backend]))
     timing, stats = workers_until_idle(out["run_id"], db, blobs)
     calls = sum(s.get("stage_calls", 0) for s in stats)
     report.check(calls == 3 * n, f"{backend} process only: expected {3 * n} stage calls, workers made {calls}")
@@ -620,6 +639,7 @@ def bench_floor(report: Report, backend: str, url: str, manifest: Path, n: int,
 # --- 6: side by side at the issue's size: conveyor, the two-process floor, a peer queue -----------------
 
 SIDE_ITEMS = 20_000
+WORKER_RSS_TARGET = 100  # MB, a conveyor worker's peak RSS at SIDE_ITEMS (issue 13 point 4)
 SIDE_TARGETS = {"sqlite": 0.75, "postgres": 0.5}  # conveyor / floor, process only, 2 processes each (issue 13)
 
 
@@ -632,10 +652,13 @@ def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work
     size = f"{n:,} items"
     db = next(stores)
     _, out = cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(work / "blobs-side"))
-    engine, stats = workers_until_idle(out["run_id"], db, work / "blobs-side")
+    peaks: list[float] = []
+    engine, stats = workers_until_idle(out["run_id"], db, work / "blobs-side", peaks=peaks)
     calls = sum(s.get("stage_calls", 0) for s in stats)
     report.check(calls == 3 * n, f"{backend} side by side: expected {3 * n} stage calls, workers made {calls}")
     mine = report.add(Row(backend, f"{size}: conveyor, 2 workers", engine, 3 * n / engine.wall, "item-stages/s"))
+    report.add(Row(backend, f"{size}: conveyor worker peak RSS, max of 2", None, max(peaks), "MB",
+                   WORKER_RSS_TARGET, at_most=True))
     timing, done = raw_floor_processes(next(stores), manifest)
     report.check(done == 3 * n, f"{backend} two-process floor: expected {3 * n} succeeded tasks, got {done}")
     floor = report.add(Row(backend, f"{size}: floor, 2 processes", timing, 3 * n / timing.wall, "item-stages/s"))
