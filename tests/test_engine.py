@@ -350,3 +350,33 @@ def test_requeue_a_selection_under_the_fixed_version(tmp_path: Path, store_url: 
     again = submit_and_work(fixed, docs, store_url, tmp_path / "blobs")
     assert reconciled(store_url, again.run_id)["stage_calls"] == 2 + 1
     assert sorted(sink.read_text().split()) == ["bad1", "bad2", "flaky", "good"]
+
+
+def test_a_batch_that_fills_its_stage_cap_is_followed_by_a_claim_in_its_commit(
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a batch holding its stage's whole cap, a claim beside it takes nothing; the commit of that batch,
+    which frees the cap, claims the next one. (It claimed nothing, and the worker went down the idle path once
+    per batch: a check for open tasks, which counted every queued task, and a sleep.)"""
+    from conveyor.store.reports import ReportQueries
+
+    target = write_pipeline(tmp_path, """
+        from conveyor import Pipeline
+
+        pipe = Pipeline("capped")
+
+        @pipe.stage
+        def size(ctx, source: bytes) -> dict:
+            return {"n": len(source)}
+    """)
+    checks: list[str] = []
+    asked = ReportQueries.any_open_tasks
+
+    def counted(self: ReportQueries, pipeline: str, run_id: str | None = None) -> bool:
+        checks.append(pipeline)
+        return asked(self, pipeline, run_id)
+
+    monkeypatch.setattr(ReportQueries, "any_open_tasks", counted)
+    done = submit_and_work(target, make_docs(tmp_path / "docs", 200), store_url, tmp_path / "blobs",
+                           batch_size=10, max_inflight=20)
+    assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 200}
+    assert len(checks) <= 3, f"the worker asked whether it was done {len(checks)} times for 20 batches"

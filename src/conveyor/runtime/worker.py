@@ -97,6 +97,7 @@ class Worker:
         self._done = 0  # outcomes committed: the fleet view's tasks done
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._answered: dict[str, Outcome] = {}  # results of this worker not committed yet, by task key
+        self._committed: set[str] = set()  # task keys the last commit memoised, until its fresh tasks are started
         self._warned: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
@@ -255,13 +256,16 @@ class Worker:
         assert self._stop is not None
         idle_sleep, last_flush, claim_again = 0.01, time.monotonic(), True
         while not self._stop.is_set() and self.executor.fatal is None:
-            room = self._room() if claim_again else 0
             fresh: list[ClaimedTask] = []
             if self._flush_due(last_flush):
-                # One transaction commits the finished batch and claims the next one.
+                # One transaction commits the finished batch and claims the next one, into the room the commit
+                # frees, whatever the last claim found: it may have found nothing only because this batch held
+                # its stage's cap. (Sized before the commit, that claim took nothing and sent the worker down
+                # the idle path once per batch: a count of every queued task and a sleep.)
+                room = self._room(freed=len(self._results))
                 fresh, claimed = await self._flush(room)
                 last_flush, claim_again = time.monotonic(), True
-            elif room > 0:
+            elif (room := self._room() if claim_again else 0) > 0:
                 claimed = await self._claim(room)
             else:
                 claimed = []
@@ -289,16 +293,17 @@ class Worker:
         submission whose submitter stopped beating is marked abandoned on the way)."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
         paused = self.store.paused_runs(pipeline)
-        open_tasks = (self.store.open_tasks_outside(pipeline, paused, run_id, sorted(self._model_stages)) if paused
-                      else self.store.open_tasks(pipeline, run_id))
+        open_tasks = (self.store.any_open_tasks_outside(pipeline, paused, run_id, sorted(self._model_stages)) if paused
+                      else self.store.any_open_tasks(pipeline, run_id))
         if open_tasks:
             return False
         return not submission_alive(self.store, pipeline, run_id, self.clock())
 
-    def _room(self) -> int:
+    def _room(self, freed: int = 0) -> int:
+        """How many tasks to claim: a batch, within ``max_inflight`` once ``freed`` leases are given up."""
         if self._alone:
             return 0
-        return min(self.opts.batch_size, self.opts.max_inflight - len(self._leases))
+        return min(self.opts.batch_size, self.opts.max_inflight - len(self._leases) + freed)
 
     def _flush_due(self, last_flush: float) -> bool:
         if not self._results:
@@ -387,6 +392,7 @@ class Worker:
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()
+        self._committed = {o.task.task_key for o in batch}
         self._done += len(batch)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
@@ -413,8 +419,15 @@ class Worker:
     # --- dispatching -------------------------------------------------------
 
     async def _dispatch(self, claimed: list[ClaimedTask], fresh: list[ClaimedTask] | None = None) -> None:
-        """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
-        answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
+        """Start claimed tasks, after Transitions.answers has answered those that need no stage call. A fresh task
+        was looked up in the memo before the commit that created it: one whose key that commit memoised (its
+        answer was among the batch) is looked up again, as a claimed one is."""
+        fresh = fresh or []
+        again = [t for t in fresh if t.task_key in self._committed]
+        if again:
+            claimed, fresh = [*claimed, *again], [t for t in fresh if t.task_key not in self._committed]
+        self._committed = set()
+        answered, to_run = await self._call(self.transitions.answers, claimed, fresh, self.clock())
         self._results += answered
         on_lane = [t.id for t in to_run if t.stage in self._batch_stages]
         if on_lane:  # what became of the model requests these tasks left to the provider batch lane

@@ -228,7 +228,7 @@ class Fleet:
                 continue
             run = self.store.get_run(self.run_id)
             paused = run is not None and run.paused is not None  # its tasks wait for `conveyor resume`
-            open_tasks = 0 if paused else self.store.open_tasks(self.pipeline, self.run_id)
+            open_tasks = not paused and self.store.any_open_tasks(self.pipeline, self.run_id)
             for index in exited if open_tasks else []:
                 if self.restarts < self.options.max_restarts:
                     # A stage that kills its process must not stop the run: start a new worker.

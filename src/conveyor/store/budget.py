@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.records import LEASED
+from conveyor.store.records import OPEN_STATES
 
 GRANTED, NO_BUDGET, PAUSED, EXHAUSTED, WAIT = "granted", "no_budget", "paused", "exhausted", "wait"
 
@@ -84,17 +84,14 @@ class BudgetQueries:
             self.db.execute("UPDATE runs SET reserved_usd = 0, spent_usd = (SELECT COALESCE(SUM(cost), 0) FROM "
                             "attempts WHERE attempts.run_id = runs.run_id) WHERE run_id = ?", (run_id,))
 
-    def open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None,
-                           stages: Sequence[str] = ()) -> int:
-        """Open tasks of the pipeline (of ``run_id``), leaving out those of the paused ``runs`` at ``stages``
-        (the stages that call models: a paused run's other tasks still run)."""
+    def any_open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None,
+                               stages: Sequence[str] = ()) -> bool:
+        """Whether the pipeline (``run_id``) has an open task, leaving out those of the paused ``runs`` at
+        ``stages`` (the stages that call models: a paused run's other tasks still run). Stops at the first."""
         where = "AND run_id = ?" if run_id else ""
         params: list[object] = [pipeline, *([run_id] if run_id else [])]
         skip = (f"AND NOT (run_id IN ({','.join('?' * len(runs))}) AND stage IN ({','.join('?' * len(stages))}))"
                 if runs and stages else "")
-        total = 0
-        for state in ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", LEASED):
-            rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE {state} AND pipeline = ? {where} {skip}",
+        return any(self.db.execute(f"SELECT 1 FROM tasks WHERE {state} AND pipeline = ? {where} {skip} LIMIT 1",
                                    [*params, *(runs if skip else ()), *(stages if skip else ())])
-            total += int(rows[0][0])
-        return total
+                   for state in OPEN_STATES)

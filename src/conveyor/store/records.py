@@ -93,6 +93,8 @@ class NewItem(NamedTuple):
 # stale statistics (autovacuum off, an ANALYZE that sampled no running task) judged the index empty and walked
 # every leased task for each fenced update: lease renewals of 44 s at 2.4 million tasks.
 LEASED = "status = 'running' AND lease_expires_at IS NOT NULL"
+# An open task, by the partial index that holds it: runnable, suspect (in flight when its worker died), leased.
+OPEN_STATES = ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", LEASED)
 
 
 class Lease(NamedTuple):
