@@ -153,6 +153,44 @@ def test_running_tasks_return_what_was_inserted_or_revived(store_url: str, size:
         store.close()
 
 
+@pytest.mark.parametrize("size", [3, 500])
+def test_tasks_claimed_as_they_are_made_carry_what_the_store_holds(store_url: str, size: int) -> None:
+    """insert_tasks' running rows (on SQLite numbered from the largest id, without RETURNING): each claimed task
+    is the row the store holds; a batch that revives a row and meets others goes the row-at-a-time way and
+    returns only the revived one."""
+    store = open_store(store_url)
+    now = time.time()
+
+    def running(keys: list[str], tag: str) -> list[tuple[object, ...]]:
+        return [(*row, "w1", now + 60, now) for row in _queued("r1", keys, tag)]
+
+    def held() -> dict[int, tuple[object, ...]]:
+        return {int(row[0]): tuple(row) for row in store.db.execute(
+            f"SELECT {CLAIM_COLUMNS} FROM tasks WHERE run_id = 'r1'")}
+
+    try:
+        keys = [f"k{i:04d}" for i in range(size)]
+        store.db.execute("INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, status, task_key, "
+                         "stage_version, config_hash, input_digest, input_kind, input_size, max_attempts, "
+                         "available_at, created_at) VALUES ('r0', 'p', 'a', 'x', 'x', 'succeeded', 't', 'v1', "
+                         "'cfg', 'd', 'text', 1, 3, 0, 0)")  # the ids do not start at 1
+        with store.db.transaction():
+            first = store._insert_running(running(keys, ""))
+        assert [tuple(task) for task in first] == [held()[task.id] for task in first]
+        assert [task.item_key for task in first] == keys and {task.attempts for task in first} == {1}
+        store.db.execute("UPDATE tasks SET status = 'superseded' WHERE run_id = 'r1' AND item_key = ?", (keys[-1],))
+        with store.db.transaction():
+            again = store._insert_running(running([keys[-1]], "-new") + running(keys[:-1], "-again"))
+        assert [(t.item_key, t.task_key, t.attempts, t.lease_token) for t in again] == [
+            (keys[-1], f"t-{keys[-1]}-new", 1, 2)]
+        assert [tuple(task) for task in again] == [held()[task.id] for task in again]
+        assert len(held()) == size
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("size", [3, COPY_FROM * 4])
 def test_outputs_are_first_written_wins_and_replace_only_a_refusal(store_url: str, size: int) -> None:
     store = open_store(store_url)
