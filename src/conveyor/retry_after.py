@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC
-from email.utils import parsedate_to_datetime
 
 MAX_RETRY_AFTER_S = 86_400.0
 
@@ -59,6 +58,8 @@ def _clamp(seconds: float | None) -> float | None:
 
 
 def _until_http_date(text: str, now: float | None) -> float | None:
+    from email.utils import parsedate_to_datetime  # here: importing the email package costs every command 30 ms
+
     try:
         when = parsedate_to_datetime(text.strip())
     except (TypeError, ValueError, IndexError, OverflowError):
