@@ -97,7 +97,6 @@ class Worker:
         self._done = 0  # outcomes committed: the fleet view's tasks done
         self._followers: dict[str, list[ClaimedTask]] = {}
         self._answered: dict[str, Outcome] = {}  # results of this worker not committed yet, by task key
-        self._committed: set[str] = set()  # task keys the last commit memoised, until its fresh tasks are started
         self._warned: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
         self._alone = False
@@ -392,7 +391,6 @@ class Worker:
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()
-        self._committed = {o.task.task_key for o in batch}
         self._done += len(batch)
         for outcome in batch:
             self._leases.pop(outcome.task.id, None)
@@ -406,6 +404,12 @@ class Worker:
         if counts.get("stale_code") and self.opts.warn_stale_code:
             self._warn_stale()
         self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
+        # A fresh task was looked up in the memo as the commit was prepared: one whose key this very commit
+        # memoised (its answer was in the batch) is handed back as claimed, to be looked up again at dispatch.
+        memoised = {o.task.task_key for o in batch}
+        again = [t for t in fresh if t.task_key in memoised]
+        if again:
+            fresh, claimed = [t for t in fresh if t.task_key not in memoised], [*claimed, *again]
         return fresh, claimed
 
     def _warn_stale(self) -> None:
@@ -419,15 +423,8 @@ class Worker:
     # --- dispatching -------------------------------------------------------
 
     async def _dispatch(self, claimed: list[ClaimedTask], fresh: list[ClaimedTask] | None = None) -> None:
-        """Start claimed tasks, after Transitions.answers has answered those that need no stage call. A fresh task
-        was looked up in the memo before the commit that created it: one whose key that commit memoised (its
-        answer was among the batch) is looked up again, as a claimed one is."""
-        fresh = fresh or []
-        again = [t for t in fresh if t.task_key in self._committed]
-        if again:
-            claimed, fresh = [*claimed, *again], [t for t in fresh if t.task_key not in self._committed]
-        self._committed = set()
-        answered, to_run = await self._call(self.transitions.answers, claimed, fresh, self.clock())
+        """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
+        answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
         self._results += answered
         on_lane = [t.id for t in to_run if t.stage in self._batch_stages]
         if on_lane:  # what became of the model requests these tasks left to the provider batch lane
