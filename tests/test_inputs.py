@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conveyor.errors import InputError
+from conveyor.blobs import FilesystemBlobs
+from conveyor.errors import BlobUnwritable, InputError
+from conveyor.runtime.target import load_target
+from conveyor.runtime.values import INLINE_MAX
 from conveyor.service.inputs import check_input, iter_items
+from conveyor.service.submit import submit
+from conveyor.store import open_store
 from tests.helpers import cli, cli_json, reconciled, submit_and_work, write_pipeline
 
 PIPE = """
@@ -172,3 +180,63 @@ def test_a_manifest_written_with_a_utf8_signature_reads_as_written(tmp_path: Pat
     manifest.write_bytes(b"\xef\xbb\xbf" + b'{"key": "a", "text": "one"}\n{"key": "b", "text": "two"}\n')
     check_input(manifest)
     assert [item.key for item in iter_items(manifest)] == ["a", "b"]
+
+
+class _SlowBlobs(FilesystemBlobs):
+    """A folder store whose file puts take a while, in a shuffled order of completion, counting how many run
+    at once; ``refuse`` names a file whose put fails as a full disk would."""
+
+    def __init__(self, root: Path, refuse: str | None = None) -> None:
+        super().__init__(root)
+        self.refuse, self.lock, self.running, self.most, self.puts = refuse, threading.Lock(), 0, 0, 0
+
+    def put_file(self, path: Path) -> tuple[str, int]:
+        with self.lock:
+            self.running += 1
+            self.most, self.puts = max(self.most, self.running), self.puts + 1
+        try:
+            time.sleep(0.01 + (hash(path.name) % 5) / 200)
+            if path.name == self.refuse:
+                raise BlobUnwritable(f"cannot write to the blob store {self.root}: No space left on device")
+            return super().put_file(path)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def _mixed_folder(root: Path) -> dict[str, bytes]:
+    """Files larger than INLINE_MAX (stored as blobs) between small ones (inline); their bytes by key."""
+    files = {f"doc{i:02d}.txt": (f"{i} " * (INLINE_MAX // 2 + 40 * i) if i % 4 else f"small {i}").encode()
+             for i in range(24)}
+    root.mkdir()
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return files
+
+
+def test_large_sources_are_stored_several_at_a_time_each_under_its_own_item(tmp_path: Path) -> None:
+    files = _mixed_folder(tmp_path / "docs")
+    blobs = _SlowBlobs(tmp_path / "blobs")
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    try:
+        done = submit(load_target(write_pipeline(tmp_path, PIPE)), "pipe.py:pipe", str(tmp_path / "docs"), store,
+                      blobs)
+        rows = dict(store.db.execute("SELECT item_key, source_digest FROM items WHERE run_id = ?", (done.run_id,)))
+    finally:
+        store.close()
+    assert blobs.puts == 18 and blobs.most > 1  # the 18 large files, not one at a time
+    assert rows == {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
+    assert all(blobs.get(rows[key]) == data for key, data in files.items() if len(data) > INLINE_MAX)
+
+
+def test_a_source_the_blob_store_refuses_stops_the_submission_as_a_serial_read_would(tmp_path: Path) -> None:
+    _mixed_folder(tmp_path / "docs")
+    blobs = _SlowBlobs(tmp_path / "blobs", refuse="doc06.txt")
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    try:
+        with pytest.raises(BlobUnwritable, match="No space left on device"):
+            submit(load_target(write_pipeline(tmp_path, PIPE)), "pipe.py:pipe", str(tmp_path / "docs"), store, blobs)
+        assert store.db.execute("SELECT COUNT(*) FROM runs")[0][0] == 0  # nothing was written: nothing is left
+    finally:
+        store.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("conveyor-source")]

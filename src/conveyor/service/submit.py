@@ -17,7 +17,8 @@ import itertools
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ from conveyor.service.report import stale_code
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, lost_connection, sqlite_path
 
 BATCH = 5000
+SOURCE_THREADS = 8
+"""Sources read and stored at once by a submission (files hashed, blobs written and fsynced or uploaded): the
+hashing releases the GIL and the rest waits on the disk or the network, so a folder of large files is not read
+one file at a time."""
 
 
 @dataclass(frozen=True)
@@ -231,19 +236,25 @@ class _Ingest:
         self.transitions.expander.set_lane(run_id, lane)
         self.read_limit = _read_limit(pipeline)
         self.cached = 0
+        self.pool: ThreadPoolExecutor | None = None  # reads sources (sources()), made at the first batch with files
         self.visible = False  # some of the run's work is committed: a worker may have started on it
 
     def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
         batch: list[SourceItem] = []
-        for item in itertools.chain(items, [None]):  # streamed: None marks the end
-            if item is not None:
-                batch.append(item)
-            if batch and (item is None or len(batch) >= BATCH):
-                queued = self.batch(batch)
-                batch = []
-                if queued and on_work is not None:
-                    on_work(self.run_id)
-                    on_work = None
+        try:
+            for item in itertools.chain(items, [None]):  # streamed: None marks the end
+                if item is not None:
+                    batch.append(item)
+                if batch and (item is None or len(batch) >= BATCH):
+                    queued = self.batch(batch)
+                    batch = []
+                    if queued and on_work is not None:
+                        on_work(self.run_id)
+                        on_work = None
+        finally:
+            if self.pool is not None:  # a failed batch's other reads are not started, and those running end
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                self.pool = None
 
     def batch(self, batch: list[SourceItem]) -> int:
         if self.resumed:
@@ -252,13 +263,15 @@ class _Ingest:
         good: list[tuple[str, Ref]] = []
         bad: list[tuple[str, str]] = []
         metas = {item.key: item.meta for item in batch if item.meta is not None}
-        sha256, source = hashlib.sha256, self.source
+        sha256 = hashlib.sha256
+        stored = self.sources([item for item in batch if item.problem is None and (
+            item.text is None or len(item.text) > INLINE_MAX)])
         for item in batch:
             text = item.text
             if text is not None and len(text) <= INLINE_MAX:  # the common case, inline: no blob, no file
                 good.append((item.key, Ref("bytes", sha256(text).hexdigest(), len(text), text)))
                 continue
-            ref = item.problem if item.problem is not None else source(item)
+            ref = item.problem if item.problem is not None else next(stored)
             if isinstance(ref, str):
                 bad.append((item.key, ref))
             else:
@@ -267,6 +280,20 @@ class _Ingest:
         self.visible = True
         self.cached += hits
         return queued
+
+    def sources(self, items: list[SourceItem]) -> Iterator[Ref | str]:
+        """Each item's stored source (``source``), in order. Sources stored as blobs (larger than INLINE_MAX) are
+        read SOURCE_THREADS at a time when there are more than one; a small file is read here, where a thread
+        would cost more than the read. The first error, in item order, is raised as a serial read raises it."""
+        large = [index for index, item in enumerate(items) if _stored_as_blob(item)]
+        pending: dict[int, Future[Ref | str]] = {}
+        if len(large) > 1:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(SOURCE_THREADS, thread_name_prefix="conveyor-source")
+            pending = {index: self.pool.submit(self.source, items[index]) for index in large}
+        for index, item in enumerate(items):
+            future = pending.get(index)
+            yield self.source(item) if future is None else future.result()
 
     def source(self, item: SourceItem) -> Ref | str:
         """The item's stored source, or why it could not be read (``strict``: InputError)."""
@@ -300,6 +327,17 @@ def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
             return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data)
     digest, size = blobs.put_file(item.path)
     return Ref("bytes", digest, size, None)
+
+
+def _stored_as_blob(item: SourceItem) -> bool:
+    """Whether the item's source is larger than INLINE_MAX (a file that cannot be looked at: no, and ``source``
+    says why)."""
+    if item.text is not None:
+        return len(item.text) > INLINE_MAX
+    try:
+        return item.path is not None and item.path.stat().st_size > INLINE_MAX
+    except OSError:
+        return False
 
 
 def _bytes_ref(data: bytes, blobs: Blobs) -> Ref:
