@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.blobs import Blobs, FilesystemBlobs, MemoryBlobs, S3Blobs, is_digest, open_blobs
+from conveyor.blobs.filesystem import STALE_TEMP_S
 from conveyor.errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge, UrlError
 
 MiB = 1024 * 1024
@@ -183,6 +185,20 @@ def test_fs_no_temp_files_left(fs: FilesystemBlobs, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         fs.put_stream(_fail_after(b"four"))
     assert temp_files(tmp_path / "store") == []
+
+
+def test_fs_check_writable_removes_the_temp_files_of_puts_killed_long_ago(fs: FilesystemBlobs) -> None:
+    fs.check_writable()
+    tmp = fs.root / "tmp"
+    old, fresh, other = tmp / "put-0123456789abcdef.tmp", tmp / "put-fedcba9876543210.tmp", tmp / "notes.txt"
+    for path in (old, fresh, other):
+        path.write_bytes(b"partial")
+    day_ago = time.time() - STALE_TEMP_S - 60
+    os.utime(old, (day_ago, day_ago))
+    os.utime(other, (day_ago, day_ago))
+    fs.check_writable()
+    assert sorted(p.name for p in tmp.iterdir()) == sorted([fresh.name, other.name])  # a live put's is recent
+    assert fs.sweep_temp(now=time.time() + STALE_TEMP_S + 60) == 1 and not fresh.exists()
 
 
 def _fail_after(chunk: bytes) -> Iterator[bytes]:

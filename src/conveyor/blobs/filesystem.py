@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from conveyor.blobs.digest import check_digest, copy_hashed, read_chunks, read_l
 from conveyor.errors import BlobCorrupt, BlobNotFound, BlobUnwritable
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+STALE_TEMP_S = 24 * 3600
+"""A put's temp file untouched this long was left by a process killed mid-put (a put writes to it at least once
+per MiB read); ``check_writable`` removes such files."""
 
 
 class FilesystemBlobs:
@@ -26,7 +30,8 @@ class FilesystemBlobs:
         self.url = self.root.as_uri()
 
     def check_writable(self) -> None:
-        """Make the folder now (not at the first large input) and say plainly when it cannot be written."""
+        """Make the folder now (not at the first large input) and say plainly when it cannot be written; remove
+        the temp files that killed processes left (``sweep_temp``)."""
         try:
             _make_dirs(self.root / "tmp")
             probe = self._new_temp_path()
@@ -35,6 +40,27 @@ class FilesystemBlobs:
         except OSError as exc:
             raise BlobUnwritable(f"cannot write to the blob store {self.root}: {exc.strerror}; "
                                  "choose a writable folder with --blobs") from None
+        self.sweep_temp()
+
+    def sweep_temp(self, now: float | None = None) -> int:
+        """Remove the puts' temp files untouched for STALE_TEMP_S (a live put's is never that old); return how
+        many. A file another process removes first, or cannot be removed, is passed over."""
+        cutoff = (time.time() if now is None else now) - STALE_TEMP_S
+        removed = 0
+        try:
+            entries = list(os.scandir(self.root / "tmp"))
+        except OSError:
+            return 0
+        for entry in entries:
+            if not (entry.name.startswith("put-") and entry.name.endswith(".tmp")):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue
+        return removed
 
     def put(self, data: bytes) -> str:
         """Store ``data``; return its digest."""
