@@ -123,7 +123,7 @@ def submit(
     stream = items if items is not None else iter_items(
         input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs, own=_own(store, blobs))
     ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
-    with Heartbeat(store.url, run.run_id, me):
+    with Heartbeat(store.url, run.run_id, me), store.checkpointing():
         try:
             ingest.all(stream, on_work)
         except BaseException as exc:

@@ -12,13 +12,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
 
 from conveyor.errors import UserError
 from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
+from conveyor.store.checkpointer import Checkpointer
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
 if TYPE_CHECKING:
@@ -120,6 +121,11 @@ class Dialect(Protocol):
     def conflicted(self, exc: BaseException) -> bool:
         """True when ``exc`` is the database refusing a transaction for another's sake (a deadlock, a
         serialization failure): it was rolled back whole, and making it again is safe."""
+        ...
+
+    def checkpointing(self) -> AbstractContextManager[None]:
+        """While the block runs, the store's log is written back in the background where that is the backend's
+        own work at close (SQLite's WAL: store/checkpointer.py); elsewhere nothing."""
         ...
 
     def close(self) -> None: ...
@@ -343,6 +349,19 @@ class SqliteDialect:
     def conflicted(self, exc: BaseException) -> bool:
         """Never: writers queue on one lock (busy timeout), so no transaction is chosen as a victim."""
         return False
+
+    @contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        """PASSIVE checkpoints from a thread while the block runs (store/checkpointer.py), so that this
+        connection's close has little left to copy; a store in memory has no WAL."""
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            yield
+            return
+        checkpointer = Checkpointer(self.path).start()
+        try:
+            yield
+        finally:
+            checkpointer.stop()
 
     def close(self) -> None:
         self.conn.close()
@@ -587,6 +606,10 @@ class PostgresDialect:
                 self._listener.close()
                 self._listener = None
             time.sleep(timeout)
+
+    def checkpointing(self) -> AbstractContextManager[None]:
+        """Nothing to do: the server writes its log back on its own schedule, not at a client's close."""
+        return nullcontext()
 
     def close(self) -> None:
         if self._listener is not None:

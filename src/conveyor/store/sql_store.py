@@ -104,6 +104,11 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
         """True when ``exc`` rolled back a transaction for another's sake (a deadlock): safe to make again."""
         return self.db.conflicted(exc)
 
+    def checkpointing(self) -> AbstractContextManager[None]:
+        """While the block runs, SQLite's WAL is copied into the store from a thread (store/checkpointer.py), so
+        closing the store after a long write is quick; nothing on PostgreSQL."""
+        return self.db.checkpointing()
+
     def close(self) -> None:
         self.db.close()
 
