@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.store import SqlStore, open_store
-from conveyor.store import checkpointer
+from conveyor.store import SqlStore, checkpointer, open_store
 
 
 def _write(store: SqlStore, batches: int) -> None:

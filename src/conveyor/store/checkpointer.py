@@ -20,12 +20,10 @@ CHECKPOINT_EVERY_S = 0.25
 
 
 class Checkpointer:
-    """A thread making PASSIVE checkpoints of the SQLite file at ``path`` until ``stop``; ``frames`` counts the
-    WAL frames it copied into the store."""
+    """A thread making PASSIVE checkpoints of the SQLite file at ``path`` until ``stop``."""
 
     def __init__(self, path: str, every: float | None = None) -> None:
         self.path, self.every = path, CHECKPOINT_EVERY_S if every is None else every
-        self.frames = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="conveyor-checkpoint", daemon=True)
 
@@ -49,10 +47,8 @@ class Checkpointer:
         try:
             while not self._stop.wait(self.every):
                 try:
-                    busy, _, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.OperationalError:  # another checkpoint holds the file's checkpoint lock: next time
                     continue
-                if not busy and copied > 0:
-                    self.frames += copied
         finally:
             conn.close()
