@@ -201,6 +201,18 @@ def test_fs_check_writable_removes_the_temp_files_of_puts_killed_long_ago(fs: Fi
     assert fs.sweep_temp(now=time.time() + STALE_TEMP_S + 60) == 1 and not fresh.exists()
 
 
+def test_fs_check_writable_keeps_a_live_put_under_a_clock_a_week_ahead(
+    fs: FilesystemBlobs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fs.check_writable()
+    live = fs.root / "tmp" / "put-0123456789abcdef.tmp"
+    live.write_bytes(b"partial")
+    ahead = time.time() + 7 * 86400
+    monkeypatch.setattr(time, "time", lambda: ahead)  # this process's clock is skewed; the folder's is not
+    fs.check_writable()
+    assert live.exists()
+
+
 def _fail_after(chunk: bytes) -> Iterator[bytes]:
     yield chunk
     raise RuntimeError("boom")

@@ -36,15 +36,17 @@ class FilesystemBlobs:
             _make_dirs(self.root / "tmp")
             probe = self._new_temp_path()
             probe.write_bytes(b"")
+            written = probe.stat().st_mtime  # the clock the folder's files are stamped by, not this process's
             probe.unlink()
         except OSError as exc:
             raise BlobUnwritable(f"cannot write to the blob store {self.root}: {exc.strerror}; "
                                  "choose a writable folder with --blobs") from None
-        self.sweep_temp()
+        self.sweep_temp(written)
 
     def sweep_temp(self, now: float | None = None) -> int:
-        """Remove the puts' temp files untouched for STALE_TEMP_S (a live put's is never that old); return how
-        many. A file another process removes first, or cannot be removed, is passed over."""
+        """Remove the puts' temp files untouched for STALE_TEMP_S before ``now`` (a live put's is never that old;
+        default: this process's clock); return how many. A file another process removes first, or cannot be
+        removed, is passed over."""
         cutoff = (time.time() if now is None else now) - STALE_TEMP_S
         removed = 0
         try:

@@ -353,8 +353,9 @@ class SqliteDialect:
     @contextmanager
     def checkpointing(self) -> Iterator[None]:
         """PASSIVE checkpoints from a thread while the block runs (store/checkpointer.py), so that this
-        connection's close has little left to copy; a store in memory has no WAL."""
-        if self.path == ":memory:" or self.path.startswith("file:"):
+        connection's close has little left to copy; not for a store in memory or opened by URI (no writer lock
+        either: no file that another connection is known to share)."""
+        if self._writers is None:
             yield
             return
         checkpointer = Checkpointer(self.path).start()
