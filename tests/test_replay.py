@@ -8,6 +8,8 @@ from typing import Any
 
 from conveyor.blobs import FilesystemBlobs
 from conveyor.runtime.target import load_target
+from conveyor.service.replay import ReplayOptions, replay
+from conveyor.service.selection import Selection
 from conveyor.service.submit import submit
 from conveyor.store import open_store
 from tests.helpers import submit_and_work, work, write_pipeline
@@ -130,3 +132,46 @@ def test_an_unsettled_item_of_the_base_run_is_walked_not_copied(tmp_path: Path, 
     assert (cached, copied) == (0, 0)
     assert {r[0] for r in _rows(store_url, second)} == {"parse"}
     assert first != second
+
+
+def _statements(store_url: str, target: str, docs: Path, blobs: Path) -> tuple[str, int, list[str]]:
+    """Submit a re-run; return its run id, the tasks cached and the statements the store ran for it."""
+    store = open_store(store_url)
+    seen: list[str] = []
+    original = store.db.execute
+
+    def recording(sql: str, params: Any = ()) -> Any:
+        seen.append(sql)
+        return original(sql, params)
+
+    store.db.execute = recording  # type: ignore[method-assign]
+    try:
+        done = submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs))
+    finally:
+        store.close()
+    return done.run_id, done.cached, seen
+
+
+def test_a_base_run_whose_every_task_succeeded_is_taken_on_its_totals_until_a_replay_touches_it(
+        tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    blobs = tmp_path / "blobs"
+    docs = _docs(tmp_path / "docs", {"x": "red green", "y": "one two three"})
+    submit_and_work(target, docs, store_url, blobs)
+
+    second, cached, seen = _statements(store_url, target, docs, blobs)
+    assert cached == 11, "x: parse, split, publish, 2 x shout; y: 6"
+    assert not [sql for sql in seen if "status <> 'succeeded'" in sql], "no task row is read to decide"
+
+    # A replay of x in that run, worked to the end: every task succeeded again, but a replay's superseded rows
+    # are counted in no total, so from now on the run's roots are decided on their task rows.
+    store = open_store(store_url)
+    try:
+        replay(store, FilesystemBlobs(blobs), Selection(runs=(second,), stages=("parse",), item_glob="x"),
+               ReplayOptions(reason="reprocess", downstream=True))
+    finally:
+        store.close()
+    work(target, store_url, blobs, run_id=second)
+    _, cached, seen = _statements(store_url, target, docs, blobs)
+    assert [sql for sql in seen if "status <> 'succeeded'" in sql]
+    assert cached == 11
