@@ -171,8 +171,10 @@ def test_worker_metrics_port(store_url: str, tmp_path: Path) -> None:
                                str(blobs), "--metrics-port", str(port), "-q"], cwd=tmp_path, env=env,
                               start_new_session=True)
     try:
+        # The poison item's second attempt may still be running when the others are done: wait for its end too.
         s = _scrape_until(f"http://127.0.0.1:{port}/metrics", lambda s: value(
-            s, "conveyor_items_published_total") == 5 and value(s, "conveyor_review_backlog") == 2)
+            s, "conveyor_items_published_total") == 5 and value(s, "conveyor_review_backlog") == 2 and value(
+            s, "conveyor_tasks_finished_total", outcome="dead_lettered") >= 1)
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
