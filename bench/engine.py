@@ -1069,25 +1069,34 @@ def sql_breakdown(url: str, manifest: Path, blobs_dir: Path, top: int) -> str:
 
 @contextlib.contextmanager
 def _timing_statements(spent: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
-    """Wrap the dialects' execute methods for the duration of the block."""
+    """Wrap the dialects' statement methods (single statements, executemany, the COPY-backed bulk writes and
+    appends) for the duration of the block; a call made inside another wrapped call (insert_many's executemany)
+    is counted in the outer one only."""
     from conveyor.store.dialect import PostgresDialect, SqliteDialect
 
-    saved = [(cls, name, getattr(cls, name)) for cls in (SqliteDialect, PostgresDialect)
-             for name in ("execute", "executemany", "execute_rowcount")]
+    names = ("execute", "executemany", "execute_rowcount", "executemany_count", "executemany_returning",
+             "insert_many", "insert_many_returning", "update_many", "append")
+    saved = [(cls, name, getattr(cls, name)) for cls in (SqliteDialect, PostgresDialect) for name in names
+             if name in vars(cls)]
+    depth = threading.local()
 
-    def wrap(original: Any) -> Any:
-        def timed_call(self: Any, sql: str, params: Any = ()) -> Any:
+    def wrap(name: str, original: Any) -> Any:
+        def timed_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            outer = not getattr(depth, "value", 0)
+            depth.value = getattr(depth, "value", 0) + 1
             started = time.perf_counter()
             try:
-                return original(self, sql, params)
+                return original(self, *args, **kwargs)
             finally:
-                label = _statement(sql)
-                spent[label] += time.perf_counter() - started
-                calls[label] += 1
+                depth.value -= 1
+                if outer:
+                    label = f"append to {args[0]}" if name == "append" else _statement(args[0])
+                    spent[label] += time.perf_counter() - started
+                    calls[label] += 1
         return timed_call
 
     for cls, name, original in saved:
-        setattr(cls, name, wrap(original))
+        setattr(cls, name, wrap(name, original))
     try:
         yield
     finally:
