@@ -66,6 +66,7 @@ from typing import Any
 import orjson
 import psutil
 
+from conveyor.store import sqlite_path
 from conveyor.store.memokey import key64
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,7 +302,7 @@ def cached_cli(report: Report, backend: str, manifest: Path, db: str, blobs: Pat
     in the notes). Leaves ``db`` holding one cached re-run (the in-process one follows it)."""
     copies: list[str] = []
     if backend == "sqlite":
-        path = Path(db.removeprefix("sqlite:///"))
+        path = Path(str(sqlite_path(db)))
         for index in range(CACHED_ROUNDS - 1):
             copy = work / f"cached-copy-{index}.db"
             shutil.copyfile(path, copy)
@@ -317,7 +318,7 @@ def cached_cli(report: Report, backend: str, manifest: Path, db: str, blobs: Pat
         timings.append(timing)
     for url in copies:
         for suffix in ("", "-wal", "-shm"):
-            Path(url.removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+            Path(f"{sqlite_path(url)}{suffix}").unlink(missing_ok=True)
     if len(timings) > 1:
         report.details.append(f"{backend} cached re-run through the CLI, {len(timings)} times, each on a copy of the "
                               "store the cold run left (the row is the median): "
@@ -730,7 +731,8 @@ def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work
                        rounds: int = SIDE_ROUNDS) -> None:
     """Process only, two processes each, N items through a → b → c: conveyor's workers and the hand-written
     floor, alternated ``rounds`` times (this host's speed drifts by more than a target's margin within minutes,
-    so each round's ratio compares runs made seconds apart; the rows give the medians), then the peer queue of
+    so each round's ratio compares runs made seconds apart; the first-start rows give the medians, the
+    spawn-to-exit rows the round of the median ratio), then the peer queue of
     the backend once (pgqueuer on PostgreSQL, huey on SQLite: bench/peers.py)."""
     import peers
 
@@ -748,8 +750,7 @@ def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work
                    3 * n / middle.floor_timing.wall, "item-stages/s"))
     report.add(Row(backend, f"{size}: floor, 2 processes, first start to all done", None,
                    statistics.median(lap.floor for lap in laps), "item-stages/s"))
-    report.add(Row(backend, f"{size}: conveyor / floor, spawn to exit", None,
-                   statistics.median(lap.spawn_ratio for lap in laps), "x"))
+    report.add(Row(backend, f"{size}: conveyor / floor, spawn to exit", None, middle.spawn_ratio, "x"))
     report.add(Row(backend, f"{size}: conveyor / floor, first start to all done", None, middle.ratio, "x",
                    SIDE_TARGETS[backend]))
     report.details.append(

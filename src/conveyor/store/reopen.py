@@ -44,6 +44,11 @@ WHERE run_id = ? AND root_key = ? AND (status IN ({_ENDED_SQL}) OR (status = 'qu
     AND ((item_key = ? AND stage IN ({{stages}})) OR (item_key > ? AND item_key < ? AND ? = 1))"""
 
 
+def naming_run(run_id: str) -> str:
+    """A LIKE pattern for the replays whose ``runs`` (a JSON list of run ids) names ``run_id``."""
+    return f'%"{run_id}"%'
+
+
 class Reopened(NamedTuple):
     """An ended task queued again (bound in REOPEN's order)."""
 
@@ -96,7 +101,7 @@ class ReopenQueries(RunTotalsQueries, QueueCountQueries):
         """(id, reason, note, created_at, created_by, reopened, superseded) of the replays that touched a run."""
         return [(int(r[0]), str(r[1]), r[2], float(r[3]), str(r[4]), int(r[5]), int(r[6])) for r in self.db.execute(
             "SELECT id, reason, note, created_at, created_by, reopened, superseded FROM replays WHERE runs LIKE ? "
-            "ORDER BY id", (f'%"{run_id}"%',))]
+            "ORDER BY id", (naming_run(run_id),))]
 
     def replay_entries(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, float, str]]:
         """id -> (reason, note, created_at, created_by)."""

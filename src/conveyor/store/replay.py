@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.reopen import naming_run
 from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
@@ -100,4 +101,4 @@ class ReplayQueries(RunTotalsQueries):
         total, so a run a replay touched is never taken on its totals."""
         if any(state != "succeeded" and value for _, state, _, value in self.run_totals(base, "tasks")):
             return False
-        return not self.db.execute("SELECT 1 FROM replays WHERE runs LIKE ? LIMIT 1", (f'%"{base}"%',))
+        return not self.db.execute("SELECT 1 FROM replays WHERE runs LIKE ? LIMIT 1", (naming_run(base),))
