@@ -109,7 +109,8 @@ def test_with_an_old_snapshot_held_floored_claims_skip_the_dead_entries(pg_url: 
         # What each claim's scan reads: the usual one walks the 19,000 dead entries, the floored one does not.
         conn = store.db.conn
         scan = ("SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = 'p' AND stage = 'a' "
-                "{} AND available_at <= %s ORDER BY lane_rank, available_at LIMIT 10")
+                "AND stage_version = 'v1' AND config_hash = 'cfg' {} AND available_at <= %s "
+                "ORDER BY lane_rank, available_at LIMIT 10")
         floor = store.claim_floors.lanes("p", "a")[1]  # type: ignore[index]
         walked = _buffers(conn, scan.format(""), [now])
         skipped = _buffers(conn, scan.format("AND lane_rank = 1 AND available_at >= %s"), [floor, now])

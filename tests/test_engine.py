@@ -371,9 +371,9 @@ def test_a_batch_that_fills_its_stage_cap_is_followed_by_a_claim_in_its_commit(
     checks: list[str] = []
     asked = ReportQueries.any_open_tasks
 
-    def counted(self: ReportQueries, pipeline: str, run_id: str | None = None) -> bool:
+    def counted(self: ReportQueries, pipeline: str, run_id: str | None = None, declared: object = None) -> bool:
         checks.append(pipeline)
-        return asked(self, pipeline, run_id)
+        return asked(self, pipeline, run_id, declared)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ReportQueries, "any_open_tasks", counted)
     done = submit_and_work(target, make_docs(tmp_path / "docs", 200), store_url, tmp_path / "blobs",

@@ -61,7 +61,8 @@ def test_sql_lives_in_store_only() -> None:
 
 def test_public_api_is_curated() -> None:
     assert sorted(conveyor.__all__) == [
-        "Alerts", "Breaker", "ConveyorError", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage", "TerminalError",
+        "Alerts", "Breaker", "ConveyorError", "Param", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage",
+        "TerminalError",
         "__version__"]
     for name in conveyor.__all__:
         assert getattr(conveyor, name) is not None

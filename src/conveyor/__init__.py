@@ -16,7 +16,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from conveyor.errors import ConveyorError, RetryLater, TerminalError
-from conveyor.pipeline import Alerts, Breaker, Pipeline, RateLimit, Retry, Stage
+from conveyor.pipeline import Alerts, Breaker, Param, Pipeline, RateLimit, Retry, Stage
 
-__all__ = ["Alerts", "Breaker", "ConveyorError", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage",
+__all__ = ["Alerts", "Breaker", "ConveyorError", "Param", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage",
            "TerminalError", "__version__"]

@@ -47,6 +47,9 @@ ProviderBatch = Annotated[bool, typer.Option(
     "API at the batch price; its tasks wait, holding no worker, until their batch answers (a call still waiting "
     "past the stage's batch_deadline, 24 h by default, is made directly)")]
 ACCEPT_CODE = "--accept-code-change"
+Sets = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="NAME=VALUE", help="a run parameter (Pipeline(params=...)), recorded with the run: its "
+    "workers, resumes and replays use the recorded value; repeat for more")]
 AcceptCode = Annotated[list[str] | None, typer.Option(
     ACCEPT_CODE, metavar="[STAGE]", help="keep outputs that other code of STAGE made under its current "
     "version (silences stale_code for it); repeat for more stages; without STAGE, every stage")]
@@ -138,11 +141,12 @@ def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) ->
 
 
 def submit_options(skip_bad_lines: bool, strict_inputs: bool, accept: list[str] | None,
-                   resume: str | None = None, budget_usd: float | None = None) -> Any:
+                   resume: str | None = None, budget_usd: float | None = None, sets: list[str] | None = None) -> Any:
     from conveyor.service.submit import SubmitOptions
 
     return SubmitOptions(skip_bad_lines=skip_bad_lines, strict_inputs=strict_inputs, resume=resume,
-                         accept_code_change=tuple(accept or ()), budget_usd=checked_budget(budget_usd))
+                         accept_code_change=tuple(accept or ()), budget_usd=checked_budget(budget_usd),
+                         sets=tuple(sets or ()))
 
 
 def checked_budget(value: float | None) -> float | None:

@@ -218,6 +218,8 @@ def status(data: dict[str, Any]) -> None:
         out.print("items: " + ", ".join(f"{k} {v}" for k, v in data["outcomes"].items()))
     if data.get("note"):
         out.print(f"note: {escape(data['note'])}")
+    for wait in data.get("waiting_for_workers") or []:
+        out.print(f"[yellow]waiting:[/] {escape(wait['message'])}")
     waiting = data.get("provider_batch_waiting")
     if waiting:
         out.print("waiting on provider batches: " + ", ".join(f"{stage} {n:,}" for stage, n in waiting.items())
@@ -253,13 +255,16 @@ def workers(data: dict[str, Any]) -> None:
                   "starts some")
         return
     table = Table(title="workers")
-    for column in ("worker", "state", "pipeline", "run", "started", "last beat", "held", "done"):
+    for column in ("worker", "state", "pipeline", "run", "started", "last beat", "held", "done", "serves"):
         table.add_column(column, justify="right" if column in ("last beat", "held", "done") else "left",
                          no_wrap=column == "worker")
     for w in data["workers"]:
         started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(w["started_at"]))
+        serves = ", ".join(f"{stage} v{version} {config[:8]}" for stage, (version, config) in
+                           (w.get("serves") or {}).items())
         table.add_row(escape(w["worker"]), w["state"], escape(w["pipeline"]), escape(w["run"] or "any"), started,
-                      f"{_duration(w['heartbeat_age_s'])} ago", str(w["tasks_held"]), str(w["tasks_done"]))
+                      f"{_duration(w['heartbeat_age_s'])} ago", str(w["tasks_held"]), str(w["tasks_done"]),
+                      escape(serves or "-"))
     out.print(table)
 
 

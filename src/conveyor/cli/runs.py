@@ -19,6 +19,7 @@ from conveyor.cli.common import (
     Json,
     Lane,
     ProviderBatch,
+    Sets,
     SkipBadLines,
     StrictInputs,
     Target,
@@ -50,7 +51,7 @@ def run(
     sample: Annotated[int, typer.Option("--sample", min=0, help="with --dry-run, for stages with no past attempts: "
                                         "run this many items for real in a scratch store to measure them (paid "
                                         "for; 0: no sample)")] = 3,
-    budget_usd: BudgetUsd = None, provider_batch: ProviderBatch = False,
+    budget_usd: BudgetUsd = None, provider_batch: ProviderBatch = False, sets: Sets = None,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.runtime.target import load_target
@@ -59,12 +60,12 @@ def run(
     pipeline = load_target(target)
     check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
     if dry_run:
-        _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json)
+        _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json, sets)
         return
     blob_store = writable_blobs(blobs)
     options = RunOptions(workers=workers, lane=lane, provider_batch=provider_batch,
                          submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
-                                               budget_usd=budget_usd))
+                                               budget_usd=budget_usd, sets=sets))
     with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
         try:
             summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
@@ -74,7 +75,7 @@ def run(
 
 
 def _dry_run(pipeline: Any, target: str, input: str, db: str, blobs: str, workers: int, sample: int,
-             skip_bad_lines: bool, as_json: bool) -> None:
+             skip_bad_lines: bool, as_json: bool, sets: list[str] | None) -> None:
     """``run --dry-run``: reads the store when there is one, creates nothing either way."""
     from conveyor.blobs import open_blobs
     from conveyor.cli import render
@@ -86,7 +87,8 @@ def _dry_run(pipeline: Any, target: str, input: str, db: str, blobs: str, worker
         store = open_store("sqlite:///:memory:")  # no history, no memo: everything would run
     try:
         with stage_output_to_stderr():
-            data = dry_run(pipeline, target, input, store, open_blobs(blobs), max(1, workers), sample, skip_bad_lines)
+            data = dry_run(pipeline, target, input, store, open_blobs(blobs), max(1, workers), sample, skip_bad_lines,
+                           tuple(sets or ()))
     finally:
         store.close()
     emit(data, as_json, render.dry_run)
@@ -130,6 +132,7 @@ def submit(
     skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
     resume_run: Annotated[str | None, typer.Option("--resume", metavar="RUN", help="finish the submission of "
                                                    "RUN, which stopped part way (its input is read again)")] = None,
+    sets: Sets = None,
 ) -> None:
     """Create a run without processing it; print its id."""
     from conveyor.runtime.target import load_target
@@ -139,7 +142,9 @@ def submit(
 
     pipeline = load_target(target)
     blob_store = writable_blobs(blobs)
-    options = submit_options(skip_bad_lines, strict_inputs, accept_code_change, resume_run)
+    if sets and resume_run is not None:
+        raise UserError("--set is for a new run: a resumed submission keeps the parameters its run recorded")
+    options = submit_options(skip_bad_lines, strict_inputs, accept_code_change, resume_run, sets=sets)
     with store_for(db) as store:
         source = input
         if resume_run is not None:

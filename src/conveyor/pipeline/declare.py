@@ -10,7 +10,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from conveyor.errors import PipelineError
 from conveyor.pipeline.alerts import Alerts, declared_alerts
 from conveyor.pipeline.budget import Breaker, budget
 from conveyor.pipeline.limits import RateLimit, parse_limits
+from conveyor.pipeline.params import Param, declared_params, stage_params
 from conveyor.pipeline.retry import Retry
 
 StageKind = Literal["map", "fanout", "publish"]
@@ -53,6 +54,9 @@ class Stage:
     # at the batch price; a call not answered within ``batch_deadline`` seconds is made directly instead.
     batch: bool = False
     batch_deadline: float = DEFAULT_BATCH_DEADLINE_S
+    # The run parameters it reads as ``ctx.params`` (conveyor.pipeline.params): their values are part of its
+    # task key, not of its config hash (which says what code and declaration a worker must have to run it).
+    params: tuple[str, ...] = ()
 
     @property
     def guarded(self) -> bool:
@@ -60,6 +64,9 @@ class Stage:
         return not self.is_async and (self.timeout is not None or self.max_memory_bytes is not None)
 
     config_hash: str = ""
+    # The canonical JSON the config hash is taken of (the config, with the acceptance rules, target, provenance
+    # and parameter names that are part of the stage's identity): recorded so a difference can be named.
+    config_text: str = ""
     is_async: bool = False
 
     def __post_init__(self) -> None:
@@ -70,7 +77,10 @@ class Stage:
             identity["\u00a7into"] = self.into if isinstance(self.into, str) else type(self.into).__qualname__
         if self.provenance:
             identity["\u00a7provenance"] = dict(self.provenance)
-        object.__setattr__(self, "config_hash", config_hash(self.name, identity))
+        if self.params:  # which run parameters it reads (their values are in each task's key, per run)
+            identity["\u00a7params"] = list(self.params)
+        object.__setattr__(self, "config_text", config_text(self.name, identity))
+        object.__setattr__(self, "config_hash", hashlib.sha256(self.config_text.encode()).hexdigest()[:16])
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -103,7 +113,7 @@ class Pipeline:
         self, name: str, *, retry: Retry | None = None, lease_seconds: float = 30.0,
         provider: Callable[[], Any] | None = None, limits: Mapping[str, RateLimit] | None = None,
         max_backlog: int = 20_000, budget_usd: float | None = None, breaker: Breaker | None = Breaker(),
-        alerts: Alerts | None = None,
+        alerts: Alerts | None = None, params: Mapping[str, Any | Param] | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise PipelineError("Pipeline(name) needs a non-empty name")
@@ -127,6 +137,8 @@ class Pipeline:
         self.breaker = breaker
         # Alerts on rates (dead letters per hour, reviews past their deadline): see conveyor.pipeline.alerts.
         self.alerts = declared_alerts(alerts, name)
+        # Run parameters (conveyor.pipeline.params): set at submission, recorded with the run, read as ctx.params.
+        self.params: dict[str, Param] = declared_params(params, name)
         self._stages: dict[str, Stage] = {}
 
     def stage(
@@ -148,12 +160,14 @@ class Pipeline:
         provenance: Mapping[str, Any] | None = None,
         batch: bool = False,
         batch_deadline: float = DEFAULT_BATCH_DEADLINE_S,
+        params: Sequence[str] | None = None,
     ) -> Any:
         """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``.
 
         ``batch=True`` sends the stage's ``ctx.chat`` calls through the provider's Batch API (half price,
         answered within hours; the task waits without holding a worker); a call still unanswered
-        ``batch_deadline`` seconds after it was asked is made directly.
+        ``batch_deadline`` seconds after it was asked is made directly. ``params`` names the run parameters
+        (``Pipeline(params=...)``) the stage reads as ``ctx.params``; their values are part of its task key.
         """
 
         def register(func: Callable[..., Any]) -> Stage:
@@ -174,6 +188,7 @@ class Pipeline:
                 provenance=declared_provenance(name or func.__name__, provenance),
                 batch=bool(batch),
                 batch_deadline=_positive("batch_deadline", batch_deadline) or DEFAULT_BATCH_DEADLINE_S,
+                params=stage_params(params, self.params, name or func.__name__, self.name),
             )
             self._add(stage)
             return stage
@@ -246,6 +261,10 @@ class Pipeline:
         copy._stages = {name: s for name, s in self._stages.items() if s.kind != "publish"}
         return copy
 
+    def declared(self) -> dict[str, tuple[str, str]]:
+        """Each stage's (version, config hash): the tasks a worker of this declaration may claim."""
+        return {s.name: (s.version, s.config_hash) for s in self._stages.values()}
+
     @property
     def has_publish(self) -> bool:
         return any(s.kind == "publish" for s in self._stages.values())
@@ -260,9 +279,13 @@ class Pipeline:
 def config_hash(stage: str, config: Mapping[str, Any]) -> str:
     """The hash of a stage's config from its canonical JSON (sorted keys, no spaces; a tuple is a list),
     the same in every process. A value JSON cannot hold as it is is a declaration error."""
+    return hashlib.sha256(config_text(stage, config).encode()).hexdigest()[:16]
+
+
+def config_text(stage: str, config: Mapping[str, Any]) -> str:
+    """A stage's config as canonical JSON (what its hash is taken of)."""
     _check_json_like(stage, "config", config)
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _check_json_like(stage: str, where: str, value: Any) -> None:

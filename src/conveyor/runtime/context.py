@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from conveyor.pipeline.params import StageParams
 from conveyor.runtime.services import Usage
 
 _log = logging.getLogger("conveyor.stage")
@@ -25,12 +27,13 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "judged", "lane",
-                 "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
+                 "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
-                 judged: bool = False, batch: BatchCalls | None = None) -> None:
+                 judged: bool = False, batch: BatchCalls | None = None, params: Mapping[str, Any] | None = None,
+                 ) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -45,6 +48,9 @@ class Context:
         # read the model and prompt from ``ctx.config`` so an escalated try uses the stronger ones.
         self.tier = tier
         self.config: dict[str, Any] = dict(config or {})
+        # The run's values of the parameters the stage declares (conveyor.pipeline.params), as the run recorded
+        # them at submission: read them here, never from this process's environment.
+        self.params: Mapping[str, Any] = params if params is not None else StageParams(stage, (), {})
         # The stage declares an acceptance boundary: a malformed JSON-mode answer is the judge's to repair or
         # refuse (invalid_format), so ctx.chat returns it (``data`` None) instead of raising malformed_output.
         self.judged = judged
@@ -109,7 +115,7 @@ class Context:
             "run_id": self.run_id, "item_key": self.item_key, "stage": self.stage, "attempt": self.attempt,
             "task_key": self.task_key, "pipeline": self.pipeline, "input_digest": self.input_digest,
             "idempotency_key": self.idempotency_key, "tier": self.tier, "config": self.config,
-            "judged": self.judged,
+            "judged": self.judged, "params": self.params,
         }
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ from conveyor.acceptance.record import publish_once, staged
 from conveyor.blobs import Blobs
 from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.pipeline.params import StageParams
 from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
@@ -91,6 +92,8 @@ class Executor:
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}
+        # The parameter values of the runs whose tasks run here, as each run recorded them: filled by the worker.
+        self.run_params: dict[str, dict[str, Any]] = {}
         self.paused: set[str] = set()  # runs a call found paused here (the worker claims none of their tasks)
         # The provider batch lane: its stages, and the stored states of the requests of the tasks about to run
         # (by task id, filled by the worker before it starts them).
@@ -238,4 +241,5 @@ class Executor:
                                self.clock())
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
-                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch)
+                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch,
+                       params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})))

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.pipeline import params as run_params
 from conveyor.runtime import provenance
 from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.values import Ref, parse_fanout
@@ -42,15 +43,16 @@ def _key_prefix(pipeline: str, stage: Stage) -> bytes:
     return f"{pipeline}\0{stage.name}\0{stage.version}\0{stage.config_hash}\0".encode()
 
 
-def task_key(pipeline: str, stage: Stage, ref: Ref, item_key: str) -> str:
-    """hash(pipeline, stage name, stage version, config hash, input kind and digest): the memo key.
+def task_key(pipeline: str, stage: Stage, ref: Ref, item_key: str, params: Mapping[str, Any] | None = None) -> str:
+    """hash(pipeline, stage name, stage version, config hash, the run parameters it reads, input kind and
+    digest): the memo key.
 
     Two items with the same content share the work of a map or fan-out stage; two pipelines never
     share anything, even a stage of the same name and version. A publish stage's effect belongs to
-    its item, so its key names the item too.
+    its item, so its key names the item too. ``params``: the run's parameter values (conveyor.pipeline.params).
     """
-    return hashlib.sha256(_key_prefix(pipeline, stage) + _key_suffix(stage.kind == "publish", ref, item_key)
-                          ).hexdigest()
+    prefix = _key_prefix(pipeline, stage) + run_params.key_part(stage.params, params or {})
+    return hashlib.sha256(prefix + _key_suffix(stage.kind == "publish", ref, item_key)).hexdigest()
 
 
 def _key_suffix(publish: bool, ref: Ref, item_key: str) -> bytes:
@@ -76,6 +78,7 @@ class _StagePlan(NamedTuple):
     max_attempts: int
     children: tuple[str, ...]
     memo: StageMemo
+    params: tuple[str, ...]  # the run parameters it reads: part of its key, so its prefix is per run
 
 
 class Expander:
@@ -87,9 +90,10 @@ class Expander:
         self._plans = {
             s.name: _StagePlan(_key_prefix(pipeline.name, s), s.version, s.config_hash, s.kind == "fanout",
                                s.kind == "publish", s.retry.max_attempts,
-                               tuple(c.name for c in pipeline.children(s.name)), StageMemo(s))
+                               tuple(c.name for c in pipeline.children(s.name)), StageMemo(s), s.params)
             for s in pipeline
         }
+        self._run_prefixes: dict[str, dict[str, bytes]] = {}  # run -> stage -> key prefix, for stages with params
         # (run, stage) -> tasks answered from outputs that other code made under the same stage version
         self.stale: Counter[tuple[str, str]] = Counter()
         self._roots = [s.name for s in pipeline.roots]
@@ -110,16 +114,45 @@ class Expander:
 
     def set_lane(self, run_id: str, lane: str) -> None:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
-        _bound(self._lane_ranks, self._bases, self._provenance_bases)
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
         self._lane_ranks[run_id] = LANE_RANKS[lane]
 
     def lane_rank(self, run_id: str) -> int:
         rank = self._lane_ranks.get(run_id)
         if rank is None:
-            _bound(self._lane_ranks, self._bases, self._provenance_bases)
+            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
             run = self.store.get_run(run_id)
             rank = self._lane_ranks[run_id] = LANE_RANKS.get(run.lane if run else "bulk", 1)
         return rank
+
+    def set_params(self, run_id: str, values: Mapping[str, Any]) -> None:
+        """``run_id``'s parameter values, known already (its submission, a dry run): not read from the store."""
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+        self._run_prefixes[run_id] = {name: p.prefix + run_params.key_part(p.params, values)
+                                      for name, p in self._plans.items()}
+
+    def run_params(self, run_id: str) -> dict[str, Any]:
+        """The parameter values ``run_id`` was submitted with (as recorded: never this process's environment)."""
+        run = self.store.get_run(run_id)
+        return run_params.decode(run.params if run else None)
+
+    def prefix(self, run_id: str, stage: str) -> bytes:
+        """The key prefix of ``stage``'s tasks in ``run_id``: with the values of the parameters it reads."""
+        plan = self._plans[stage]
+        if not plan.params:
+            return plan.prefix
+        prefixes = self._run_prefixes.get(run_id)
+        if prefixes is None:
+            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+            values = self.run_params(run_id)
+            prefixes = self._run_prefixes[run_id] = {
+                name: p.prefix + run_params.key_part(p.params, values) for name, p in self._plans.items()}
+        return prefixes[stage]
+
+    def key_of(self, run_id: str, stage: str, ref: Ref, item_key: str) -> str:
+        """The task key this declaration makes for ``stage`` on ``ref`` in ``run_id``."""
+        return hashlib.sha256(self.prefix(run_id, stage) + _key_suffix(self._plans[stage].publish, ref, item_key)
+                              ).hexdigest()
 
     def roots(self, run_id: str, item_key: str, source: Ref) -> list[Seed]:
         return [Seed(run_id, item_key, item_key, name, source) for name in self._roots]
@@ -152,13 +185,13 @@ class Expander:
     def without_base(self, run_id: str) -> None:
         """``run_id`` copies no settled items from an earlier run (an API job: its memo lookups answer instead,
         and finding the base would cost its creation three round trips)."""
-        _bound(self._lane_ranks, self._bases, self._provenance_bases)
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
         self._bases[run_id] = None
 
     def replay_base(self, run_id: str) -> str | None:
         """The earlier run whose settled items a run may copy (store/replay.py), looked up once per run."""
         if run_id not in self._bases:
-            _bound(self._lane_ranks, self._bases, self._provenance_bases)
+            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
             run = self.store.get_run(run_id)
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
         return self._bases[run_id]
@@ -184,9 +217,10 @@ class Expander:
         plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
         while frontier:
             keys = []
-            for _, item_key, _, stage, ref in frontier:
+            for run_id, item_key, _, stage, ref in frontier:
                 p = plans[stage]
-                keys.append(sha256(p.prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
+                prefix = self.prefix(run_id, stage) if p.params else p.prefix
+                keys.append(sha256(prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
             memo = self.store.memo_rows(keys)
             next_frontier: list[Seed] = []
             for seed, key in zip(frontier, keys, strict=True):

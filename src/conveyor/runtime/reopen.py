@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
+from conveyor.pipeline import params as run_params
 from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
 from conveyor.runtime.values import INLINE_MAX, Ref, parse_fanout
 from conveyor.store import CHILD_MARK, SqlStore
@@ -53,6 +54,8 @@ class ReopenPlanner:
                  corrected: bool) -> None:
         self.pipeline, self.store, self.run_id = pipeline, store, run_id
         self.replay_id, self.downstream, self.corrected = replay_id, downstream, corrected
+        run = store.get_run(run_id)
+        self._params = run_params.decode(run.params if run else None)  # as the run recorded them
         self._below = {s.name: _below(pipeline, s.name) for s in pipeline}
         self._fanout_at_or_below = {s.name: any(pipeline[n].kind == "fanout" for n in (s.name, *self._below[s.name]))
                                     for s in pipeline}
@@ -76,7 +79,7 @@ class ReopenPlanner:
             ref = self._input(t, stage, inputs, sources, p)
             if ref is None:
                 continue
-            key = task_key(self.pipeline.name, stage, ref, t.item_key)
+            key = task_key(self.pipeline.name, stage, ref, t.item_key, self._params)
             keys[t.id] = key
             p.reopen.append(Reopened(key, stage.version, stage.config_hash, ref.digest, ref.kind, ref.inline, ref.size,
                                      stage.retry.max_attempts, now, self.replay_id, t.id))

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from conveyor.blobs import Blobs
-from conveyor.pipeline import Pipeline, Stage
+from conveyor.pipeline import Pipeline, Stage, declarations
 from conveyor.runtime import tracing
 from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.alerts import every_seconds, operator_webhook_url
 from conveyor.runtime.clock import FleetClock
 from conveyor.runtime.execute import Executor
+from conveyor.runtime.expand import RUNS_REMEMBERED
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
 from conveyor.runtime.heartbeat import submission_alive
 from conveyor.runtime.pacing import Pacing
@@ -102,6 +103,7 @@ class Worker:
         self._alone = False
         # Acceptance boundaries: checks may read the items' manifest meta; reviews may pass their deadline.
         self._judged_with_checks = any(s.accept is not None and s.accept.checks for s in pipeline)
+        self._reads_params = any(s.params for s in pipeline)  # stages that read run parameters (ctx.params)
         self._reviewed = any(s.accept is not None and s.accept.review is not None for s in pipeline)
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
         self._downstream = {s.name: [c.name for c in pipeline.children(s.name)]
@@ -186,8 +188,10 @@ class Worker:
     def _register(self) -> None:
         host, pid = this_process()
         now = self.clock()
+        self.store.note_declarations(declarations.rows(self.pipeline), now)
         self.store.register_worker(WorkerRow(self.id, host, pid, self.pipeline.name, self.opts.run_id,
-                                             beat_seconds(self.lease), now, now), now - FORGET_AFTER_S)
+                                             beat_seconds(self.lease), now, now, serves=declarations.serves(
+                                                 self.pipeline)), now - FORGET_AFTER_S)
 
     def _sync_clock(self) -> None:
         self.clock.sync(self.store.clock, self.store.db.local_clock)
@@ -292,8 +296,11 @@ class Worker:
         submission whose submitter stopped beating is marked abandoned on the way)."""
         run_id, pipeline = self.opts.run_id, self.pipeline.name
         paused = self.store.paused_runs(pipeline)
-        open_tasks = (self.store.any_open_tasks_outside(pipeline, paused, run_id, sorted(self._model_stages)) if paused
-                      else self.store.any_open_tasks(pipeline, run_id))
+        # Only tasks of this worker's declaration count: it can take no other, and no other worker makes it any.
+        declared = self.transitions.declared
+        open_tasks = (self.store.any_open_tasks_outside(pipeline, paused, run_id, sorted(self._model_stages),
+                                                        declared) if paused
+                      else self.store.any_open_tasks(pipeline, run_id, declared))
         if open_tasks:
             return False
         return not submission_alive(self.store, pipeline, run_id, self.clock())
@@ -431,6 +438,12 @@ class Worker:
             self.executor.batch_states.update(await self._call(self.store.batch_answers, on_lane))
         if self._judged_with_checks:
             self.executor.metas.update(await self._call(self.transitions.metas, to_run))
+        if self._reads_params:
+            unknown = {t.run_id for t in to_run} - self.executor.run_params.keys()
+            if unknown:
+                if len(self.executor.run_params) >= RUNS_REMEMBERED:
+                    self.executor.run_params.clear()
+                self.executor.run_params.update(await self._call(self.transitions.run_params, unknown))
         inline: list[tuple[ClaimedTask, Stage]] = []
         for task in to_run:
             stage = self.pipeline[task.stage]

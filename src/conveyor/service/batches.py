@@ -25,13 +25,14 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import BlobUnavailable, Conflict, NotFound, UserError
 from conveyor.pipeline import Pipeline
+from conveyor.pipeline import params as params_rule
 from conveyor.runtime.heartbeat import stopped, submitter_id
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions.events import event
 from conveyor.service.inputs import SourceItem, check_manifest, manifest_items
 from conveyor.service.jobs import JobRequest, check_request, earlier_job, get_job, request_hash, take_key
 from conveyor.service.report import REFUSED, status_report
-from conveyor.service.submit import SubmitOptions, Submitted, stages_json, submit
+from conveyor.service.submit import SubmitOptions, Submitted, recorded_params, run_params, stages_json, submit
 from conveyor.service.tokens import webhook_secret
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, open_store
 from conveyor.store.jobs import JobRow
@@ -86,9 +87,11 @@ def create_batch(store: SqlStore, blobs: Blobs, pipeline: Pipeline, target: str,
     batch_id = new_batch_id(now)
     job = JobRow(batch_id, tenant, "batch", None, pipeline.name, request.lane, request.webhook_url, None,
                  fingerprint, request.idempotency_key, now)
+    values = run_params(pipeline)  # the server's: a request sets none
     run = RunRecord(batch_id, pipeline.name, absolute_target(target), MANIFEST_INPUT + digest, "abandoned", count,
-                    pipeline.has_publish, stages_json(pipeline), now, None, None, request.lane, submitter_id(), now,
-                    WAITING_NOTE, budget_usd=pipeline.budget_usd)
+                    pipeline.has_publish, stages_json(pipeline, values), now, None, None, request.lane,
+                    submitter_id(), now, WAITING_NOTE, budget_usd=pipeline.budget_usd,
+                    params=params_rule.encode(values) if values else None)
     with store.transaction():
         if not take_key(store, tenant, request.idempotency_key, fingerprint, batch_id, now):
             taken = earlier_job(store, tenant, wanted, fingerprint, now)
@@ -221,7 +224,7 @@ def ingest(store_url: str, blobs: Blobs, pipeline: Pipeline, batch_id: str,
             raise NotFound(f"no batch {batch_id!r}")
         if run.status not in UNFINISHED_RUNS:
             return None
-        if run.stages != stages_json(pipeline):
+        if run.stages != stages_json(pipeline, recorded_params(run)):
             raise _Unreadable(f"its pipeline {pipeline.name!r} changed since it was accepted (a stage, version, "
                               "config or its code); serve the pipeline it was accepted for to finish it")
         with manifest_file(blobs, run.input.removeprefix(MANIFEST_INPUT)) as path:

@@ -79,6 +79,7 @@ def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = Tr
                           "superseded": superseded}
                          for i, reason, note, at, by, reopened, superseded in replays[-REPLAYS_SHOWN:]]
     status["dead_letter_classes"] = store.dead_letter_classes(run.run_id)
+    status["waiting_for_workers"] = report.waiting_for_workers(store, run, status)
     status["charts"] = _charts(store, run) if charts else None
     return status
 

@@ -24,7 +24,7 @@ from conveyor.service.diff import batched
 from conveyor.service.forecast import History, forecast, history, limits_of
 from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.service.replay import _digest_only
-from conveyor.service.submit import _own
+from conveyor.service.submit import _own, run_params
 from conveyor.store import SqlStore, open_store
 
 BATCH = 1000
@@ -32,10 +32,11 @@ DRY_RUN_ID = "dry-run"
 
 
 def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs, workers: int,
-            sample: int = 3, skip_bad_lines: bool = False) -> dict[str, Any]:
+            sample: int = 3, skip_bad_lines: bool = False, sets: Sequence[str] = ()) -> dict[str, Any]:
     """What ``conveyor run TARGET --input INPUT`` would run, what the memo would answer, and the forecast."""
     check_input(input_path, skip_bad_lines)
     expander = Expander(pipeline, store)
+    expander.set_params(DRY_RUN_ID, run_params(pipeline, sets))
     stages: dict[str, Counter[str]] = {s.name: Counter() for s in pipeline}
     items = bad = 0
     samples: list[SourceItem] = []

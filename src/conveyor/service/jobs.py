@@ -21,6 +21,7 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import Conflict, NotFound, UserError
 from conveyor.pipeline import Pipeline
+from conveyor.pipeline import params as params_rule
 from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Transitions
@@ -29,7 +30,7 @@ from conveyor.runtime.values import INLINE_MAX, Ref
 from conveyor.service.inputs import MAX_KEY_CHARS, key_problem
 from conveyor.service.records import read_records
 from conveyor.service.show import shown_output
-from conveyor.service.submit import stages_json
+from conveyor.service.submit import run_params, stages_json
 from conveyor.service.tokens import webhook_secret
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
@@ -127,19 +128,21 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
     job_id = new_job_id(now)
     key = request.key or job_id
     transitions = transitions_for(store, pipeline)
+    values = run_params(pipeline)  # the server's: a request sets none
     try:
         with store.transaction():
             if not take_key(store, tenant, request.idempotency_key, fingerprint, job_id, now):
                 raise _KeyTaken
             run = RunRecord(job_id, pipeline.name, absolute_target(target), f"api:{tenant}", "submitted", 1,
-                            pipeline.has_publish, stages_json(pipeline), now, now, None, request.lane,
-                            budget_usd=pipeline.budget_usd)
+                            pipeline.has_publish, stages_json(pipeline, values), now, now, None, request.lane,
+                            budget_usd=pipeline.budget_usd, params=params_rule.encode(values) if values else None)
             store.create_run(run)
             job = JobRow(job_id, tenant, "job", key, pipeline.name, request.lane, request.webhook_url,
                          _json(request.metadata), fingerprint, request.idempotency_key, now)
             store.insert_job(job)
             transitions.expander.set_lane(job_id, request.lane)
             transitions.expander.without_base(job_id)
+            transitions.expander.set_params(job_id, values)
             metas = {key: dict(request.metadata)} if request.metadata else None
             cached, queued = transitions.admit(job_id, [(key, source)], now, metas=metas)
             store.insert_events([event(job, "job.accepted", now, pipeline=pipeline.name, item_key=key,

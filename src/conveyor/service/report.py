@@ -222,6 +222,7 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     status = run_status(store, run, counts=counts)
     status["stage_activity"] = stage_activity(store, run, counts)
     status["provider_batch_waiting"] = store.waiting_tasks(run.run_id)  # parked on the provider batch lane
+    status["waiting_for_workers"] = waiting_for_workers(store, run, status)
     outcomes = outcomes_of(store, run, status)
     status["outcomes"] = outcomes
     status["unaccounted"] = status["expected"] - sum(outcomes.values())
@@ -230,6 +231,13 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
                           "superseded": superseded}
                          for i, reason, note, at, by, reopened, superseded in store.replays_of(run.run_id)]
     return status
+
+
+def waiting_for_workers(store: SqlStore, run: RunRecord, status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages whose queued tasks no live worker can take (service/declarations.py ``waiting``)."""
+    from conveyor.service.declarations import waiting
+
+    return waiting(store, run, {stage: counts.get("queued", 0) for stage, counts in status["stages"].items()})
 
 
 def quota_report(store: SqlStore) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
+from conveyor.service.declarations import check_same
 from conveyor.service.fleet import USER_ERROR_EXIT, stop_processes
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
@@ -85,6 +86,7 @@ def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
     re-opens the tasks that failed the way that tripped it."""
     run = find_run(store, run_id)
     pipeline = load_target(run.target)
+    check_same(store, run, pipeline)
     require_provider(pipeline)
     carry_on(store, blobs, run, pipeline, options.submit.budget_usd)
     unfinished = run.status in UNFINISHED_RUNS

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
-from conveyor.pipeline import Pipeline
+from conveyor.pipeline import Pipeline, declarations
+from conveyor.pipeline import params as params_rule
 from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.fingerprint import code_fingerprint
 from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat, submitter_gone, submitter_id
@@ -71,22 +73,40 @@ class SubmitOptions:
     resume_same: bool = True
     accept_code_change: Sequence[str] = ()
     budget_usd: float | None = None  # the run's ceiling on provider spending (default: the pipeline's budget_usd)
+    # Run parameters (conveyor.pipeline.params): ``sets`` as ``--set NAME=VALUE`` texts, ``params`` as values
+    # (from Python); the rest from their environment variables and defaults. A resumed run keeps its own.
+    sets: Sequence[str] = ()
+    params: Mapping[str, Any] | None = None
 
 
 def new_run_id(now: float) -> str:
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime(now)) + secrets.token_hex(3)
 
 
-def stages_json(pipeline: Pipeline) -> str:
+def stages_json(pipeline: Pipeline, params: Mapping[str, Any] | None = None) -> str:
     """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint; and
     ``accept`` (true) on a stage with an acceptance boundary, ``into`` on one that publishes into the
-    built-in target (absent otherwise, so a graph without them reads as it always did)."""
+    built-in target, ``params`` (their values) on one that reads run parameters (absent otherwise, so a
+    graph without them reads as it always did)."""
+    values = params or {}
     return json.dumps([
         {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash,
          "code": code_fingerprint(s.fn), **({"accept": True} if s.accept else {}),
-         **({"into": s.into if isinstance(s.into, str) else type(s.into).__qualname__} if s.into else {})}
+         **({"into": s.into if isinstance(s.into, str) else type(s.into).__qualname__} if s.into else {}),
+         **({"params": {n: values.get(n) for n in s.params}} if s.params else {})}
         for s in pipeline
     ])
+
+
+def run_params(pipeline: Pipeline, sets: Sequence[str] = (), values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A new run's parameter values: ``values``, then ``sets`` (``NAME=VALUE``), then each parameter's
+    environment variable, then its default (conveyor.pipeline.params)."""
+    return params_rule.resolve(pipeline.params, sets, os.environ, pipeline.name, values)
+
+
+def recorded_params(run: RunRecord) -> dict[str, Any]:
+    """The parameter values a run was submitted with."""
+    return params_rule.decode(run.params)
 
 
 def submit(
@@ -112,9 +132,11 @@ def submit(
     if items is None:
         _check(input_path, options.skip_bad_lines, store, clock)
     source = _input_label(input_path)
-    graph = stages_json(pipeline)
+    values = _params_for(pipeline, store, options)
+    graph = stages_json(pipeline, values)
     me = submitter_id()
-    run, resumed = _hold_run(pipeline, target, source, graph, store, clock, me, lane, options)
+    store.note_declarations(declarations.rows(pipeline), clock())
+    run, resumed = _hold_run(pipeline, target, source, graph, store, clock, me, lane, options, values)
     if on_run is not None:
         on_run(run.run_id)
     if accepted:
@@ -123,6 +145,7 @@ def submit(
     stream = items if items is not None else iter_items(
         input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs, own=_own(store, blobs))
     ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
+    ingest.transitions.expander.set_params(run.run_id, recorded_params(run))
     with Heartbeat(store.url, run.run_id, me), store.checkpointing():
         try:
             ingest.all(stream, on_work)
@@ -170,9 +193,18 @@ def _input_label(input_path: str) -> str:
     return str(path.absolute()) if path.exists() or path.is_symlink() else str(input_path)
 
 
+def _params_for(pipeline: Pipeline, store: SqlStore, options: SubmitOptions) -> dict[str, Any]:
+    """The parameter values of the run this submission fills: a resumed run's own, else a new run's."""
+    if options.resume is not None:
+        run = store.get_run(options.resume)
+        if run is not None:
+            return recorded_params(run)
+    return run_params(pipeline, options.sets, options.params)
+
+
 def _hold_run(
     pipeline: Pipeline, target: str, source: str, graph: str, store: SqlStore, clock: Callable[[], float],
-    me: str, lane: str, options: SubmitOptions,
+    me: str, lane: str, options: SubmitOptions, values: Mapping[str, Any],
 ) -> tuple[RunRecord, bool]:
     """The run this submission fills: the one to resume, else a new one. Returns (run, resumed)."""
     if options.resume is not None:
@@ -184,7 +216,8 @@ def _hold_run(
     now = clock()
     budget = options.budget_usd if options.budget_usd is not None else pipeline.budget_usd
     run = RunRecord(new_run_id(now), pipeline.name, absolute_target(target), source, "submitting", 0,
-                    pipeline.has_publish, graph, now, None, None, lane, me, now, budget_usd=budget)
+                    pipeline.has_publish, graph, now, None, None, lane, me, now, budget_usd=budget,
+                    params=params_rule.encode(values) if values else None)
     store.create_run(run)
     return run, False
 

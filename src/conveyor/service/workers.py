@@ -7,6 +7,7 @@ runtime/fleet.py ``FORGET_AFTER_S``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from conveyor.runtime.fleet import worker_state
@@ -18,7 +19,7 @@ LIMIT = 1000
 
 def list_workers(store: SqlStore, every: bool = False, limit: int = LIMIT) -> dict[str, Any]:
     """``{"workers": [{"worker", "host", "pid", "pipeline", "run", "started_at", "heartbeat_at",
-    "heartbeat_age_s", "tasks_held", "tasks_done", "state"}]}``, oldest start first."""
+    "heartbeat_age_s", "tasks_held", "tasks_done", "state", "stopped_at", "serves"}]}``, oldest start first."""
     now = store.clock()
     rows = store.list_workers(0.0 if every else now - SHOW_LOST_S, every, limit)
     return {"workers": [_worker(row, now) for row in rows]}
@@ -32,4 +33,6 @@ def _worker(row: WorkerRow, now: float) -> dict[str, Any]:
         "heartbeat_age_s": round(max(0.0, now - row.heartbeat_at), 3),
         "tasks_held": row.tasks_held,
         "tasks_done": row.tasks_done, "state": state, "stopped_at": row.stopped_at,
+        # The stage declarations whose tasks it claims: {stage: [version, config hash]}.
+        "serves": json.loads(row.serves) if row.serves else {},
     }

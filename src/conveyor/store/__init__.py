@@ -30,13 +30,14 @@ from conveyor.store.records import (
     TaskStatus,
 )
 from conveyor.store.sql_store import SqlStore
-from conveyor.store.workers import WorkerRow
+from conveyor.store.workers import Declaration, WorkerRow
 
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
-    "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter", "Ended",
-    "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication", "NewTasks", "Notice",
+    "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter",
+    "Declaration", "Ended", "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication",
+    "NewTasks", "Notice",
     "PlainAttempt", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "WorkerRow",
     "lost_connection", "open_store", "sqlite_path",
 ]

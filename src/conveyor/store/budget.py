@@ -10,10 +10,10 @@ fail the same systemic way (``'breaker'``). No task of a paused run is claimed u
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.records import OPEN_STATES
+from conveyor.store.records import open_probes
 
 GRANTED, NO_BUDGET, PAUSED, EXHAUSTED, WAIT = "granted", "no_budget", "paused", "exhausted", "wait"
 
@@ -85,13 +85,15 @@ class BudgetQueries:
                             "attempts WHERE attempts.run_id = runs.run_id) WHERE run_id = ?", (run_id,))
 
     def any_open_tasks_outside(self, pipeline: str, runs: Sequence[str], run_id: str | None = None,
-                               stages: Sequence[str] = ()) -> bool:
-        """Whether the pipeline (``run_id``) has an open task, leaving out those of the paused ``runs`` at
-        ``stages`` (the stages that call models: a paused run's other tasks still run). Stops at the first."""
+                               stages: Sequence[str] = (),
+                               declared: Mapping[str, tuple[str, str]] | None = None) -> bool:
+        """Whether the pipeline (``run_id``) has an open task (made under ``declared``), leaving out those of
+        the paused ``runs`` at ``stages`` (the stages that call models: a paused run's other tasks still run).
+        Stops at the first."""
         where = "AND run_id = ?" if run_id else ""
         params: list[object] = [pipeline, *([run_id] if run_id else [])]
         skip = (f"AND NOT (run_id IN ({','.join('?' * len(runs))}) AND stage IN ({','.join('?' * len(stages))}))"
                 if runs and stages else "")
-        return any(self.db.execute(f"SELECT 1 FROM tasks WHERE {state} AND pipeline = ? {where} {skip} LIMIT 1",
-                                   [*params, *(runs if skip else ()), *(stages if skip else ())])
-                   for state in OPEN_STATES)
+        return any(self.db.execute(f"SELECT 1 FROM tasks WHERE {state} AND pipeline = ? {where} {skip} {only} "
+                                   "LIMIT 1", [*params, *(runs if skip else ()), *(stages if skip else ()), *among])
+                   for state, only, among in open_probes(declared))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -95,6 +96,28 @@ class NewItem(NamedTuple):
 LEASED = "status = 'running' AND lease_expires_at IS NOT NULL"
 # An open task, by the partial index that holds it: runnable, suspect (in flight when its worker died), leased.
 OPEN_STATES = ("status = 'queued' AND crashes = 0", "status = 'queued' AND crashes > 0", LEASED)
+
+
+def declared_filter(declared: Mapping[str, tuple[str, str]] | None) -> tuple[str, list[Any]]:
+    """A condition on tasks made under these declarations of their stages ({stage: (version, config hash)};
+    None: any declaration)."""
+    if declared is None:
+        return "", []
+    if not declared:
+        return "AND 1 = 0", []
+    ors = " OR ".join("(stage = ? AND stage_version = ? AND config_hash = ?)" for _ in declared)
+    return f"AND ({ors})", [v for stage, (version, config) in declared.items() for v in (stage, version, config)]
+
+
+def open_probes(declared: Mapping[str, tuple[str, str]] | None) -> list[tuple[str, str, list[Any]]]:
+    """(state, condition, parameters) probes that find an open task under ``declared``, each served by one
+    partial index: the runnable one probed stage by stage, so a backlog of another declaration is not read."""
+    if declared is None:
+        return [(state, "", []) for state in OPEN_STATES]
+    runnable = [(OPEN_STATES[0], "AND stage = ? AND stage_version = ? AND config_hash = ?", [stage, *pair])
+                for stage, pair in declared.items()]
+    only, among = declared_filter(declared)
+    return [*runnable, *((state, only, among) for state in OPEN_STATES[1:])]
 
 
 class Lease(NamedTuple):
@@ -309,6 +332,7 @@ class RunRecord:
     spent_usd: float = 0.0  # what its settled provider calls cost (kept only while it has a budget)
     reserved_usd: float = 0.0  # what its calls in flight reserve
     paused: str | None = None  # "budget" or "breaker": none of its tasks is claimed until it is resumed
+    params: str | None = None  # its run parameters as canonical JSON (conveyor.pipeline.params); None: none
 
 
 @dataclass(frozen=True)

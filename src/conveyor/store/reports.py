@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.claimfloors import LANES, ClaimFloors
 from conveyor.store.dialect import Dialect
 from conveyor.store.queuecounts import OpenTally, QueueCountQueries
-from conveyor.store.records import OPEN_STATES, DeadLetter
+from conveyor.store.records import DeadLetter, open_probes
 from conveyor.store.runtotals import OPEN as OPEN_STATE
 from conveyor.store.runtotals import USAGE_FIELDS, RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
@@ -130,13 +130,15 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
             oldest[str(stage)] = min(float(at), oldest.get(str(stage), float(at)))
         return oldest
 
-    def any_open_tasks(self, pipeline: str, run_id: str | None = None) -> bool:
-        """Whether any task is still queued or running (retry waits included): one probe per partial index of
-        the hot queue, each stopping at its first entry (a count walked every queued task: at a million queued
-        tasks an idle worker spent most of its time counting them)."""
+    def any_open_tasks(self, pipeline: str, run_id: str | None = None,
+                       declared: Mapping[str, tuple[str, str]] | None = None) -> bool:
+        """Whether any task (made under ``declared``: see records.open_probes) is still queued or running (retry
+        waits included): one probe per partial index of the hot queue, each stopping at its first entry (a count
+        walked every queued task: at a million queued tasks an idle worker spent most of its time counting
+        them)."""
         where, params = _scope(run_id, None)
-        return any(self.db.execute(f"SELECT 1 FROM tasks WHERE {state} AND pipeline = ? {where} LIMIT 1",
-                                   (pipeline, *params)) for state in OPEN_STATES)
+        return any(self.db.execute(f"SELECT 1 FROM tasks WHERE {state} AND pipeline = ? {where} {only} LIMIT 1",
+                                   (pipeline, *params, *among)) for state, only, among in open_probes(declared))
 
     def queued_depths(self, pipeline: str, stages: Sequence[str], cap: int,
                       run_id: str | None = None) -> dict[str, int]:

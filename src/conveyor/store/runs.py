@@ -17,7 +17,7 @@ from conveyor.store.tasks import chunks
 
 RUN_COLUMNS = (
     "run_id, pipeline, target, input, status, expected, has_publish, stages, created_at, submitted_at, finished_at, "
-    "lane, submitter, heartbeat_at, note, budget_usd, spent_usd, reserved_usd, paused"
+    "lane, submitter, heartbeat_at, note, budget_usd, spent_usd, reserved_usd, paused, params"
 )
 
 
@@ -27,11 +27,11 @@ class RunQueries:
     def create_run(self, run: RunRecord) -> None:
         with self.db.transaction():
             self.db.execute(
-                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run.run_id, run.pipeline, run.target, run.input, run.status, run.expected,
                  int(run.has_publish), run.stages, run.created_at, run.submitted_at, run.finished_at, run.lane,
                  run.submitter, run.heartbeat_at, run.note, run.budget_usd, run.spent_usd, run.reserved_usd,
-                 run.paused),
+                 run.paused, run.params),
             )
 
     def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None,

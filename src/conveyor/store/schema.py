@@ -639,4 +639,32 @@ CREATE INDEX tasks_leased ON tasks (pipeline, lease_expires_at)
     WHERE status = 'running' AND lease_expires_at IS NOT NULL;
 """,
     ),
+    (
+        19,
+        "a task key means one thing in every process: claims by declaration, run parameters, declarations served",
+        """
+-- A worker claims only the tasks made under its own declaration of their stage (stage version and config hash):
+-- the runnable index leads with them, so a worker of another declaration never scans past a backlog it may not
+-- take (a rolling deploy: old workers drain the old tasks while new workers take the new ones).
+DROP INDEX tasks_runnable;
+CREATE INDEX tasks_runnable ON tasks (pipeline, stage, stage_version, config_hash, lane_rank, available_at)
+    WHERE status = 'queued' AND crashes = 0;
+-- The run's parameters (conveyor.pipeline.params), as canonical JSON: what its workers, resumes and replays use.
+ALTER TABLE runs ADD COLUMN params TEXT;
+-- What each worker serves: a JSON object of stage to [version, config hash] (conveyor workers; status names the
+-- runs whose tasks no live worker can take).
+ALTER TABLE workers ADD COLUMN serves TEXT;
+-- Each declaration of a stage seen by a submission or a worker, with its config, so that the difference between
+-- a run's declaration and a worker's can be named, not only seen as two hashes.
+CREATE TABLE stage_declarations (
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    version TEXT NOT NULL,
+    config_hash TEXT NOT NULL,
+    config TEXT NOT NULL,
+    seen_at {real} NOT NULL,
+    PRIMARY KEY (pipeline, stage, version, config_hash)
+);
+""",
+    ),
 ]

@@ -34,6 +34,7 @@ from conveyor.store.records import (
     Retried,
     StoredOutput,
     Succeeded,
+    declared_filter,
 )
 from conveyor.store.runtotals import RunTally, RunTotalsQueries
 
@@ -170,13 +171,15 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
-def _claim_sql(run_filter: str, skip_locked: str, lane: str) -> str:
-    """Lease up to ? queued tasks of a stage, in lane then age order (``lane``: one lane, from its floor)."""
+def _claim_sql(run_filter: str, skip_locked: str, lane: str, declared: bool) -> str:
+    """Lease up to ? queued tasks of a stage (made under one declaration of it: ``declared``), in lane then age
+    order (``lane``: one lane, from its floor)."""
+    declaration = "AND stage_version = ? AND config_hash = ?" if declared else ""
     return f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
         lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
     WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
-        AND stage = ? {lane} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at LIMIT ?
-        {skip_locked})
+        AND stage = ? {declaration} {lane} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at
+        LIMIT ? {skip_locked})
     RETURNING {CLAIM_COLUMNS}"""
 
 
@@ -364,9 +367,12 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
         lease_seconds: float, run_id: str | None = None, caps: Mapping[str, int] | None = None,
         paused: Sequence[str] = (), paused_stages: Collection[str] | None = None,
+        declared: Mapping[str, tuple[str, str]] | None = None,
     ) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages
-        first, none of a ``paused`` run at ``paused_stages`` (None: any stage); count the attempt now."""
+        first, none of a ``paused`` run at ``paused_stages`` (None: any stage); count the attempt now.
+        ``declared``: each stage's (version, config hash) in the claimer's declaration, the only tasks it may
+        take (runtime/transitions always passes it; None, any declaration, is for tests of the queue alone)."""
         claimed: list[ClaimedTask] = []
         with self.db.transaction():
             for stage in stages:
@@ -377,13 +383,14 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                     continue
                 held = paused if paused_stages is None or stage in paused_stages else ()
                 run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
-                head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage]
+                head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage,
+                                   *(declared[stage] if declared is not None else ())]
                 tail: list[Any] = [now, *([run_id] if run_id else []), *held]
-                claimed += self._claim_stage(pipeline, stage, want, run_filter, head, tail, now)
+                claimed += self._claim_stage(pipeline, stage, want, run_filter, head, tail, now, declared is not None)
         return claimed
 
     def _claim_stage(self, pipeline: str, stage: str, want: int, run_filter: str, head: list[Any],
-                     tail: list[Any], now: float) -> list[ClaimedTask]:
+                     tail: list[Any], now: float, declared: bool) -> list[ClaimedTask]:
         """One stage's part of a claim: the usual statement, or one per lane from its floor while an old snapshot
         is held (PostgreSQL, store/claimfloors.py). ``head`` and ``tail`` are its parameters before and after the
         lane's."""
@@ -391,7 +398,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         floors = self.claim_floors.lanes(pipeline, stage) if postgres else None
         if floors is None:
             started = time.perf_counter()
-            got = list(map(ClaimedTask._make, self.db.execute(_claim_sql(run_filter, self.db.skip_locked, ""),
+            got = list(map(ClaimedTask._make, self.db.execute(_claim_sql(run_filter, self.db.skip_locked, "", declared),
                                                               [*head, *tail, want])))
             if postgres and (took := time.perf_counter() - started) > SLOW_CLAIM_S:
                 log.info("claims of %s take %.0f ms: claiming from floors for %.0f s (store/claimfloors.py; "
@@ -408,7 +415,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             where = "AND lane_rank = ? AND available_at >= ?" if floor is not None else "AND lane_rank = ?"
             asked = want - len(claimed)
             got = list(map(ClaimedTask._make, self.db.execute(
-                _claim_sql(run_filter, self.db.skip_locked, where),
+                _claim_sql(run_filter, self.db.skip_locked, where, declared),
                 [*head, lane, *([floor] if floor is not None else []), *tail, asked])))
             self.claim_floors.advance(pipeline, stage, lane, [t.available_at for t in got], len(got) == asked, now)
             claimed += got
@@ -416,12 +423,14 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
 
     def claim_suspect(
         self, pipeline: str, owner: str, now: float, lease_seconds: float, run_id: str | None = None,
-        paused: Sequence[str] = (),
+        paused: Sequence[str] = (), declared: Mapping[str, tuple[str, str]] | None = None,
     ) -> list[ClaimedTask]:
-        """Lease one task that was in flight when a worker died (none of a ``paused`` run); the caller runs it
-        alone."""
-        run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(paused)
-        params: list[Any] = [owner, now + lease_seconds, now, pipeline, now, *([run_id] if run_id else []), *paused]
+        """Lease one task that was in flight when a worker died (none of a ``paused`` run; made under
+        ``declared``, as claim() takes them); the caller runs it alone."""
+        only, among = declared_filter(declared)
+        run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(paused) + " " + only
+        params: list[Any] = [owner, now + lease_seconds, now, pipeline, now, *([run_id] if run_id else []), *paused,
+                             *among]
         with self.db.transaction():
             rows = self.db.execute(
                 f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,

@@ -6,11 +6,13 @@ beat and how often it beats.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
 
-COLUMNS = "worker, host, pid, pipeline, run_id, beat_s, started_at, heartbeat_at, tasks_held, tasks_done, stopped_at"
+COLUMNS = ("worker, host, pid, pipeline, run_id, beat_s, started_at, heartbeat_at, tasks_held, tasks_done, stopped_at, "
+           "serves")
 PRUNE_BATCH = 1000  # rows deleted at one worker's start, at most: pruning stays bounded work
 
 
@@ -28,6 +30,18 @@ class WorkerRow(NamedTuple):
     tasks_held: int = 0
     tasks_done: int = 0
     stopped_at: float | None = None
+    serves: str | None = None  # {stage: [version, config hash]} as JSON: the declarations whose tasks it claims
+
+
+class Declaration(NamedTuple):
+    """One declaration of a stage: what a task's stage_version and config_hash columns name, with the config
+    (canonical JSON) that made the hash."""
+
+    pipeline: str
+    stage: str
+    version: str
+    config_hash: str
+    config: str
 
 
 class WorkerQueries:
@@ -39,7 +53,7 @@ class WorkerQueries:
             self.db.execute(
                 "DELETE FROM workers WHERE worker IN (SELECT worker FROM workers WHERE heartbeat_at < ? LIMIT ?)",
                 (forget_before, PRUNE_BATCH))
-            self.db.execute(f"INSERT INTO workers ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self.db.execute(f"INSERT INTO workers ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def beat_worker(self, worker: str, now: float, held: int, done: int) -> None:
         """A beat: in the caller's transaction (the lease keeper's), so it takes no lock of its own."""
@@ -58,3 +72,18 @@ class WorkerQueries:
             f"SELECT {COLUMNS} FROM workers WHERE heartbeat_at >= ? {also} ORDER BY started_at, worker LIMIT ?",
             (since, limit))
         return [WorkerRow(*r) for r in rows]
+
+    def note_declarations(self, declarations: Sequence[tuple[str, str, str, str, str]], now: float) -> None:
+        """Remember these stage declarations (rows as Declaration holds them; a submission's, a worker's), so a
+        difference can be named later."""
+        with self.db.transaction():
+            self.db.executemany(
+                "INSERT INTO stage_declarations (pipeline, stage, version, config_hash, config, seen_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline, stage, version, config_hash) DO UPDATE "
+                "SET seen_at = excluded.seen_at", [(*d, now) for d in declarations])
+
+    def declarations(self, pipeline: str, stage: str) -> list[Declaration]:
+        """Every declaration of ``pipeline``'s ``stage`` seen, the latest first."""
+        rows = self.db.execute("SELECT pipeline, stage, version, config_hash, config FROM stage_declarations "
+                               "WHERE pipeline = ? AND stage = ? ORDER BY seen_at DESC", (pipeline, stage))
+        return [Declaration(*r) for r in rows]

@@ -27,6 +27,9 @@ class Base:
         self.pipeline = pipeline
         self.store = store
         self.expander = Expander(pipeline, store)
+        # The tasks this process may claim: those made under its own declaration of their stage (a task key
+        # means one thing in every process).
+        self.declared = pipeline.declared()
         self.memos = self.expander.memos
         self.stale_stages: set[str] = set()  # stages whose memo answers came from other code (committed)
         # Stages on the provider batch lane: a task of theirs that ends forgets its settled batch requests.

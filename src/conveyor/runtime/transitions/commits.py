@@ -138,7 +138,8 @@ class Commits(JobEvents):
         taken = Counter(t.stage for t in fresh)
         caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
-                                claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages)
+                                claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages,
+                                self.declared)
 
     def _write(self, w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float],
                memo_checked: bool = True) -> list[ClaimedTask]:

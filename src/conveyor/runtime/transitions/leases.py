@@ -42,12 +42,13 @@ class Leases(JobEvents):
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first, none of
         a ``paused`` run at ``paused_stages`` (the stages that call models); the attempt is counted now."""
         return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps,
-                                paused, paused_stages)
+                                paused, paused_stages, self.declared)
 
     def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None,
                       paused: Sequence[str] = ()) -> list[ClaimedTask]:
         """Lease one task that was in flight when a worker died; the worker runs it alone."""
-        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id, paused)
+        return self.store.claim_suspect(self.pipeline.name, self.worker, now, lease_seconds, run_id, paused,
+                                        self.declared)
 
     def renew(self, leases: Sequence[Lease], expires_at: float) -> int:
         """Extend the leases still held; returns how many were."""
@@ -76,6 +77,14 @@ class Leases(JobEvents):
 
     def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
         memo, stage = self.memos[task.stage], self.pipeline[task.stage]
+        made = self.expander.key_of(task.run_id, task.stage, Ref(task.input_kind, task.input_digest, task.input_size,
+                                                                 task.input_inline), task.item_key)
+        if made != task.task_key:
+            # Claims take only tasks of this declaration (store: claim), so this is a key made by other rules
+            # (another conveyor, a hand-made row): nothing is stored under a key this declaration would not make.
+            message = (f"task key {task.task_key[:12]} is not the key this worker's declaration of stage "
+                       f"{task.stage!r} makes for its input ({made[:12]}); it was not run")
+            return Outcome(task, now, 0.0, False, failure=Failure("foreign_key", False, message))
         if hit is not None and hit.kind == "failed":
             failure = memo.failure(hit.inline)
             if failure is not None:
@@ -91,6 +100,10 @@ class Leases(JobEvents):
                 "input_too_large", False, message, deterministic=True,
                 guard=("max_input_bytes", stage.max_input_bytes)))
         return None
+
+    def run_params(self, run_ids: Collection[str]) -> dict[str, dict[str, Any]]:
+        """Each run's parameter values, as it recorded them at submission (the stages' ``ctx.params``)."""
+        return {run_id: self.expander.run_params(run_id) for run_id in run_ids}
 
     def metas(self, tasks: Sequence[ClaimedTask]) -> dict[tuple[str, str], dict[str, Any]]:
         """The manifest ``meta`` of the items whose answers will be judged by checks, by (run, root key)."""
