@@ -33,7 +33,7 @@ STRICT = Accept(schema=Found, repair=True, checks=[found_in("product_id"), match
 
 @pytest.mark.parametrize("text", [
     '```json\n{"product_id": "P-001", "confidence": 0.9,}\n```',  # a code fence and a trailing comma
-    '{"product_id": "P-001", "confidence": 0.9',  # a truncated closing brace
+    '```\n{"product_id": "P-001", "confidence": 0.9}',  # a fence whose closing backticks never came
 ])
 def test_a_format_fault_is_repaired_and_says_so(text: str) -> None:
     verdict = judge(STRICT, text, "order P-001 shipped", {})
@@ -55,6 +55,8 @@ def test_repair_never_fixes_content() -> None:
 
 def test_refusal_classes() -> None:
     assert judge(STRICT, "Sure! the id is P-001", "P-001", {}).refusal == "invalid_format"
+    cut = judge(STRICT, '{"product_id": "P-001", "confidence": 0.9', "P-001", {})  # 0.9 may have been 0.95
+    assert cut.refusal == "invalid_format" and "cut off" in cut.message
     assert judge(STRICT, '{"confidence": "high"}', "P-001", {}).refusal == "invalid_format"
     assert judge(STRICT, '{"product_id": "P-1", "confidence": 0.9}', "P-1", {}).refusal == "invalid_content"
     low = judge(STRICT, '{"product_id": "P-001", "confidence": 0.5}', "P-001", {})

@@ -202,7 +202,7 @@ def show_acceptance(run_id: str) -> None:
                    for rows in escalated.values())
     print("\nthe acceptance boundary (extract's attempts in the store):")
     print(f"  repaired: {len(repaired)} answers were broken only in their format (a ```json fence, a trailing "
-          f"comma); json-repair fixed them and they were accepted, marked repaired"
+          f"comma); the fence and the comma were removed and they were accepted, marked repaired"
           + (f" (e.g. {repaired[0]})" if repaired else ""))
     print(f"  invalid_format: {retried.get('invalid_format', 0)} cut-off or chatty answers refused and asked again "
           "at the same tier")

@@ -16,6 +16,7 @@ from enrich import messages, name_line, pack_vector, unpack_vector
 
 from conveyor.acceptance import Answer, Record
 from conveyor.acceptance.judge import judge
+from conveyor.acceptance.repair import mend
 from conveyor.providers import simcontent
 
 PAGE = {"title": "GZIP", "section": "1", "names": ["gzip", "gunzip", "zcat"], "description": "compress or expand files",
@@ -62,15 +63,14 @@ def test_a_few_answers_add_a_name_the_page_does_not_hold_and_some_are_unsure() -
     assert min(a["confidence"] for _, a in strong if a["confidence"] >= 0.7) >= 0.82  # surer when sure
 
 
-def test_a_fenced_answer_is_repaired_by_json_repair_into_the_same_object() -> None:
-    from json_repair import loads
-
+def test_a_fenced_answer_is_repaired_into_the_same_object() -> None:
     content = simcontent.completion_json("sim-1", messages(PAGE))
     fenced = simcontent.fenced_json(content)
     assert fenced.startswith("```json\n") and fenced.endswith("\n```") and ",\n}" in fenced
     with pytest.raises(ValueError):
         json.loads(fenced)
-    assert loads(fenced) == json.loads(content)
+    mended = mend(fenced)
+    assert mended.repaired and json.loads(mended.text) == json.loads(content)
 
 
 def test_the_simulator_serves_the_record_in_text_mode_with_its_faults_logged(tmp_path: Path) -> None:
@@ -131,10 +131,22 @@ def test_a_fenced_answer_is_accepted_and_marked_repaired(stages: Any) -> None:
 def test_cut_off_chatty_and_unsure_answers(stages: Any) -> None:
     content = json.dumps({"names": ["gzip"], "summary": "Compresses.", "keywords": [], "confidence": 0.95})
     cut = verdict(stages, simcontent.truncate_json(content))
-    assert cut.refusal == "invalid_format" and "confidence" in cut.message  # repaired, but the content was lost
+    assert cut.refusal == "invalid_format" and "cut off" in cut.message  # refused, never completed
     assert verdict(stages, simcontent.malformed_json("sim-1", messages(PAGE))).refusal == "invalid_format"
     unsure = verdict(stages, {"names": ["gzip"], "summary": "Compresses.", "keywords": [], "confidence": 0.4})
     assert unsure.refusal == "low_confidence" and unsure.reviewable  # escalated, then reviewed
+
+
+def test_the_simulators_answer_cut_anywhere_is_never_accepted_unfinished(stages: Any) -> None:
+    """Every cut of a real fenced answer: refused as invalid_format, or the whole record (only the closing
+    fence lost)."""
+    content = json.dumps(simcontent.record_object("sim-2", messages(PAGE)) | {"confidence": 0.95}, indent=2)
+    fenced = simcontent.fenced_json(content)
+    whole = verdict(stages, fenced)
+    assert whole.accepted and whole.repaired
+    for cut in range(1, len(fenced)):
+        v = verdict(stages, fenced[:cut])
+        assert v.refusal == "invalid_format" or (v.record == whole.record and "}" not in fenced[cut:]), cut
 
 
 def test_publish_hands_the_record_its_text_and_its_vectors_to_the_built_in_target(stages: Any) -> None:

@@ -146,8 +146,9 @@ class Accept:
     """The acceptance boundary of a stage's answers (see the module's docstring for an example).
 
     - ``schema``: a pydantic model the answer must fit (its shape); a text answer is parsed as JSON.
-    - ``repair``: a text answer whose JSON is broken only in its format (a code fence, a trailing comma,
-      a truncated closing brace) is repaired with json-repair; the attempt records that it was.
+    - ``repair``: a text answer whose JSON is broken only by a code fence around it or trailing commas is
+      repaired (acceptance/repair.py); the attempt records that it was. A cut-off answer is refused, never
+      completed.
     - ``checks``: checks of meaning (``found_in``, ``matches``, ``meta_equals``, ``check``).
     - ``confidence`` / ``threshold``: the answer's field holding its confidence (0..1), and the least
       accepted; an answer without one is below any threshold.

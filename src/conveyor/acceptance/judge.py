@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.acceptance.declare import INVALID_CONTENT, INVALID_FORMAT, LOW_CONFIDENCE, Accept
+from conveyor.acceptance.repair import mend
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,23 @@ def _parse(accept: Accept, answer: Any) -> tuple[Any, bool] | Verdict:
         problem = f"the answer is not JSON ({exc})"
     if not accept.repair:
         return Verdict(answer, INVALID_FORMAT, problem)
-    from json_repair import loads as repair_loads
+    return _repaired(answer, problem)
 
-    repaired = repair_loads(answer)
-    if repaired in ("", None) or not isinstance(repaired, (dict, list)):
+
+def _repaired(answer: str, problem: str) -> tuple[Any, bool] | Verdict:
+    """The answer without its code fence and trailing commas, if that makes it a JSON object or array. A
+    cut-off answer is refused: repair never completes a value (see acceptance/repair.py)."""
+    mended = mend(answer)
+    if mended.cut_off:
+        return Verdict(answer, INVALID_FORMAT, mended.cut_off)
+    try:
+        value = json.loads(mended.text)
+    except ValueError as exc:
+        fixed = " once its code fence and trailing commas are removed" if mended.repaired else ""
+        return Verdict(answer, INVALID_FORMAT, f"the answer is not JSON{fixed} ({exc})")
+    if not isinstance(value, (dict, list)):
         return Verdict(answer, INVALID_FORMAT, f"{problem}, and its format cannot be repaired")
-    return repaired, True
+    return value, mended.repaired
 
 
 def _shape(accept: Accept, record: Any, repaired: bool) -> Any:

@@ -180,7 +180,7 @@ def malformed_json(model: str, messages: list[dict[str, Any]]) -> str:
 
 def fenced_json(content: str) -> str:
     """A JSON object in a ```json code fence with a trailing comma: broken only in its format, so
-    json-repair gives back the very object."""
+    the acceptance boundary's repair gives back the very object."""
     body = content.rstrip()
     if body.endswith("}"):
         body = body[:-1].rstrip() + ",\n}"
