@@ -67,6 +67,14 @@ def second(ctx: Any, text: str) -> str:
     return text
 
 
+THRICE = Pipeline("thrice", lease_seconds=30, retry=Retry(max_attempts=3))
+
+
+@THRICE.stage(name="first")
+def thrice_first(ctx: Any, source: bytes) -> str:
+    return source.decode()
+
+
 T0 = 1_700_000_000.0
 
 
@@ -104,7 +112,8 @@ def _expire(store: SqlStore, task_id: int, at: float) -> None:
     store.db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", (at, task_id))
 
 
-def test_a_worker_that_died_with_two_tasks_is_judged_by_both_across_scans(tmp_path: Path, store_url: str) -> None:
+def test_a_worker_that_died_with_two_tasks_costs_each_its_attempt_across_scans(tmp_path: Path,
+                                                                                store_url: str) -> None:
     items = [SourceItem("one", text=b"1"), SourceItem("two", text=b"2")]
     store, _, run_id = _store_with(store_url, tmp_path, items)
     try:
@@ -112,11 +121,36 @@ def test_a_worker_that_died_with_two_tasks_is_judged_by_both_across_scans(tmp_pa
         _expire(store, a.id, T0 + 5)
         _expire(store, b.id, T0 + 50)  # claimed later, renewed later: its lease runs out after the first's
         reaper = Transitions(TWIN, store, "reaper")
-        assert reaper.reclaim_expired(T0 + 10) == {"requeued": 1, "dead_lettered": 0}
-        assert reaper.reclaim_expired(T0 + 60) == {"requeued": 1, "dead_lettered": 0}, \
-            "the second scan sees one task, but the worker died holding two: nobody is charged"
-        rows = store.db.execute("SELECT attempts, status FROM tasks WHERE run_id = ? ORDER BY id", (run_id,))
-        assert rows == [(0, "queued"), (0, "queued")]
+        # Which one killed the worker is unknown; each is charged, so a poison item among them takes down no
+        # more workers than it has attempts (lease_expired's budget is 1 here).
+        assert reaper.reclaim_expired(T0 + 10) == {"requeued": 0, "dead_lettered": 1}
+        assert reaper.reclaim_expired(T0 + 60) == {"requeued": 0, "dead_lettered": 1}
+        rows = store.db.execute("SELECT attempts, status FROM tasks WHERE run_id = ? AND stage = 'first' "
+                                "ORDER BY id", (run_id,))
+        assert rows == [(1, "dead_lettered"), (1, "dead_lettered")]
+    finally:
+        store.close()
+
+
+def test_a_task_that_dies_with_its_worker_twice_in_a_row_runs_alone(tmp_path: Path, store_url: str) -> None:
+    items = [SourceItem("one", text=b"1"), SourceItem("two", text=b"2")]
+    store = open_store(store_url)
+    blobs = FilesystemBlobs(tmp_path / "blobs")
+    run_id = submit(THRICE, "thrice", "inline", store, blobs, clock=lambda: T0, items=items).run_id
+    try:
+        reaper = Transitions(THRICE, store, "reaper")
+        died = store.claim("thrice", ["first"], 10, "dead", T0, 30, run_id)
+        assert reaper.reclaim_expired(T0 + 31) == {"requeued": 2, "dead_lettered": 0}
+        # After a first death both run beside others again, at the fleet's pace: an ordinary claim takes them.
+        again = store.claim("thrice", ["first"], 10, "dead-too", T0 + 32, 30, run_id)
+        assert sorted(t.id for t in again) == sorted(t.id for t in died)
+        assert reaper.reclaim_expired(T0 + 63) == {"requeued": 2, "dead_lettered": 0}
+        # Twice in a row: suspects, taken one at a time by claim_suspect only.
+        assert store.claim("thrice", ["first"], 10, "W", T0 + 64, 30, run_id) == []
+        [alone] = store.claim_suspect("thrice", "W", T0 + 64, 30, run_id)
+        rows = store.db.execute("SELECT attempts, crashes FROM tasks WHERE run_id = ? AND stage = 'first'",
+                                (run_id,))
+        assert sorted(rows) == [(2, 1), (3, 1)] and alone.attempts == 3
     finally:
         store.close()
 

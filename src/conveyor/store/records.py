@@ -157,11 +157,11 @@ class Ended(NamedTuple):
 
 
 class Crashed(NamedTuple):
-    """A task whose worker died: queued again as a suspect, ``refund`` attempts given back."""
+    """A task whose worker died, its attempt spent: queued again (``suspect``: 1 to run alone from now on)."""
 
     available_at: float
     message: str
-    refund: int
+    suspect: int
     task_id: int
     lease_token: int
 
@@ -309,6 +309,7 @@ class ExpiredLease:
     root_key: str = ""  # the item's root (its trace lives there: store/traces.py)
     started_at: float | None = None  # when the attempt was claimed
     available_at: float = 0.0  # when it became runnable (store/queuecounts.py)
+    error_class: str | None = None  # its last failure's (lease_expired: it died with its worker last time too)
 
 
 @dataclass(frozen=True)

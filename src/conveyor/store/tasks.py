@@ -161,7 +161,7 @@ UPDATE tasks SET status = 'queued', attempts = attempts - 1, lease_owner = NULL,
 
 REQUEUE_CRASHED = f"""
 UPDATE tasks SET status = 'queued', available_at = ?, error_class = 'lease_expired', last_error = ?,
-    attempts = attempts - ?, crashes = crashes + 1, lease_owner = NULL, lease_expires_at = NULL
+    crashes = crashes + ?, lease_owner = NULL, lease_expires_at = NULL
 {FENCE}
 """
 
@@ -495,7 +495,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         return self.db.update_many(RELEASE, list(tokens))
 
     def requeue_crashed(self, rows: Sequence[Crashed]) -> int:
-        """The tasks become suspects (run alone); returns the rows changed."""
+        """The tasks are queued again (the suspects among them to run alone); returns the rows changed."""
         return self.db.executemany_count(REQUEUE_CRASHED, rows)
 
     def note_lost_workers(self, owners: Sequence[str], now: float) -> dict[str, int]:
@@ -528,7 +528,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         started = time.perf_counter()
         rows = self.db.execute(
             f"""SELECT id, run_id, item_key, stage, attempts, max_attempts, lease_token, lease_owner, crashes,
-                root_key, started_at, available_at, lease_expires_at
+                root_key, started_at, available_at, error_class, lease_expires_at
             FROM tasks WHERE {LEASED} AND pipeline = ? AND lease_expires_at < ?
             {"AND lease_expires_at >= ?" if floor is not None else ""}
             ORDER BY lease_expires_at LIMIT ? {self.db.skip_locked}""",

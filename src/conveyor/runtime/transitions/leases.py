@@ -116,14 +116,17 @@ class Leases(JobEvents):
     def reclaim_expired(self, now: float, limit: int = 1000) -> Counter[str]:
         """Requeue tasks whose worker stopped renewing its lease.
 
-        Which task killed the worker is unknown when it held several: each gets
-        its attempt back and becomes a suspect, and suspects run alone. A task
-        that was the worker's only one in flight is charged the attempt, so an
-        item that kills its worker every time reaches the dead-letter list after
+        Every task a dead worker held is charged the attempt, so an item that
+        kills its worker every time reaches the dead-letter list after
         ``max_attempts_by_class["lease_expired"]`` (else ``max_attempts``)
-        attempts of its own. How many tasks a worker held is counted once, when
-        its death is first noticed (store: lost_workers), so it is judged the
-        same way however many scans it takes to reclaim its tasks.
+        deaths, taking down no more workers than it has attempts. Which task
+        killed the worker is unknown when it held several, so after a first
+        death each is queued as usual and runs beside others again (a healthy
+        worker killed is recovered at the fleet's usual pace); a task that dies
+        with its worker a second time in a row is a suspect, and suspects run
+        alone, so the tasks that shared a poison item's batch are charged once
+        more at most. How many tasks a worker held is counted once, when its
+        death is first noticed (store: lost_workers), for the message.
         """
         counts: Counter[str] = Counter()
         with self.store.transaction():
@@ -134,23 +137,26 @@ class Leases(JobEvents):
             requeue: list[Crashed] = []
             w, tally = Writes(), Tally(self.pipeline)
             for lease in expired:
-                alone = held.get(str(lease.lease_owner), 1) <= 1
+                others = held.get(str(lease.lease_owner), 1) - 1
+                company = f" with {others:,} other task(s) in flight" if others > 0 else ""
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
-                           f"(it died or stalled){'' if alone else ' with other tasks in flight: attempt refunded'}")
+                           f"(it died or stalled){company}")
                 log.info("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
                          extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
                                 "item": lease.item_key, "attempt": lease.attempts})
                 w.attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
                     lease.lease_owner, lease.lease_token, None, self._code(lease.stage), None, None))
-                if alone and lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
+                if lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
                     w.ended.append(Ended(TaskStatus.DEAD_LETTERED, "lease_expired", message, now, 0, lease.id,
                                          lease.lease_token))
                     w.dead.append(NewDeadLetter(lease.id, lease.run_id, lease.item_key, lease.stage, "lease_expired",
                                                 message, lease.attempts, now))
                     tally.finished(lease.stage, "dead_lettered", "lease_expired")
                 else:
-                    requeue.append(Crashed(now, message, 0 if alone else 1, lease.id, lease.lease_token))
+                    # Died with its worker twice in a row (or again while running alone): run it alone from now on.
+                    again = lease.crashes > 0 or lease.error_class == "lease_expired"
+                    requeue.append(Crashed(now, message, 1 if again else 0, lease.id, lease.lease_token))
                     tally.add("retries", self.pipeline.name, lease.stage, "lease_expired")
             _say_reclaimed(expired)
             self.store.requeue_crashed(requeue)
