@@ -41,19 +41,22 @@ class Limit:
     hint: str
 
     def refusal(self, size: int | None = None) -> TooLarge:
-        said = f"is {size:,} bytes" if size is not None else f"is over {self.most:,} bytes"
-        return TooLarge(f"the request body {said}; this route takes at most {self.most:,} ({self.hint})")
+        """The 413 for a body declared as ``size`` bytes, or (None) found over the limit as it streamed."""
+        if size is None:
+            return TooLarge(f"the request body is over {self.most:,} bytes, the most this route takes; {self.hint}")
+        return TooLarge(f"the request body is {size:,} bytes; this route takes at most {self.most:,}; {self.hint}")
 
 
 def limit_of(settings: ApiSettings, path: str, content_type: str) -> Limit:
     """The limit of a body sent to ``path``."""
     if path == LOGIN:
-        return Limit(MAX_LOGIN, "the login form is small")
+        return Limit(MAX_LOGIN, "a login form sends a token and little else")
     upload = settings.max_upload_bytes
-    if path in UPLOADS and content_type.split(";")[0].strip().lower() != "application/json":
-        return Limit(upload, "the server's --max-upload-bytes")
-    hint = "send a large document as multipart/form-data" if path in UPLOADS else "16 MiB for JSON and forms"
-    return Limit(min(upload, MAX_JSON) if path in UPLOADS else MAX_JSON, hint)
+    if path not in UPLOADS:
+        return Limit(MAX_JSON, "send a large document as a multipart upload to POST /v1/jobs")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        return Limit(upload, "the server's --max-upload-bytes sets it")
+    return Limit(min(upload, MAX_JSON), "send a large document as multipart/form-data")
 
 
 async def check_sender(request: Request) -> None:
