@@ -3,8 +3,8 @@
 The login form needs the CSRF value paired with its own cookie (so a page of another site cannot log a browser
 in as the attacker's tenant). Each action needs the session's CSRF value and calls the service function its
 API endpoint calls, with the same tenant rules (another tenant's entry is 404); a decision or replay is
-recorded as by ``dashboard:<tenant>``. The browser is then sent back to the page it came from (303), told what was done
-through a query parameter of fixed meaning (``?replayed=N``, ``?decided=approved&id=N``).
+recorded as by ``dashboard:<tenant>``. The browser is then sent back to the page it came from (303), told
+what was done through a query parameter of fixed meaning (``?replayed=N``, ``?decided=approved&id=N``).
 """
 
 from __future__ import annotations

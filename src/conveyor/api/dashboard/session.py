@@ -109,14 +109,18 @@ def login_key(request: Request) -> str:
     """The login form's key: the one the browser holds in its login cookie, else a new one (set with the form).
     Before a session there is no token to key the CSRF value by, so the login form pairs its hidden value with
     this cookie instead; a page of another site can neither read the cookie nor send it (SameSite=Strict)."""
-    held = request.cookies.get(LOGIN_COOKIE, "")
-    return held if 20 <= len(held) <= 100 else secrets.token_urlsafe(32)
+    return _held_key(request) or secrets.token_urlsafe(32)
 
 
 def login_csrf_ok(request: Request, given: str | None) -> bool:
     """Whether a login POST carries the CSRF value of the login cookie it comes with."""
-    held = request.cookies.get(LOGIN_COOKIE)
+    held = _held_key(request)
     return held is not None and _same(csrf_for(held.encode()), given)
+
+
+def _held_key(request: Request) -> str | None:
+    held = request.cookies.get(LOGIN_COOKIE, "")
+    return held if 20 <= len(held) <= 100 else None  # one this server made (token_urlsafe(32): 43 characters)
 
 
 def _same(expected: str, given: str | None) -> bool:
