@@ -33,9 +33,15 @@ def browser(server: Server, token: str | None = None) -> Iterator[httpx.Client]:
     """A client that keeps cookies and does not follow redirects; logged in with ``token`` when given."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
         if token is not None:
-            answer = client.post("/login", data={"token": token, "next": "/"})
+            answer = log_in(client, token)
             assert answer.status_code == 303, answer.text
         yield client
+
+
+def log_in(client: httpx.Client, token: str, next: str = "/") -> httpx.Response:
+    """Post the login form as a browser does: its page first (the form's CSRF value and its cookie)."""
+    form = client.get("/login")
+    return client.post("/login", data={"token": token, "next": next, "csrf": csrf(form.text)})
 
 
 def csrf(html: str) -> str:
@@ -51,9 +57,9 @@ def test_login_logout_and_the_redirect_to_login(server: Server) -> None:
         assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2Freviews%3Fstage%3Dextract"
         login = b.get("/login", params={"next": "/reviews"})
         assert login.status_code == 200 and 'name="token"' in login.text
-        wrong = b.post("/login", data={"token": "cvy_000000000000_nope-nope-nope-nope-nope", "next": "/"})
+        wrong = log_in(b, "cvy_000000000000_nope-nope-nope-nope-nope")
         assert wrong.status_code == 401 and "not known" in wrong.text and COOKIE not in b.cookies
-        right = b.post("/login", data={"token": acme, "next": "https://evil.example/"})
+        right = log_in(b, acme, next="https://evil.example/")
         assert right.status_code == 303 and right.headers["location"] == "/"  # never to another site
         cookie = right.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie  # plain http here

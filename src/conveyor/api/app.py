@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from conveyor import __version__
 from conveyor.api import alerts, batches, dashboard, jobs, metrics, operations, problems, webhooks, workers
+from conveyor.api.bodies import BodyGuard
 from conveyor.api.context import Services
 from conveyor.api.openapi import document
 from conveyor.api.relay import Relay
@@ -50,6 +51,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
     # Evaluates the served pipelines' alerts (as workers do), so they are watched with no worker running.
     app.state.alert_watch = AlertWatch(settings.db, [pipeline for pipeline, _ in svc.pipelines.values()])
     problems.install(app)
+    app.add_middleware(BodyGuard, settings=settings)  # who sends a body, and its size, before it is read
     app.openapi = lambda: document(app, settings.auth)  # type: ignore[method-assign]  # errors as problems
     app.include_router(jobs.router)
     app.include_router(batches.router)

@@ -81,12 +81,17 @@ def services(request: Request) -> Services:
 
 
 async def caller(request: Request) -> Caller:
-    """The caller of this request (a FastAPI dependency): 401 without a valid token, 403 for a revoked one."""
+    """The caller of this request (a FastAPI dependency): 401 without a valid token, 403 for a revoked one.
+
+    Checked once per request: the body guard (api/bodies.py) asks first, before any body is read, and the
+    route's dependency gets the same answer from ``request.state``."""
+    known: Caller | None = getattr(request.state, "caller", None)
+    if known is not None:
+        return known
     svc = services(request)
-    if not svc.settings.auth:
-        return LOCAL
-    header = request.headers.get("authorization")
-    return await svc.call(authenticate, header)
+    found = LOCAL if not svc.settings.auth else await svc.call(authenticate, request.headers.get("authorization"))
+    request.state.caller = found
+    return found
 
 
 # Route parameters every router takes: the caller (authenticated) and the server's parts.

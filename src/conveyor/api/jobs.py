@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.context import Services, Svc, Who, base_url
+from conveyor.api.settings import MAX_JSON
 from conveyor.api.uploads import Stored, check_length, kept, read_form, read_small, store_stream
 from conveyor.api.views import JobList, JobView
 from conveyor.errors import TooLarge, UserError
@@ -26,7 +27,6 @@ from conveyor.service.tokens import Caller
 from conveyor.service.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
-MAX_JSON = 16 << 20  # a JSON job's whole body; larger documents go as multipart uploads
 FINAL_TYPES = {f"job.{o}" for o in job_service.FINAL}
 
 

@@ -52,15 +52,20 @@ def status_of(exc: ConveyorError) -> int:
     return 500
 
 
+def of_error(request: Request, exc: ConveyorError) -> JSONResponse:
+    """The problem that answers ``exc`` (logged when it is the server's fault)."""
+    status = status_of(exc)
+    if status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+    return problem(status, " ".join(str(exc).split("\n")), exc.code)
+
+
 def install(app: FastAPI) -> None:
     """Answer every error as a problem."""
 
     @app.exception_handler(ConveyorError)
     async def conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:
-        status = status_of(exc)
-        if status >= 500:
-            log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-        return problem(status, " ".join(str(exc).split("\n")), exc.code)
+        return of_error(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

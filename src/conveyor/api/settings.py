@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from conveyor.service.webhooks import WebhookPolicy
 
 DEFAULT_MAX_UPLOAD = 1 << 30  # 1 GiB: a document (or a batch's manifest) larger than this is refused with 413
+MAX_JSON = 16 << 20  # every other body (JSON, the dashboard's forms): 413 beyond (api/bodies.py)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A body is read chunk by chunk in a worker thread (``anyio.from_thread``), hashed
 blob store's own temporary folder, and renamed to its digest; a document of at most 8 KiB stays in memory
 and is stored inline. Past the limit, reading stops and the request is answered 413 (at once when its
 Content-Length says so). A multipart upload's file part goes the same way; its file name is never used
-as a path.
+as a path. The form's other fields are few and small: at most 16, of 64 KiB each, with 8 KiB of headers a part.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from conveyor.errors import TooLarge, UserError
 from conveyor.runtime.values import INLINE_MAX
 
 MAX_FIELD = 64 * 1024  # a multipart form field other than the document
+MAX_FIELDS = 16  # form fields besides the document: the options are five
+MAX_PART_HEADERS = 8 * 1024  # the header lines of one part
 FILE_FIELDS = ("file", "document")
 
 
@@ -115,6 +117,8 @@ class _FormReader:
         self.pending: list[bytes] = []  # the document's bytes parsed from the last chunk
         self.header_name, self.header_value = b"", b""
         self.headers: dict[bytes, bytes] = {}
+        self.header_bytes = 0
+        self.fields = 0
         self.name: str | None = None
         self.buffer = bytearray()
         self.in_file = False
@@ -148,13 +152,20 @@ class _FormReader:
             yield self.pending.pop(0)
 
     def _begin(self) -> None:
-        self.headers, self.name, self.buffer = {}, None, bytearray()
+        self.headers, self.name, self.buffer, self.header_bytes = {}, None, bytearray(), 0
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self.header_name += data[start:end]
 
     def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self.header_value += data[start:end]
+
+    def _count_header(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > MAX_PART_HEADERS:
+            raise TooLarge(f"a multipart part's headers are over {MAX_PART_HEADERS:,} bytes")
 
     def _header_end(self) -> None:
         self.headers[self.header_name.lower()] = self.header_value
@@ -168,6 +179,11 @@ class _FormReader:
                 raise UserError("send one document per job (two file parts came)")
             self.in_file = True
             self.form.filename = params.get(b"filename", b"").decode("utf-8", "replace")
+            return
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise TooLarge(f"the form has more than {MAX_FIELDS} fields besides the document; send only the options "
+                           "the endpoint takes")
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         if self.in_file:

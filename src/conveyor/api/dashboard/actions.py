@@ -1,9 +1,10 @@
 """The dashboard's forms (POST): log in and out, replay dead letters, decide review entries.
 
-Each action needs the session's CSRF value and calls the service function its API endpoint calls, with the
-same tenant rules (another tenant's entry is 404); a decision or replay is recorded as by
-``dashboard:<tenant>``. The browser is then sent back to the page it came from (303), told what was done
-through a query parameter of fixed meaning (``?replayed=N``, ``?decided=approved&id=N``).
+The login form needs the CSRF value paired with its own cookie (so a page of another site cannot log a browser
+in as the attacker's tenant). Each action needs the session's CSRF value and calls the service function its
+API endpoint calls, with the same tenant rules (another tenant's entry is 404); a decision or replay is
+recorded as by ``dashboard:<tenant>``. The browser is then sent back to the page it came from (303), told
+what was done through a query parameter of fixed meaning (``?replayed=N``, ``?decided=approved&id=N``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,24 @@ from conveyor.api.dashboard.session import (
     Viewer,
     check_csrf,
     clear_session,
+    csrf_for,
+    login_csrf_ok,
+    login_key,
     safe_next,
+    set_login_key,
     set_session,
     viewer,
 )
 from conveyor.api.operations import Name, RowId
+from conveyor.api.settings import MAX_JSON
 from conveyor.errors import Unauthorized
 from conveyor.service import report, review
 from conveyor.service.tokens import authenticate
 from conveyor.store import SqlStore
 
-router = APIRouter(route_class=PageRoute, include_in_schema=False)
+# A form is a handful of fields and no file; a review's edited fields may be large (the 16 MiB body limit).
+router = APIRouter(route_class=PageRoute, include_in_schema=False,
+                   form_limits={"max_files": 0, "max_fields": 16, "max_part_size": MAX_JSON})
 TEXT = r"^[^\x00]*$"
 Who = Annotated[Viewer, Depends(viewer)]
 Csrf = Annotated[str | None, Form(max_length=200)]
@@ -38,6 +46,8 @@ Why = Annotated[str, Form(max_length=10_000, pattern=TEXT)]
 Next = Annotated[str | None, Form(max_length=2000)]
 LOGIN_REASONS = {"revoked": "That token was revoked; log in with another.",
                  "unknown": "Your session's token is no longer known; log in again."}
+STALE_LOGIN = ("This login form's check failed (the form is stale, came from another site, or the browser keeps "
+               "no cookies); enter your token again.")
 
 
 # --- login -----------------------------------------------------------------------------------------------
@@ -47,19 +57,31 @@ async def login_form(request: Request, next: Annotated[str | None, Query(max_len
                      reason: Annotated[str | None, Query(max_length=20)] = None) -> Response:
     if not services(request).settings.auth:
         return RedirectResponse(safe_next(next), status_code=303)
-    return page(request, "login.html", next=safe_next(next), message=LOGIN_REASONS.get(reason or ""))
+    return _login_page(request, 200, next, LOGIN_REASONS.get(reason or ""))
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, svc: Svc, token: Annotated[str, Form(max_length=500)], next: Next = None) -> Response:
-    """Check the token; a good one is set as the session cookie."""
+async def login(request: Request, svc: Svc, token: Annotated[str, Form(max_length=500)], next: Next = None,
+                csrf: Csrf = None) -> Response:
+    """Check the form's CSRF value, then the token; a good one is set as the session cookie."""
+    if not login_csrf_ok(request, csrf):
+        return _login_page(request, 403, next, STALE_LOGIN)
     token = token.strip()
     try:
         await svc.call(authenticate, f"Bearer {token}")
     except Unauthorized as exc:
-        return page(request, "login.html", status=401, next=safe_next(next), message=str(exc))
+        return _login_page(request, 401, next, str(exc))
     response = RedirectResponse(safe_next(next), status_code=303)
     set_session(request, response, token)
+    return response
+
+
+def _login_page(request: Request, status: int, next: str | None, message: str | None) -> Response:
+    """The login form, with its CSRF value and the cookie that value is paired with."""
+    key = login_key(request)
+    response = page(request, "login.html", status=status, next=safe_next(next), message=message,
+                    csrf=csrf_for(key.encode()))
+    set_login_key(request, response, key)
     return response
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.api.problems import status_of
 from conveyor.errors import ConveyorError
@@ -117,9 +118,7 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
 
 
 class PageRoute(APIRoute):
-    """A dashboard route: a ConveyorError becomes an error page with its one-line message and the API's status
-    (404, 409, 422, ...), a bad parameter a 422 page, anything else a 500 page (logged); ``LoginNeeded``
-    redirects to /login."""
+    """A dashboard route: its errors answered by ``page_error``."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -127,20 +126,29 @@ class PageRoute(APIRoute):
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
-            except LoginNeeded as need:
-                return login_redirect(need)
-            except ConveyorError as exc:
-                status = status_of(exc)
-                if status >= 500:
-                    log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-                return error_page(request, status, " ".join(str(exc).split()))
-            except RequestValidationError as exc:
-                return error_page(request, 422, _invalid(exc))
             except Exception as exc:
-                log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-                return error_page(request, 500, "the server failed on this page; it is logged")
+                return page_error(request, exc)
 
         return guarded
+
+
+def page_error(request: Request, exc: Exception) -> Response:
+    """A page's answer to ``exc``: a ConveyorError is an error page with its one-line message and the API's status
+    (404, 409, 422, ...), a bad parameter a 422 page, a refused form (too many fields) its status, anything
+    else a 500 page (logged); ``LoginNeeded`` redirects to /login."""
+    if isinstance(exc, LoginNeeded):
+        return login_redirect(exc)
+    if isinstance(exc, ConveyorError):
+        status = status_of(exc)
+        if status >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+        return error_page(request, status, " ".join(str(exc).split()))
+    if isinstance(exc, RequestValidationError):
+        return error_page(request, 422, _invalid(exc))
+    if isinstance(exc, StarletteHTTPException) and exc.status_code < 500:
+        return error_page(request, exc.status_code, str(exc.detail))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_page(request, 500, "the server failed on this page; it is logged")
 
 
 def login_redirect(need: LoginNeeded) -> RedirectResponse:

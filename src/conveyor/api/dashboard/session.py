@@ -4,8 +4,10 @@ A browser cannot send ``Authorization: Bearer`` when it navigates, so /login tak
 and sets it as an HttpOnly, SameSite=Strict cookie (Secure over https). Every page accepts that cookie or the
 Authorization header, and checks the token on each request (a revoked token stops working at once). A POST
 (replay, approve, edit, reject, logout) also needs the session's CSRF value in a hidden form field: an HMAC
-of the token, which a page of another site can neither read nor make. ``conveyor serve --no-auth`` serves
-the one local user without a login; its CSRF value is keyed by a secret the app makes at start.
+of the token, which a page of another site can neither read nor make. The login form has no session yet: its
+value is an HMAC of a random key the form's page sets as a cookie of its own (``conveyor_login``).
+``conveyor serve --no-auth`` serves the one local user without a login; its CSRF value is keyed by a secret the
+app makes at start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from conveyor.errors import Forbidden, Unauthorized
 from conveyor.service.tokens import LOCAL, Caller, authenticate
 
 COOKIE = "conveyor_session"
+LOGIN_COOKIE = "conveyor_login"  # the login form's CSRF key, before there is a session
 _CSRF_CONTEXT = b"conveyor dashboard csrf v1"
 
 
@@ -56,7 +59,11 @@ def local_secret() -> bytes:
 
 
 async def viewer(request: Request) -> Viewer:
-    """The page's viewer (a FastAPI dependency): LoginNeeded without a valid session."""
+    """The page's viewer (a FastAPI dependency): LoginNeeded without a valid session. Checked once per request
+    (the body guard asks first, before a form is read; the route's dependency finds it in ``request.state``)."""
+    known: Viewer | None = getattr(request.state, "viewer", None)
+    if known is not None:
+        return known
     svc = services(request)
     if not svc.settings.auth:
         found = Viewer(LOCAL, csrf_for(request.app.state.dashboard_secret))
@@ -93,9 +100,36 @@ def _here(request: Request) -> str:
 
 def check_csrf(found: Viewer, given: str | None) -> None:
     """Forbidden unless a form carries the session's CSRF value."""
-    if not given or not hmac.compare_digest(given, found.csrf):
+    if not _same(found.csrf, given):
         raise Forbidden("this form's session check failed (it is stale, or came from another site); reload the "
                         "page and try again")
+
+
+def login_key(request: Request) -> str:
+    """The login form's key: the one the browser holds in its login cookie, else a new one (set with the form).
+    Before a session there is no token to key the CSRF value by, so the login form pairs its hidden value with
+    this cookie instead; a page of another site can neither read the cookie nor send it (SameSite=Strict)."""
+    return _held_key(request) or secrets.token_urlsafe(32)
+
+
+def login_csrf_ok(request: Request, given: str | None) -> bool:
+    """Whether a login POST carries the CSRF value of the login cookie it comes with."""
+    held = _held_key(request)
+    return held is not None and _same(csrf_for(held.encode()), given)
+
+
+def _held_key(request: Request) -> str | None:
+    held = request.cookies.get(LOGIN_COOKIE, "")
+    return held if 20 <= len(held) <= 100 else None  # one this server made (token_urlsafe(32): 43 characters)
+
+
+def _same(expected: str, given: str | None) -> bool:
+    return bool(given) and hmac.compare_digest(str(given), expected)
+
+
+def set_login_key(request: Request, response: Response, key: str) -> None:
+    response.set_cookie(LOGIN_COOKIE, key, httponly=True, samesite="strict", secure=_secure(request),
+                        path="/login")
 
 
 def safe_next(path: str | None) -> str:
@@ -107,9 +141,13 @@ def safe_next(path: str | None) -> str:
 
 
 def set_session(request: Request, response: Response, token: str) -> None:
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=_secure(request), path="/")
+    response.delete_cookie(LOGIN_COOKIE, path="/login", httponly=True, samesite="strict")
+
+
+def _secure(request: Request) -> bool:
     public = services(request).settings.public_url or ""
-    secure = request.url.scheme == "https" or public.startswith("https://")
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/")
+    return request.url.scheme == "https" or public.startswith("https://")
 
 
 def clear_session(response: Response) -> None:
