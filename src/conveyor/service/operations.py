@@ -95,7 +95,7 @@ def dead_letters_page(view: TenantView, run_id: str, error_class: str | None, li
 
 
 def item_page(view: TenantView, blobs: Blobs, run_id: str, item_key: str, offset: int) -> dict[str, Any]:
-    return dashboard.item_page(view.store, blobs, run_id, item_key, view.scope, offset)
+    return dashboard.item_page(view.store, blobs, run_id, view.stored_key(run_id, item_key), view.scope, offset)
 
 
 def reviews_page(view: TenantView, blobs: Blobs, run_id: str | None, stage: str | None, limit: int,

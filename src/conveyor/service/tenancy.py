@@ -46,6 +46,12 @@ class TenantView:
         """The stored key of an item this caller submits under ``key``."""
         return owned_key(self.tenant, key)
 
+    def stored_key(self, run_id: str, key: str) -> str:
+        """The stored key of the item of run ``run_id`` that ``key`` names: as its tenant chose it, or as stored."""
+        job = self.store.jobs_of_runs([run_id]).get(run_id)
+        owned = owned_key(job.tenant, key) if job is not None else key
+        return owned if self.store.item_row(run_id, owned) is not None else key
+
     def job(self, job_id: str, kind: str | None = None) -> JobRow:
         """The job (of ``kind``, when given), NotFound unless this caller may see it."""
         job = self.store.get_job(job_id)
