@@ -97,9 +97,6 @@ class TenantView:
         """Webhook deliveries of the caller's jobs, newest first, with their URLs."""
         return self.store.deliveries(self.scope, state, limit)
 
-    def visible(self, run_id: str) -> bool:
-        return visible(self.store, self.scope, run_id)
-
 
 def visible(store: SqlStore, tenant: str | None, run_id: str) -> bool:
     """Whether ``tenant`` may see run ``run_id`` (anyone may, for tenant None)."""
