@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 
 from conveyor.service.jobs import job_events
+from conveyor.service.tenancy import TenantView
+from conveyor.service.tokens import Caller
 from conveyor.store import open_store
 from tests.apiserver import Server, served, stop
 from tests.helpers import query, write_pipeline
@@ -164,7 +166,7 @@ def assert_events_whole(store_url: str, accepted: dict[str, str], streamed: dict
     store = open_store(store_url)
     try:
         for job_id in accepted:
-            events = job_events(store, None, job_id)
+            events = job_events(TenantView(store, Caller("ops", operator=True)), job_id)
             if job_id in streamed:
                 assert streamed[job_id] == [(e["id"], e["type"]) for e in events], f"job {job_id}: SSE differs"
             ids = [e["id"] for e in events]

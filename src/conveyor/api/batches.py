@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.api.context import Services, Svc, Who, base_url
+from conveyor.api.context import Services, Svc, View, base_url
 from conveyor.api.jobs import event_stream
 from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, store_stream
 from conveyor.errors import UserError
@@ -62,7 +62,7 @@ def keeper(svc: Services) -> BatchKeeper:
         **{kind: {"schema": _LINE} for kind in MANIFEST_TYPES[:2]},
         "multipart/form-data": {"schema": _MULTIPART_SCHEMA}}}})
 async def submit_batch(
-    request: Request, svc: Svc, who: Who,
+    request: Request, svc: Svc, view: View,
     pipeline: Annotated[str | None, Query(description="the pipeline's name (or a form field)")] = None,
     lane: Annotated[Literal["interactive", "bulk"] | None, Query(description="default: bulk")] = None,
     webhook_url: Annotated[str | None, Query(max_length=2048)] = None,
@@ -81,7 +81,7 @@ async def submit_batch(
     if options.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, options.webhook_url, svc.settings.webhook_policy)
     wanted = BatchRequest(served.name, options.lane, options.webhook_url, idempotency_key)
-    made = await svc.call(batch_service.create_batch, svc.blobs, served, target, who.tenant, stored.digest, wanted)
+    made = await view.call(batch_service.create_batch, svc.blobs, served, target, stored.digest, wanted)
     if made.created:
         request.app.state.batch_keeper.ingest(made.batch_id, served.name)
     base = f"{base_url(request)}/v1/batches/{made.batch_id}"
@@ -125,19 +125,19 @@ def _options(given: dict[str, str]) -> BatchOptions:
 
 
 @router.get("/batches/{batch_id}", responses={404: _PROBLEM})
-async def get_batch(batch_id: str, svc: Svc, who: Who) -> dict[str, Any]:
+async def get_batch(batch_id: str, view: View) -> dict[str, Any]:
     """The batch: ``status`` (submitting, running, finished), its items by outcome, and its ``outcome`` once
     finished (completed, partial or failed)."""
-    view: dict[str, Any] = await svc.call(batch_service.batch_view, who.scope, batch_id)
-    return view
+    found: dict[str, Any] = await view.call(batch_service.batch_view, batch_id)
+    return found
 
 
 @router.get("/batches/{batch_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: _PROBLEM})
-async def batch_events(request: Request, batch_id: str, svc: Svc, who: Who,
+async def batch_events(request: Request, batch_id: str, svc: Svc, view: View,
                        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
                        after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
                        ) -> StreamingResponse:
     """The batch's events (``batch.accepted``, ``batch.finished``) as Server-Sent Events, resumable with
     ``Last-Event-ID``; the stream ends after ``batch.finished``."""
-    await svc.call(batch_service.get_batch, who.scope, batch_id)
-    return event_stream(request, svc, who, batch_id, after, last_event_id)
+    await view.call(batch_service.get_batch, batch_id)
+    return event_stream(request, svc, view, batch_id, after, last_event_id)

@@ -14,6 +14,7 @@ from conveyor.blobs import Blobs, open_blobs
 from conveyor.errors import NotFound, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.target import load_target
+from conveyor.service.tenancy import TenantView
 from conveyor.service.tokens import LOCAL, Caller, authenticate
 from conveyor.store import SqlStore, open_store
 
@@ -97,6 +98,26 @@ async def caller(request: Request) -> Caller:
 # Route parameters every router takes: the caller (authenticated) and the server's parts.
 Who = Annotated[Caller, Depends(caller)]
 Svc = Annotated[Services, Depends(services)]
+
+
+class Scoped:
+    """The store as one request's caller sees it, made once per request: each call gets a ``TenantView`` of that
+    thread's store for the caller (service/tenancy.py), so no route passes a tenant, or could forget one."""
+
+    def __init__(self, svc: Services, who: Caller) -> None:
+        self.svc, self.who = svc, who
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(view, *args, **kwargs)`` in the thread pool, ``view`` the caller's TenantView."""
+        return await run_in_threadpool(lambda: fn(TenantView(self.svc.store(), self.who), *args, **kwargs))
+
+
+def scoped(svc: Svc, who: Who) -> Scoped:
+    return Scoped(svc, who)
+
+
+# What a route reads or writes for its caller goes through this (never Svc.call with a tenant of its own).
+View = Annotated[Scoped, Depends(scoped)]
 
 
 def base_url(request: Request) -> str:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.api.context import Services, Svc, Who, base_url
+from conveyor.api.context import Scoped, Services, Svc, View, base_url
 from conveyor.api.settings import MAX_JSON
 from conveyor.api.uploads import Stored, check_length, kept, read_form, read_small, store_stream
 from conveyor.api.views import JobList, JobView
@@ -23,7 +23,6 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.values import INLINE_MAX
 from conveyor.service import jobs as job_service
 from conveyor.service.jobs import JobRequest
-from conveyor.service.tokens import Caller
 from conveyor.service.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -67,7 +66,7 @@ _PROBLEM = {"content": {"application/problem+json": {}}, "description": "a probl
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": JobIn.model_json_schema()},
         "multipart/form-data": {"schema": _MULTIPART_SCHEMA}}}})
-async def submit_job(request: Request, svc: Svc, who: Who,
+async def submit_job(request: Request, svc: Svc, view: View,
                      idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None) -> JSONResponse:
     """Accept one document: stored, recorded with its first tasks and a ``job.accepted`` event in one
     transaction, and answered 202 at once; a repeat with the same Idempotency-Key answers 200, same job."""
@@ -81,7 +80,7 @@ async def submit_job(request: Request, svc: Svc, who: Who,
     if options.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, options.webhook_url, svc.settings.webhook_policy)
     source = job_service.source_ref(stored.data, stored.digest, stored.size)
-    created = await svc.call(job_service.create_job, pipeline, target, who.tenant, source, wanted)
+    created = await view.call(job_service.create_job, pipeline, target, source, wanted)
     return JSONResponse(accepted(request, created.job_id, created.status), status_code=202 if created.created else 200)
 
 
@@ -144,39 +143,38 @@ def _fits(pipeline: Pipeline, stored: Stored) -> None:
 
 
 @router.get("/jobs", response_model=None, responses={200: {"model": JobList, "description": "a page of jobs"}})
-async def list_jobs(svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+async def list_jobs(view: View, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     before: Annotated[float | None, Query(description="created_at of the last job seen")] = None,
                     ) -> dict[str, Any]:
     """The caller's jobs, newest first, a page at a time (``next_before`` gives the next page)."""
-    return await svc.call(job_service.list_jobs, who.scope, limit, before)
+    return await view.call(job_service.list_jobs, limit, before)
 
 
 @router.get("/jobs/{job_id}", response_model=None,
             responses={200: {"model": JobView, "description": "the job"}, 404: _PROBLEM})
-async def get_job(job_id: str, svc: Svc, who: Who) -> dict[str, Any]:
+async def get_job(job_id: str, svc: Svc, view: View) -> dict[str, Any]:
     """The job: status, per-stage state, outcome, the published record, errors with their class."""
-    view = await svc.call(job_service.job_view, svc.blobs, who.scope, job_id)
-    return view
+    return await view.call(job_service.job_view, svc.blobs, job_id)
 
 
 @router.get("/jobs/{job_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: _PROBLEM})
-async def job_events(request: Request, job_id: str, svc: Svc, who: Who,
+async def job_events(request: Request, job_id: str, svc: Svc, view: View,
                      last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
                      after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
                      ) -> StreamingResponse:
     """The job's events as Server-Sent Events, from the first (or after ``Last-Event-ID``); a keep-alive
     comment while nothing happens; the stream ends after the job's final event."""
-    await svc.call(job_service.get_job, who.scope, job_id)
-    return event_stream(request, svc, who, job_id, after, last_event_id)
+    await view.call(job_service.get_job, job_id)
+    return event_stream(request, svc, view, job_id, after, last_event_id)
 
 
-def event_stream(request: Request, svc: Services, who: Caller, job_id: str, after: int | None,
+def event_stream(request: Request, svc: Services, view: Scoped, job_id: str, after: int | None,
                  last_event_id: str | None) -> StreamingResponse:
-    """A job's (or a batch's) events as Server-Sent Events, after ``after`` or ``Last-Event-ID``; the caller
-    checked that ``who`` may see it."""
+    """A job's (or a batch's) events as Server-Sent Events, after ``after`` or ``Last-Event-ID``; each read
+    through the caller's ``view``."""
     start = after if after is not None else _event_id(last_event_id)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(_stream(request, svc, who, job_id, start), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, svc, view, job_id, start), media_type="text/event-stream",
                              headers=headers)
 
 
@@ -188,13 +186,13 @@ def _event_id(header: str | None) -> int:
     return int(header.strip())
 
 
-async def _stream(request: Request, svc: Services, who: Caller, job_id: str, last: int) -> AsyncIterator[str]:
+async def _stream(request: Request, svc: Services, view: Scoped, job_id: str, last: int) -> AsyncIterator[str]:
     settings = svc.settings
     quiet_since = time.monotonic()
     yield "retry: 2000\n\n"
     while True:
-        job = await svc.call(job_service.get_job, who.scope, job_id)
-        events = await svc.call(job_service.job_events, who.scope, job_id, last)
+        job = await view.call(job_service.get_job, job_id)
+        events = await view.call(job_service.job_events, job_id, last)
         for e in events:
             last = e["id"]
             yield f"id: {e['id']}\nevent: {e['type']}\ndata: {json.dumps(_public(e))}\n\n"

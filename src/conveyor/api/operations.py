@@ -15,14 +15,11 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.api.context import Svc, Who
-from conveyor.blobs import Blobs
-from conveyor.service import report, review
+from conveyor.api.context import Svc, View
+from conveyor.service import operations as ops
 from conveyor.service.records import SampleOptions
-from conveyor.service.replay import ReplayOptions, replay
-from conveyor.service.selection import selection_of
+from conveyor.service.replay import ReplayOptions
 from conveyor.service.tokens import Caller
-from conveyor.store import SqlStore
 
 router = APIRouter(prefix="/v1", tags=["operations"])
 # Text the store keeps: PostgreSQL refuses NUL in text, so it is refused here as a bad request.
@@ -90,19 +87,19 @@ class ReplayIn(_Body):
 # --- runs ------------------------------------------------------------------------------------------------
 
 @router.get("/runs", responses={200: _JSON})
-async def list_runs(svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> Response:
+async def list_runs(view: View, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> Response:
     """The newest runs, each as ``conveyor status --json`` lists it (``{"runs": [...]}``)."""
-    return _json(await svc.call(report.list_status, limit, who.scope))
+    return _json(await view.call(ops.list_runs, limit))
 
 
 @router.get("/runs/{run_id}", responses=NOT_FOUND)
-async def run_status(run_id: Name, svc: Svc, who: Who) -> Response:
+async def run_status(run_id: Name, view: View) -> Response:
     """One run's per-stage progress and outcomes, as ``conveyor status RUN --json``."""
-    return _json(await svc.call(_status, run_id, who.scope))
+    return _json(await view.call(ops.run_status, run_id))
 
 
 @router.get("/runs/{run_id}/reconcile", responses=NOT_FOUND)
-async def reconcile_run(run_id: Name, svc: Svc, who: Who,
+async def reconcile_run(run_id: Name, svc: Svc, view: View,
                         sample: Annotated[int, Query(ge=0, le=1000, description="accepted records per slice value "
                                                      "in the quality sample")] = 3,
                         slices: Annotated[list[str] | None, Query(alias="slice", description="also slice the "
@@ -112,84 +109,70 @@ async def reconcile_run(run_id: Name, svc: Svc, who: Who,
                         = None) -> Response:
     """Every expected item with its outcome, as ``conveyor reconcile RUN --json`` (same options)."""
     options = SampleOptions(sample, tuple(slices or ()), seed)
-    return _json(await svc.call(_reconcile, svc.blobs, run_id, who.scope, options))
-
-
-def _status(store: SqlStore, run_id: str, tenant: str | None) -> dict[str, Any]:
-    return report.status_report(store, report.find_run(store, run_id, tenant))
-
-
-def _reconcile(store: SqlStore, blobs: Blobs, run_id: str, tenant: str | None,
-               options: SampleOptions) -> dict[str, Any]:
-    return report.reconcile(store, report.find_run(store, run_id, tenant), blobs=blobs, sample=options)
+    return _json(await view.call(ops.reconcile, svc.blobs, run_id, options))
 
 
 # --- the review queue ------------------------------------------------------------------------------------
 
 @router.get("/reviews", responses={200: _JSON, 422: _PROBLEM})
-async def list_reviews(svc: Svc, who: Who, run: Filter = None, stage: Filter = None, all_: Every = False,
+async def list_reviews(view: View, run: Filter = None, stage: Filter = None, all_: Every = False,
                        limit: Limit = 1000) -> Response:
     """Entries waiting for a decision, as ``conveyor review list --json``."""
-    return _json(await svc.call(review.review_list, run, stage, all_, limit, None, who.scope))
+    return _json(await view.call(ops.reviews, run, stage, all_, limit))
 
 
 @router.get("/reviews/{review_id}", responses=NOT_FOUND)
-async def show_review(review_id: RowId, svc: Svc, who: Who) -> Response:
+async def show_review(review_id: RowId, svc: Svc, view: View) -> Response:
     """One entry with its answer and attempts, as ``conveyor review show ID --json``."""
-    return _json(await svc.call(review.review_show, svc.blobs, review_id, who.scope))
+    return _json(await view.call(ops.review_show, svc.blobs, review_id))
 
 
 @router.post("/reviews/{review_id}/approve", responses=DECIDED)
-async def approve_review(review_id: RowId, svc: Svc, who: Who, body: Decision | None = None) -> Response:
+async def approve_review(review_id: RowId, svc: Svc, view: View, body: Decision | None = None) -> Response:
     """Accept the answer as it is; its item goes on. 409 when the entry was decided already."""
     why = body.why if body else None
-    return _json(await svc.call(review.approve, svc.blobs, [review_id], by(who), why, None, who.scope))
+    return _json(await view.call(ops.approve, svc.blobs, review_id, by(view.who), why))
 
 
 @router.post("/reviews/{review_id}/edit", responses=DECIDED)
-async def edit_review(review_id: RowId, body: Edit, svc: Svc, who: Who) -> Response:
+async def edit_review(review_id: RowId, body: Edit, svc: Svc, view: View) -> Response:
     """Accept the answer with corrected fields (422 when they break the stage's schema; 409 when decided)."""
     fields = json.dumps(body.fields)
-    return _json(await svc.call(review.edit, svc.blobs, review_id, fields, by(who), body.why, None, who.scope))
+    return _json(await view.call(ops.edit, svc.blobs, review_id, fields, by(view.who), body.why))
 
 
 @router.post("/reviews/{review_id}/reject", responses=DECIDED)
-async def reject_review(review_id: RowId, body: Rejection, svc: Svc, who: Who) -> Response:
+async def reject_review(review_id: RowId, body: Rejection, view: View) -> Response:
     """Refuse the answer: its item ends rejected. 409 when the entry was decided already."""
-    return _json(await svc.call(review.reject, [review_id], body.why, by(who), None, who.scope))
+    return _json(await view.call(ops.reject, review_id, body.why, by(view.who)))
 
 
 # --- dead letters and replays ----------------------------------------------------------------------------
 
 @router.get("/dead-letters", responses={200: _JSON, 422: _PROBLEM})
-async def list_dead_letters(svc: Svc, who: Who, run: Filter = None, stage: Filter = None,
+async def list_dead_letters(view: View, run: Filter = None, stage: Filter = None,
                             error_class: Filter = None, all_: Every = False, limit: Limit = 1000) -> Response:
     """Dead-lettered tasks, oldest first, as ``conveyor dlq list --json``."""
-    return _json(await svc.call(report.dlq_list, run, stage, error_class, all_, limit, who.scope))
+    return _json(await view.call(ops.dead_letters, run, stage, error_class, all_, limit))
 
 
 @router.get("/dead-letters/{dead_letter_id}", responses=NOT_FOUND)
-async def show_dead_letter(dead_letter_id: RowId, svc: Svc, who: Who) -> Response:
+async def show_dead_letter(dead_letter_id: RowId, view: View) -> Response:
     """One dead letter with its full error and every attempt, as ``conveyor dlq show ID --json``."""
-    return _json(await svc.call(report.dlq_show, dead_letter_id, who.scope))
+    return _json(await view.call(ops.dead_letter, dead_letter_id))
 
 
 @router.post("/dead-letters/{dead_letter_id}/replay", responses=DECIDED)
-async def replay_dead_letter(dead_letter_id: RowId, svc: Svc, who: Who,
-                             body: DeadLetterReplay | None = None) -> Response:
+async def replay_dead_letter(dead_letter_id: RowId, view: View, body: DeadLetterReplay | None = None) -> Response:
     """Queue the task again with a fresh attempt budget, as ``conveyor dlq replay ID --json``; 409 when it
     was replayed already."""
-    reason = body.reason if body and body.reason else f"replayed through the API by {by(who)}"
-    return _json(await svc.call(report.dlq_replay_entry, dead_letter_id, reason, who.scope))
+    reason = body.reason if body and body.reason else f"replayed through the API by {by(view.who)}"
+    return _json(await view.call(ops.replay_dead_letter, dead_letter_id, reason))
 
 
 @router.post("/replays", responses={200: _JSON, 404: _PROBLEM, 422: _PROBLEM})
-async def replay_tasks(body: ReplayIn, svc: Svc, who: Who) -> Response:
+async def replay_tasks(body: ReplayIn, svc: Svc, view: View) -> Response:
     """Re-open the tasks a selection names, as ``conveyor replay --json`` (a tenant names its own runs)."""
-    options = ReplayOptions(body.reason, body.note, body.downstream, body.dry_run, by(who), tenant=who.scope)
-    return _json(await svc.call(_replay, svc.blobs, body, options))
-
-
-def _replay(store: SqlStore, blobs: Blobs, body: ReplayIn, options: ReplayOptions) -> dict[str, Any]:
-    selection = selection_of(body.runs, body.stages, body.statuses, body.error_classes, now=store.clock())
-    return replay(store, blobs, selection, options)
+    options = ReplayOptions(body.reason, body.note, body.downstream, body.dry_run, by(view.who))
+    return _json(await view.call(ops.replay_selection, svc.blobs, body.runs, body.stages, body.statuses,
+                                 body.error_classes, options))

@@ -17,7 +17,7 @@ class JobStage(BaseModel):
     item_key: str
     status: str = Field(description="queued, running, succeeded, failed, dead_lettered, awaiting_review, ...")
     attempts: int
-    cached: bool = Field(description="answered from the memo of an earlier identical call")
+    cached: bool = Field(description="answered from the memo of an earlier identical call of the same tenant")
     error_class: str | None
 
 
@@ -49,7 +49,7 @@ class JobView(BaseModel):
     kind: str
     pipeline: str
     lane: str
-    key: str | None = Field(description="the document's item key (names its publication)")
+    key: str | None = Field(description="the document's item key, the tenant's own (names its publication)")
     status: str = Field(description="queued, running, awaiting_review, or the job's end: published, completed, "
                                     "failed, dead_lettered, rejected")
     outcome: str | None = Field(description="the job's end, once it ended")

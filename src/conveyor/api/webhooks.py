@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from conveyor.api.context import Svc, Who
+from conveyor.api.context import View
 from conveyor.service import webhooks as webhook_service
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
@@ -31,10 +31,10 @@ class Deliveries(BaseModel):
 
 
 @router.get("/deliveries", response_model=Deliveries, responses={401: _PROBLEM, 403: _PROBLEM, 422: _PROBLEM})
-async def deliveries(svc: Svc, who: Who,
+async def deliveries(view: View,
                      state: Annotated[Literal["pending", "delivered", "failed"] | None,
                                       Query(description="only deliveries in this state")] = None,
                      limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
     """Each event of the caller's jobs that has a webhook, newest first: where it goes, its state (pending:
     being tried, with backoff; delivered; failed: not taken within a day), attempts and the last error."""
-    return await svc.call(webhook_service.list_deliveries, who.scope, state, limit)
+    return await view.call(webhook_service.list_deliveries, state, limit)

@@ -30,9 +30,10 @@ from conveyor.runtime.heartbeat import stopped, submitter_id
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions.events import event
 from conveyor.service.inputs import SourceItem, check_manifest, manifest_items
-from conveyor.service.jobs import JobRequest, check_request, earlier_job, get_job, request_hash, take_key
+from conveyor.service.jobs import JobRequest, check_request, earlier_job, request_hash, take_key
 from conveyor.service.report import REFUSED, status_report
 from conveyor.service.submit import SubmitOptions, Submitted, recorded_params, run_params, stages_json, submit
+from conveyor.service.tenancy import TenantView, owned_key
 from conveyor.service.tokens import webhook_secret
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, open_store
 from conveyor.store.jobs import JobRow
@@ -68,16 +69,18 @@ def new_batch_id(now: float) -> str:
     return time.strftime("b%Y%m%d-%H%M%S-", time.gmtime(now)) + secrets.token_hex(8)
 
 
-def create_batch(store: SqlStore, blobs: Blobs, pipeline: Pipeline, target: str, tenant: str, digest: str,
+def create_batch(view: TenantView, blobs: Blobs, pipeline: Pipeline, target: str, digest: str,
                  request: BatchRequest, now: float | None = None) -> BatchCreated:
-    """Record a batch for the manifest kept in ``blobs`` as ``digest``, checked whole first (InputError naming
-    the line); its items are read afterwards (``ingest``). An Idempotency-Key works as for jobs: the same
-    request returns the batch the first one made (``created`` False), another body is a Conflict."""
+    """Record a batch of the caller's tenant for the manifest kept in ``blobs`` as ``digest``, checked whole
+    first (InputError naming the line); its items are read afterwards (``ingest``), under the tenant's keys.
+    An Idempotency-Key works as for jobs: the same request returns the batch the first one made (``created``
+    False), another body is a Conflict."""
     wanted = request.as_job()
     check_request(wanted)
+    store, tenant = view.store, view.tenant
     now = store.clock() if now is None else now
     fingerprint = request_hash("batch", wanted, digest)
-    earlier = earlier_job(store, tenant, wanted, fingerprint, now)
+    earlier = earlier_job(view, wanted, fingerprint, now)
     if earlier is not None:
         return _earlier(store, earlier)
     with manifest_file(blobs, digest) as path:
@@ -93,8 +96,8 @@ def create_batch(store: SqlStore, blobs: Blobs, pipeline: Pipeline, target: str,
                     submitter_id(), now, WAITING_NOTE, budget_usd=pipeline.budget_usd,
                     params=params_rule.encode(values) if values else None)
     with store.transaction():
-        if not take_key(store, tenant, request.idempotency_key, fingerprint, batch_id, now):
-            taken = earlier_job(store, tenant, wanted, fingerprint, now)
+        if not take_key(view, request.idempotency_key, fingerprint, batch_id, now):
+            taken = earlier_job(view, wanted, fingerprint, now)
             if taken is None:  # taken and expired in between: vanishingly rare; the client may retry
                 raise Conflict("Idempotency-Key was being used by another request; retry")
             return _earlier(store, taken)
@@ -125,24 +128,16 @@ def manifest_file(blobs: Blobs, digest: str) -> Iterator[Path]:
 
 # --- reading a batch -----------------------------------------------------------------------------------------
 
-def get_batch(store: SqlStore, tenant: str | None, batch_id: str) -> JobRow:
-    """The batch, if ``tenant`` may see it (None: any tenant's); NotFound otherwise, the same either way."""
-    try:
-        job = get_job(store, tenant, batch_id)
-    except NotFound:
-        job = None
-    if job is None or job.kind != "batch":
-        raise NotFound(f"no batch {batch_id!r}")
-    return job
+def get_batch(view: TenantView, batch_id: str) -> JobRow:
+    """The batch, if the caller may see it; NotFound otherwise, the same either way."""
+    return view.job(batch_id, "batch")
 
 
-def batch_view(store: SqlStore, tenant: str | None, batch_id: str) -> dict[str, Any]:
+def batch_view(view: TenantView, batch_id: str) -> dict[str, Any]:
     """What a client may learn of a batch: where it stands, and its items by outcome (as reconcile counts them)."""
-    job = get_batch(store, tenant, batch_id)
-    run = store.get_run(batch_id)
-    if run is None:  # its run was deleted by hand
-        raise NotFound(f"no batch {batch_id!r}")
-    report = status_report(store, run)
+    job = get_batch(view, batch_id)
+    run = view.run(job)
+    report = status_report(view.store, run)
     return {
         "batch_id": job.job_id, "job_id": job.job_id, "run_id": run.run_id, "pipeline": job.pipeline,
         "lane": job.lane, "status": batch_status(job, run), "expected": run.expected, "read": report["expected"],
@@ -227,12 +222,19 @@ def ingest(store_url: str, blobs: Blobs, pipeline: Pipeline, batch_id: str,
         if run.stages != stages_json(pipeline, recorded_params(run)):
             raise _Unreadable(f"its pipeline {pipeline.name!r} changed since it was accepted (a stage, version, "
                               "config or its code); serve the pipeline it was accepted for to finish it")
+        job = store.get_job(batch_id)
         with manifest_file(blobs, run.input.removeprefix(MANIFEST_INPUT)) as path:
-            items = _until(manifest_items(path), stop)
+            items = _until(_owned(manifest_items(path), job.tenant if job else None), stop)
             return submit(pipeline, run.target, run.input, store, blobs, items=items, lane=run.lane,
                           options=SubmitOptions(resume=batch_id))
     finally:
         store.close()
+
+
+def _owned(items: Iterator[SourceItem], tenant: str | None) -> Iterator[SourceItem]:
+    """A tenant's manifest items under the tenant's own keys (service/tenancy.py)."""
+    for item in items:
+        yield item if tenant is None else item._replace(key=owned_key(tenant, item.key))
 
 
 class _Unreadable(UserError):

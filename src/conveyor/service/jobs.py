@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.errors import Conflict, NotFound, UserError
+from conveyor.errors import Conflict, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.pipeline import params as params_rule
 from conveyor.runtime.expand import LANE_RANKS
@@ -31,6 +31,7 @@ from conveyor.service.inputs import MAX_KEY_CHARS, key_problem
 from conveyor.service.records import read_records
 from conveyor.service.show import shown_output
 from conveyor.service.submit import run_params, stages_json
+from conveyor.service.tenancy import TenantView, client_key
 from conveyor.service.tokens import webhook_secret
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
@@ -92,12 +93,12 @@ def source_ref(data: bytes | None, digest: str, size: int) -> Ref:
     return Ref("bytes", digest, size, None)
 
 
-def earlier_job(store: SqlStore, tenant: str, request: JobRequest, fingerprint: str, now: float) -> str | None:
-    """The job an earlier request with this Idempotency-Key made (same body), None when the key is free;
-    Conflict when the key names a request with another body."""
+def earlier_job(view: TenantView, request: JobRequest, fingerprint: str, now: float) -> str | None:
+    """The job an earlier request of the caller's tenant with this Idempotency-Key made (same body), None when
+    the key is free; Conflict when the key names a request with another body."""
     if request.idempotency_key is None:
         return None
-    held = store.idempotency_key(tenant, request.idempotency_key, now - IDEMPOTENCY_TTL_S)
+    held = view.store.idempotency_key(view.tenant, request.idempotency_key, now - IDEMPOTENCY_TTL_S)
     if held is None:
         return None
     if held[0] != fingerprint:
@@ -110,28 +111,30 @@ class _KeyTaken(Exception):
     """Another request took the Idempotency-Key while this one was being written."""
 
 
-def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, source: Ref, request: JobRequest,
+def create_job(view: TenantView, pipeline: Pipeline, target: str, source: Ref, request: JobRequest,
                now: float | None = None) -> JobCreated:
-    """Record a job for one document whose bytes are stored already (``source``) and queue its first tasks.
+    """Record a job of the caller's tenant for one document whose bytes are stored already (``source``) and
+    queue its first tasks. Its item is the tenant's own (``view.item_key``): its key and publication.
 
     With an Idempotency-Key, a repeat of the same request returns the job the first one made
     (``created`` False), and a request with another body is a Conflict, however many arrive at once.
     """
     check_request(request)
+    store, tenant = view.store, view.tenant
     now = store.clock() if now is None else now
     fingerprint = request_hash("job", request, source.digest)
-    earlier = earlier_job(store, tenant, request, fingerprint, now)
+    earlier = earlier_job(view, request, fingerprint, now)
     if earlier is not None:
         return JobCreated(earlier, False)
     if request.webhook_url is not None:
         webhook_secret(store, tenant)  # a tenant made without a token (--no-auth's) gets its signing secret now
     job_id = new_job_id(now)
-    key = request.key or job_id
+    key = view.item_key(request.key or job_id)
     transitions = transitions_for(store, pipeline)
     values = run_params(pipeline)  # the server's: a request sets none
     try:
         with store.transaction():
-            if not take_key(store, tenant, request.idempotency_key, fingerprint, job_id, now):
+            if not take_key(view, request.idempotency_key, fingerprint, job_id, now):
                 raise _KeyTaken
             run = RunRecord(job_id, pipeline.name, absolute_target(target), f"api:{tenant}", "submitted", 1,
                             pipeline.has_publish, stages_json(pipeline, values), now, now, None, request.lane,
@@ -149,25 +152,27 @@ def create_job(store: SqlStore, pipeline: Pipeline, target: str, tenant: str, so
                                        lane=request.lane)])
             if cached:  # the memo answered some tasks already: they are done, and the job may be too
                 answered = [t for t in store.job_tasks(job_id, MAX_TASKS_SHOWN) if t.status == "succeeded"]
+                own = view.own_memo(job, [t.task_key for t in answered])
                 store.insert_events([event(job, "job.stage_done", now, stage=t.stage, item_key=t.item_key,
-                                           cached=True) for t in answered])
+                                           cached=t.task_key in own) for t in answered])
             ended = settle(store, [job], outcome_stages(pipeline), now) if not queued else []
             store.notify()
     except _KeyTaken:
-        earlier = earlier_job(store, tenant, request, fingerprint, now)
+        earlier = earlier_job(view, request, fingerprint, now)
         if earlier is None:  # taken and expired in between: vanishingly rare; the client may retry
             raise Conflict("Idempotency-Key was being used by another request; retry") from None
         return JobCreated(earlier, False)
     return JobCreated(job_id, True, ended[0].type.removeprefix("job.") if ended else "queued")
 
 
-def take_key(store: SqlStore, tenant: str, key: str | None, fingerprint: str, job_id: str, now: float) -> bool:
-    """Take the Idempotency-Key ``key`` (if any) for ``job_id`` in the caller's transaction, an expired holder
-    forgotten first; False when another request holds it (a concurrent one that took it first is waited for)."""
+def take_key(view: TenantView, key: str | None, fingerprint: str, job_id: str, now: float) -> bool:
+    """Take the tenant's Idempotency-Key ``key`` (if any) for ``job_id`` in the caller's transaction, an expired
+    holder forgotten first; False when another request holds it (a concurrent one that took it first is waited
+    for)."""
     if key is None:
         return True
-    store.forget_idempotency_keys(tenant, key, now - IDEMPOTENCY_TTL_S)
-    return store.claim_idempotency_key(tenant, key, fingerprint, job_id, now)
+    view.store.forget_idempotency_keys(view.tenant, key, now - IDEMPOTENCY_TTL_S)
+    return view.store.claim_idempotency_key(view.tenant, key, fingerprint, job_id, now)
 
 
 _TRANSITIONS: weakref.WeakKeyDictionary[SqlStore, dict[str, Transitions]] = weakref.WeakKeyDictionary()
@@ -188,37 +193,41 @@ def _json(value: Mapping[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
 
 
-# --- reading a job ------------------------------------------------------------------------------------------
+# --- reading a job: through the caller's TenantView only ------------------------------------------------------
 
-def get_job(store: SqlStore, tenant: str | None, job_id: str) -> JobRow:
-    """The job, if ``tenant`` may see it (None: any tenant's); NotFound otherwise, the same either way."""
-    job = store.get_job(job_id)
-    if job is None or (tenant is not None and job.tenant != tenant):
-        raise NotFound(f"no job {job_id!r}")
-    return job
+def get_job(view: TenantView, job_id: str) -> JobRow:
+    """The job, if the caller may see it; NotFound otherwise, the same either way."""
+    return view.job(job_id)
 
 
-def job_view(store: SqlStore, blobs: Blobs, tenant: str | None, job_id: str) -> dict[str, Any]:
-    """Everything a client may learn of a job: status, its tasks, errors, reviews, and its record."""
-    job = get_job(store, tenant, job_id)
-    tasks = store.job_tasks(job_id, MAX_TASKS_SHOWN + 1)
+def job_view(view: TenantView, blobs: Blobs, job_id: str) -> dict[str, Any]:
+    """Everything a client may learn of a job: status, its tasks, errors, reviews, and its record. Keys are
+    shown as the tenant chose them; ``cached`` tells of a memo hit on the tenant's own earlier work only."""
+    job = view.job(job_id)
+    tasks = view.tasks(job, MAX_TASKS_SHOWN + 1)
     shown = tasks[:MAX_TASKS_SHOWN]
-    view: dict[str, Any] = {
-        "job_id": job.job_id, "kind": job.kind, "pipeline": job.pipeline, "lane": job.lane, "key": job.item_key,
+    own = view.own_memo(job, [t.task_key for t in shown if t.cached])
+
+    def key(stored: str) -> str:
+        return client_key(job.tenant, stored)
+
+    answer: dict[str, Any] = {
+        "job_id": job.job_id, "kind": job.kind, "pipeline": job.pipeline, "lane": job.lane,
+        "key": key(job.item_key) if job.item_key is not None else None,
         "status": job_status(job, tasks), "outcome": job.outcome, "created_at": job.created_at,
         "finished_at": job.finished_at, "metadata": json.loads(job.metadata) if job.metadata else None,
         "webhook_url": job.webhook_url,
-        "stages": [{"stage": t.stage, "item_key": t.item_key, "status": t.status, "attempts": t.attempts,
-                    "cached": t.cached, "error_class": t.error_class} for t in shown],
-        "errors": [{"stage": t.stage, "item_key": t.item_key, "error_class": t.error_class,
+        "stages": [{"stage": t.stage, "item_key": key(t.item_key), "status": t.status, "attempts": t.attempts,
+                    "cached": t.task_key in own, "error_class": t.error_class} for t in shown],
+        "errors": [{"stage": t.stage, "item_key": key(t.item_key), "error_class": t.error_class,
                     "error": (t.last_error or "").splitlines()[0] if t.last_error else None}
                    for t in shown if t.error_class is not None and t.status != "succeeded"],
         "tasks_truncated": len(tasks) > MAX_TASKS_SHOWN,
-        "reviews": [{"review_id": r.id, "stage": r.stage, "item_key": r.item_key, "reason_class": r.reason_class,
-                     "reason": r.reason} for r in store.reviews(run_id=job_id, limit=MAX_TASKS_SHOWN)],
+        "reviews": [{"review_id": r.id, "stage": r.stage, "item_key": key(r.item_key), "reason_class": r.reason_class,
+                     "reason": r.reason} for r in view.reviews(job, MAX_TASKS_SHOWN)],
     }
-    view["record"], view["output"] = _record(store, blobs, job, shown)
-    return view
+    answer["record"], answer["output"] = _record(view, blobs, job, shown)
+    return answer
 
 
 def job_status(job: JobRow, tasks: list[JobTask]) -> str:
@@ -232,29 +241,25 @@ def job_status(job: JobRow, tasks: list[JobTask]) -> str:
     return "queued"
 
 
-def _record(store: SqlStore, blobs: Blobs, job: JobRow, tasks: list[JobTask]) -> tuple[Any, Any]:
-    """(the live published record of the job's document, the output of its last successful stage on it)."""
-    record = None
-    if job.item_key is not None:
-        live = [v for v in store.publication_versions(None, job.item_key) if v.live]
-        record = {"collection": live[0].collection, "version": live[0].version,
-                  "fields": json.loads(live[0].fields) if live[0].fields else None} if live else None
+def _record(view: TenantView, blobs: Blobs, job: JobRow, tasks: list[JobTask]) -> tuple[Any, Any]:
+    """(the live published record of the job's own document, the output of its last successful stage on it)."""
+    live = view.live_record(job)
+    record = {"collection": live.collection, "version": live.version,
+              "fields": json.loads(live.fields) if live.fields else None} if live else None
     own = [t for t in tasks if t.item_key == job.item_key and t.status == "succeeded" and t.output_digest
            and t.output_kind]
     if not own:
         return record, None
     last = own[-1]
     assert last.output_kind is not None and last.output_digest is not None
-    values = read_records(store, blobs, {"out": RecordRef(last.task_key, last.output_kind, last.output_digest)},
+    values = read_records(view.store, blobs, {"out": RecordRef(last.task_key, last.output_kind, last.output_digest)},
                           strict=False)
     return record, shown_output(last.output_kind, values["out"]) if "out" in values else None
 
 
-def job_events(store: SqlStore, tenant: str | None, job_id: str, after: int = 0,
-               limit: int = 500) -> list[dict[str, Any]]:
+def job_events(view: TenantView, job_id: str, after: int = 0, limit: int = 500) -> list[dict[str, Any]]:
     """The job's events after event id ``after``, oldest first."""
-    get_job(store, tenant, job_id)
-    return [event_view(e) for e in store.events_after(job_id, after, limit)]
+    return [event_view(e) for e in view.events(job_id, after, limit)]
 
 
 def event_view(e: EventRow) -> dict[str, Any]:
@@ -262,9 +267,10 @@ def event_view(e: EventRow) -> dict[str, Any]:
             "delivery": e.delivery, "delivery_attempts": e.delivery_attempts, "delivery_error": e.delivery_error}
 
 
-def list_jobs(store: SqlStore, tenant: str | None, limit: int = 50, before: float | None = None) -> dict[str, Any]:
-    jobs = store.list_jobs(tenant, limit, before)
-    return {"jobs": [{"job_id": j.job_id, "kind": j.kind, "pipeline": j.pipeline, "key": j.item_key,
+def list_jobs(view: TenantView, limit: int = 50, before: float | None = None) -> dict[str, Any]:
+    jobs = view.jobs(limit, before)
+    return {"jobs": [{"job_id": j.job_id, "kind": j.kind, "pipeline": j.pipeline,
+                      "key": client_key(j.tenant, j.item_key) if j.item_key is not None else None,
                       "lane": j.lane, "created_at": j.created_at, "finished_at": j.finished_at,
                       "outcome": j.outcome} for j in jobs],
             "next_before": jobs[-1].created_at if len(jobs) == limit else None}

@@ -31,6 +31,7 @@ from standardwebhooks import Webhook
 
 from conveyor import __version__
 from conveyor.errors import UserError
+from conveyor.service.tenancy import TenantView
 from conveyor.store import SqlStore
 from conveyor.store.jobs import Delivery
 
@@ -314,12 +315,12 @@ async def deliver(store: SqlStore, client: httpx.AsyncClient, delivery: Delivery
     return record(store, delivery, await send(client, delivery, policy, settings), settings)
 
 
-def list_deliveries(store: SqlStore, tenant: str | None, state: str | None = None, limit: int = 50
-                    ) -> dict[str, Any]:
-    """Webhook deliveries of ``tenant``'s jobs (None: every tenant's), newest first, in ``state`` if given."""
+def list_deliveries(view: TenantView, state: str | None = None, limit: int = 50) -> dict[str, Any]:
+    """Webhook deliveries of the caller's jobs (an operator's: every tenant's), newest first, in ``state`` if
+    given."""
     if state is not None and state not in DELIVERY_STATES:
         raise UserError(f"state {state!r} is not a delivery state; use {', '.join(DELIVERY_STATES)}")
     return {"deliveries": [
         {"event_id": e.id, "job_id": e.job_id, "type": e.type, "url": url, "state": e.delivery,
          "attempts": e.delivery_attempts, "error": e.delivery_error, "created_at": e.created_at,
-         "delivered_at": e.delivered_at} for e, url in store.deliveries(tenant, state, limit)]}
+         "delivered_at": e.delivered_at} for e, url in view.deliveries(state, limit)]}

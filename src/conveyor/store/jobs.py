@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.memokey import key64
 from conveyor.store.records import DeadLetter
 from conveyor.store.reports import DLQ_COLUMNS
 from conveyor.store.reviews import REVIEW_COLUMNS, ReviewEntry
@@ -22,6 +23,18 @@ OPEN_STATUSES = ("queued", "running", "awaiting_review")
 JOB_COLUMNS = ("job_id, tenant, kind, item_key, pipeline, lane, webhook_url, metadata, request_hash, idempotency_key, "
                "created_at, finished_at, outcome")
 EVENT_COLUMNS = "id, job_id, type, data, created_at, delivery, delivery_attempts, delivered_at, delivery_error"
+
+
+def owned_key(tenant: str, key: str) -> str:
+    """The stored item key of a tenant's ``key``: ``@tenant/key`` (a tenant name has no ``/``, so no two
+    tenants' keys meet). ``conveyor publications @acme/contract-42`` lists tenant acme's item (service/tenancy.py)."""
+    return f"@{tenant}/{key}"
+
+
+def client_key(tenant: str, stored: str) -> str:
+    """The key as the tenant chose it (a stored key of another namespace is returned whole)."""
+    prefix = f"@{tenant}/"
+    return stored[len(prefix):] if stored.startswith(prefix) else stored
 
 
 class TokenRow(NamedTuple):
@@ -231,6 +244,17 @@ class JobQueries:
             "SELECT id, task_key, stage, item_key, status, attempts, cached, error_class, last_error, output_kind, "
             "output_digest, finished_at FROM tasks WHERE run_id = ? ORDER BY id LIMIT ?", (run_id, limit))
         return [JobTask(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), bool(r[6]), *r[7:]) for r in rows]
+
+    def memo_made_by(self, tenant: str, task_keys: Sequence[str]) -> set[str]:
+        """The task keys among ``task_keys`` whose memo output a job (or batch) of ``tenant`` made: a job may
+        tell its client of a memo hit on its own tenant's earlier work, never on another's."""
+        wanted, found = set(task_keys), set[str]()
+        for part in chunks([key64(k) for k in wanted], self.db.in_chunk):
+            where, params = self.db.one_of("o.key64", part, "bigint")
+            found.update(str(r[0]) for r in self.db.execute(
+                f"SELECT o.task_key FROM outputs o JOIN jobs j ON j.job_id = o.run_id WHERE {where} AND j.tenant = ?",
+                (*params, tenant)) if r[0] in wanted)
+        return found
 
     # --- idempotency keys -----------------------------------------------------
 

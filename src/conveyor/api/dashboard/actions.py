@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from conveyor.api.context import Svc, services
+from conveyor.api.dashboard.pages import View
 from conveyor.api.dashboard.render import PageRoute, page
 from conveyor.api.dashboard.session import (
     Viewer,
@@ -32,9 +33,8 @@ from conveyor.api.dashboard.session import (
 from conveyor.api.operations import Name, RowId
 from conveyor.api.settings import MAX_JSON
 from conveyor.errors import Unauthorized
-from conveyor.service import report, review
+from conveyor.service import operations as ops
 from conveyor.service.tokens import authenticate
-from conveyor.store import SqlStore
 
 # A form is a handful of fields and no file; a review's edited fields may be large (the 16 MiB body limit).
 router = APIRouter(route_class=PageRoute, include_in_schema=False,
@@ -96,53 +96,48 @@ async def logout(who: Who, csrf: Csrf = None) -> Response:
 # --- dead letters ----------------------------------------------------------------------------------------
 
 @router.post("/runs/{run_id}/dead-letters/{dead_letter_id}/replay")
-async def replay_dead_letter(run_id: Name, dead_letter_id: RowId, svc: Svc, who: Who, csrf: Csrf = None) -> Response:
+async def replay_dead_letter(run_id: Name, dead_letter_id: RowId, who: Who, view: View, csrf: Csrf = None) -> Response:
     """Queue one dead letter's task again (``dlq_replay_entry``, as ``POST /v1/dead-letters/{id}/replay``)."""
     check_csrf(who, csrf)
-    done = await svc.call(report.dlq_replay_entry, dead_letter_id, f"replayed from the dashboard by {who.by}",
-                          who.tenant)
+    done = await view.call(ops.replay_dead_letter, dead_letter_id, f"replayed from the dashboard by {who.by}")
     return _back(f"/runs/{quote(run_id, safe='')}/dead-letters", replayed=done["replayed"])
 
 
 @router.post("/runs/{run_id}/dead-letters/replay")
-async def replay_class(run_id: Name, svc: Svc, who: Who, csrf: Csrf = None,
+async def replay_class(run_id: Name, who: Who, view: View, csrf: Csrf = None,
                        error_class: Annotated[str | None, Form(max_length=1000, pattern=TEXT)] = None) -> Response:
     """Queue again every dead letter of the run (of ``error_class``, when given) not replayed yet."""
     check_csrf(who, csrf)
-    done = await svc.call(_replay_class, run_id, error_class or None, who)
-    return _back(f"/runs/{quote(run_id, safe='')}/dead-letters", replayed=done["replayed"])
-
-
-def _replay_class(store: SqlStore, run_id: str, error_class: str | None, who: Viewer) -> dict[str, object]:
-    run = report.find_run(store, run_id, who.tenant)  # a tenant replays its own runs only
     reason = f"replayed from the dashboard by {who.by}" + (f" (error class {error_class})" if error_class else "")
-    return report.dlq_replay(store, [], reason, run_id=run.run_id, error_class=error_class)
+    done = await view.call(ops.replay_class, run_id, error_class or None, reason)
+    return _back(f"/runs/{quote(run_id, safe='')}/dead-letters", replayed=done["replayed"])
 
 
 # --- the review queue ------------------------------------------------------------------------------------
 
 @router.post("/reviews/{review_id}/approve")
-async def approve(review_id: RowId, svc: Svc, who: Who, csrf: Csrf = None, why: Annotated[str | None, Form(
+async def approve(review_id: RowId, svc: Svc, who: Who, view: View, csrf: Csrf = None, why: Annotated[str | None, Form(
         max_length=10_000, pattern=TEXT)] = None, next: Next = None) -> Response:
     check_csrf(who, csrf)
-    await svc.call(review.approve, svc.blobs, [review_id], who.by, why or None, None, who.tenant)
+    await view.call(ops.approve, svc.blobs, review_id, who.by, why or None)
     return _back(safe_next(next or "/reviews"), decided="approved", id=review_id)
 
 
 @router.post("/reviews/{review_id}/edit")
-async def edit(review_id: RowId, svc: Svc, who: Who,
+async def edit(review_id: RowId, svc: Svc, who: Who, view: View,
                fields: Annotated[str, Form(min_length=1, max_length=1_000_000, pattern=TEXT)], csrf: Csrf = None,
                why: Annotated[str | None, Form(max_length=10_000, pattern=TEXT)] = None) -> Response:
     """Accept the answer with the edited fields (a JSON object merged over it, checked by the stage's schema)."""
     check_csrf(who, csrf)
-    await svc.call(review.edit, svc.blobs, review_id, fields, who.by, why or None, None, who.tenant)
+    await view.call(ops.edit, svc.blobs, review_id, fields, who.by, why or None)
     return _back("/reviews", decided="edited", id=review_id)
 
 
 @router.post("/reviews/{review_id}/reject")
-async def reject(review_id: RowId, svc: Svc, who: Who, why: Why, csrf: Csrf = None, next: Next = None) -> Response:
+async def reject(review_id: RowId, who: Who, view: View, why: Why, csrf: Csrf = None,
+                 next: Next = None) -> Response:
     check_csrf(who, csrf)
-    await svc.call(review.reject, [review_id], why, who.by, None, who.tenant)
+    await view.call(ops.reject, review_id, why, who.by)
     return _back(safe_next(next or "/reviews"), decided="rejected", id=review_id)
 
 

@@ -9,18 +9,27 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from conveyor.api.context import Svc
+from conveyor.api.context import Scoped, Svc
 from conveyor.api.dashboard.render import PageRoute, page
 from conveyor.api.dashboard.session import Viewer, viewer
 from conveyor.api.operations import Name, RowId
 from conveyor.errors import Forbidden
 from conveyor.service import dashboard
+from conveyor.service import operations as ops
 from conveyor.service.progress import AGE_CAP
 from conveyor.service.workers import list_workers
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
 TEXT = r"^[^\x00]*$"
 Who = Annotated[Viewer, Depends(viewer)]
+
+
+def page_view(svc: Svc, who: Who) -> Scoped:
+    """The store as the page's viewer sees it (api/context.py's View, for a dashboard session)."""
+    return Scoped(svc, who.caller)
+
+
+View = Annotated[Scoped, Depends(page_view)]
 Limit = Annotated[int, Query(ge=1, le=dashboard.MAX_PAGE)]
 After = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
 Before = Annotated[float | None, Query(ge=0)]
@@ -31,26 +40,26 @@ WORKERS_SHOWN = 500
 
 
 @router.get("/", response_class=HTMLResponse)
-async def runs(request: Request, svc: Svc, who: Who, before: Before = None, limit: Limit = 20) -> HTMLResponse:
+async def runs(request: Request, view: View, before: Before = None, limit: Limit = 20) -> HTMLResponse:
     """The newest runs with their accepted and published items of expected; ``?before=`` pages on."""
-    data = await svc.call(dashboard.runs_page, who.tenant, limit, before)
+    data = await view.call(ops.runs_page, limit, before)
     live = any(r["status"] != "finished" for r in data["runs"])
     return page(request, "runs.html", data=data, live=live, limit=limit)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-async def run(request: Request, run_id: Name, svc: Svc, who: Who) -> HTMLResponse:
+async def run(request: Request, run_id: Name, view: View) -> HTMLResponse:
     """One run: per-stage counts, queued ages, outcomes (runs of up to 20,000 items), throughput and cost over
     time."""
-    data = await svc.call(dashboard.run_page, run_id, who.tenant)
+    data = await view.call(ops.run_page, run_id)
     return page(request, "run.html", run=data, live=data["status"] != "finished", age_cap=AGE_CAP)
 
 
 @router.get("/runs/{run_id}/dead-letters", response_class=HTMLResponse)
-async def dead_letters(request: Request, run_id: Name, svc: Svc, who: Who, error_class: Filter = None,
+async def dead_letters(request: Request, run_id: Name, view: View, error_class: Filter = None,
                        after: After = None, limit: Limit = 50, replayed: Count = None) -> HTMLResponse:
     """A run's dead letters by error class, with a Replay button per entry and per class."""
-    data = await svc.call(dashboard.dead_letters_page, run_id, who.tenant, error_class, limit, after)
+    data = await view.call(ops.dead_letters_page, run_id, error_class, limit, after)
     return page(request, "dead_letters.html", data=data, limit=limit, replayed=replayed)
 
 
@@ -64,25 +73,25 @@ async def find_item(run_id: Name, key: Annotated[str, Query(min_length=1, max_le
 
 
 @router.get("/runs/{run_id}/items/{item_key:path}", response_class=HTMLResponse)
-async def item(request: Request, run_id: Name, item_key: str, svc: Svc, who: Who,
+async def item(request: Request, run_id: Name, item_key: str, svc: Svc, view: View,
                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> HTMLResponse:
     """One item's journey: its tasks stage by stage, their attempts, provenance and outputs."""
-    data = await svc.call(dashboard.item_page, svc.blobs, run_id, item_key, who.tenant, offset)
+    data = await view.call(ops.item_page, svc.blobs, run_id, item_key, offset)
     return page(request, "item.html", item=data)
 
 
 @router.get("/reviews", response_class=HTMLResponse)
-async def reviews(request: Request, svc: Svc, who: Who, run: Filter = None, stage: Filter = None,
+async def reviews(request: Request, svc: Svc, view: View, run: Filter = None, stage: Filter = None,
                   after: After = None, limit: Limit = 20, decided: Decided = None, id: Count = None) -> HTMLResponse:
     """The open review queue with Approve, Edit and Reject per entry."""
-    data = await svc.call(dashboard.reviews_page, svc.blobs, who.tenant, run, stage, limit, after)
+    data = await view.call(ops.reviews_page, svc.blobs, run, stage, limit, after)
     return page(request, "reviews.html", data=data, limit=limit, decided=decided, decided_id=id)
 
 
 @router.get("/reviews/{review_id}", response_class=HTMLResponse)
-async def review(request: Request, review_id: RowId, svc: Svc, who: Who) -> HTMLResponse:
+async def review(request: Request, review_id: RowId, svc: Svc, view: View) -> HTMLResponse:
     """One entry: its whole answer in a text area to edit, its attempts, and the three decisions."""
-    data = await svc.call(dashboard.review_page, svc.blobs, review_id, who.tenant)
+    data = await view.call(ops.review_page, svc.blobs, review_id)
     return page(request, "review.html", entry=data)
 
 

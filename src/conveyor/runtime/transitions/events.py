@@ -17,7 +17,7 @@ from typing import Any
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.transitions.base import Base
 from conveyor.store import ClaimedTask, SqlStore
-from conveyor.store.jobs import JobRow, NewEvent
+from conveyor.store.jobs import JobRow, NewEvent, client_key
 from conveyor.store.reports import OutcomeStages
 
 FINAL_EVENTS = ("published", "completed", "failed", "dead_lettered", "rejected")
@@ -109,7 +109,10 @@ def _ancestors(pipeline: Pipeline, name: str) -> set[str]:
 
 
 def event(job: JobRow, kind: str, now: float, **data: Any) -> NewEvent:
-    """An outbox row for ``job``: pending delivery when the job has a webhook."""
+    """An outbox row for ``job``: pending delivery when the job has a webhook. An item key is told as the job's
+    tenant chose it (the store keeps it under the tenant's namespace)."""
+    if isinstance(data.get("item_key"), str):
+        data["item_key"] = client_key(job.tenant, data["item_key"])
     body = json.dumps({"job_id": job.job_id, **data}, sort_keys=True)
     pending = job.webhook_url is not None
     return NewEvent(job.job_id, kind, body, now, "pending" if pending else None, now if pending else None)
