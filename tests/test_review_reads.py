@@ -70,8 +70,11 @@ def test_reading_the_queue_changes_nothing_even_with_a_moved_pipeline(
     shown = cli_json("review", "show", entry_id, "--db", store_url, "--blobs", str(two_runs["blobs"]),
                      cwd=tmp_path, env=two_runs["env"])
     assert shown["status"] == "open"
-    for run_id in (two_runs["kept"], two_runs["moved"], None):
-        assert cli("status", *([run_id] if run_id else []), "--db", store_url, cwd=tmp_path).returncode in (0, 5)
+    for run_id in (two_runs["kept"], two_runs["moved"]):
+        reads = (("status", run_id), ("reconcile", run_id), ("show", run_id, "b"), ("dlq", "list", "--run", run_id))
+        for read in reads:
+            answer = cli(*read, "--db", store_url, "--json", cwd=tmp_path)
+            assert answer.returncode in (0, 5) and json.loads(answer.stdout), (read, answer.stderr)
     store = open_store(store_url)
     try:
         assert len(review.review_list(store)["reviews"]) == 2
@@ -88,8 +91,13 @@ def test_reading_the_queue_changes_nothing_even_with_a_moved_pipeline(
             assert len(answer.json()["reviews"]) == 2 and answer.json()["overdue"] == 2
             page = api.get("/reviews")
             assert page.status_code == 200 and two_runs["moved"] in page.text and two_runs["kept"] in page.text
-            one = api.get(f"/reviews/{entry_id}")
-            assert one.status_code == 200
+            pages = ["/", "/workers", f"/reviews/{entry_id}", "/v1/runs", f"/v1/reviews/{entry_id}",
+                     "/v1/dead-letters", "/v1/workers"]
+            for run_id in (two_runs["kept"], two_runs["moved"]):
+                pages += [f"/runs/{run_id}", f"/runs/{run_id}/dead-letters", f"/runs/{run_id}/items/b",
+                          f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/reconcile"]
+            for path in pages:
+                assert api.get(path).status_code == 200, path
     assert snapshot(store_url) == before, "a read changed the store"
 
 
