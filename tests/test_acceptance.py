@@ -304,10 +304,13 @@ def test_a_review_deadline_takes_its_declared_outcome(
     try:
         entry = review.review_list(store)["reviews"][0]
         assert entry["deadline_at"] - entry["created_at"] == pytest.approx(48 * 3600)
-        early = review.review_list(store, now=entry["deadline_at"] - 1)  # an injected clock: just before
-        assert early["expired"] == {} and len(early["reviews"]) == 1
-        late = review.review_list(store, now=entry["deadline_at"] + 1)  # ... and just after
-        assert late["reviews"] == [] and sum(late["expired"].values()) == 1
+        early = review.expire_deadlines(store, now=entry["deadline_at"] - 1)  # an injected clock: just before
+        assert early["runs"] == [] and early["decided"] == {}
+        listed = review.review_list(store, now=entry["deadline_at"] + 1)  # past it, a listing decides nothing
+        assert len(listed["reviews"]) == 1 and listed["overdue"] == 1
+        late = review.expire_deadlines(store, now=entry["deadline_at"] + 1)  # ... the command does
+        assert sum(late["decided"].values()) == 1 and late["runs"][0]["run_id"] == done.run_id
+        assert review.review_list(store)["reviews"] == []
         decided = review.review_list(store, include_decided=True)["reviews"][0]
     finally:
         store.close()
@@ -324,7 +327,7 @@ def test_the_deadline_escalation_is_final(products: dict[str, Any], store_url: s
     store = open_store(store_url)
     try:
         store.db.execute("UPDATE reviews SET deadline_at = deadline_at - 7200")  # the hour passed
-        assert review.review_list(store)["expired"] == {"escalated": 1}
+        assert review.expire_deadlines(store)["decided"] == {"escalated": 1}
     finally:
         store.close()
     work(products["target"], store_url, products["blobs"], run_id=done.run_id)

@@ -118,9 +118,11 @@ def test_a_dead_letter_is_listed_and_replayed(server: Server) -> None:
             assert other.post(f"/v1/dead-letters/{entry['id']}/replay").status_code == 404
         answer = c.post(f"/v1/dead-letters/{entry['id']}/replay", json={"reason": "parser fixed"})
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"replayed": 1, "ids": [entry["id"]], "reason": "parser fixed"}
-        assert c.post(f"/v1/dead-letters/{entry['id']}/replay").status_code == 409
+        assert answer.json() == {"replayed": 1, "ids": [entry["id"]], "reason": "parser fixed", "skipped": []}
+        again = c.post(f"/v1/dead-letters/{entry['id']}/replay")
+        assert again.status_code == 409 and "replayed already" in again.text
         assert server.wait_for(acme, job, FINAL)["status"] == "dead_lettered"  # still poison
+        (second,) = c.get("/v1/dead-letters").json()["entries"]
         assert "job.reopened" in [kind for kind, _ in event_types(server, acme, job)]
 
         selection = {"runs": [job], "statuses": ["dead_lettered"], "reason": "retry", "note": "once more"}
@@ -128,6 +130,8 @@ def test_a_dead_letter_is_listed_and_replayed(server: Server) -> None:
         assert (dry["dry_run"], dry["reopened"], dry["replay_id"]) == (True, 1, None)
         done = c.post("/v1/replays", json=selection).json()
         assert done["reopened"] == 1 and done["runs"] == [job] and done["stages"]["extract"]["reopen"] == 1
+        superseded = c.post(f"/v1/dead-letters/{second['id']}/replay")  # the replay queued its task since
+        assert superseded.status_code == 409 and f"superseded: replay {done['replay_id']}" in superseded.text
         assert c.post("/v1/replays", json={"reason": "retry"}).status_code == 422  # a tenant names its runs
     with server.client(globex) as other:
         assert other.post("/v1/replays", json=selection).status_code == 404

@@ -230,3 +230,52 @@ def test_replay_cli_processes_in_one_step_and_says_what_is_wrong(tmp_path: Path,
                         (["--reason", "retry", "--target", "nowhere.py:pipe"], "nowhere.py")):
         wrong = cli("replay", *args, *common, cwd=tmp_path)
         assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and words in wrong.stderr, wrong.stderr
+
+
+POISONED = """
+    import os
+    from conveyor import Pipeline, Retry
+
+    pipe = Pipeline("poisoned", retry=Retry(max_attempts=1))
+
+    @pipe.stage(version="1")
+    def parse(ctx, source: bytes) -> str:
+        return source.decode()
+
+    @pipe.stage(after=parse)
+    def work(ctx, text: str) -> str:
+        if "poison" in text:
+            raise ValueError("cannot digest " + text)
+        return text.upper()
+"""
+
+
+def test_dlq_replay_of_a_superseded_task_says_superseded(tmp_path: Path, store_url: str) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in {"a.txt": "poison one", "b.txt": "poison two", "c.txt": "fine"}.items():
+        (docs / name).write_text(text)
+    target = write_pipeline(tmp_path, POISONED)
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    letters = {r[1]: int(r[0]) for r in query(store_url, "SELECT id, item_key FROM dead_letters WHERE run_id = ?",
+                                               run_id)}
+    assert sorted(letters) == ["a.txt", "b.txt"]
+    replayed = _replay(store_url, tmp_path, Selection(runs=(run_id,), stages=("parse",), item_glob="a.txt"),
+                       reason="reprocess", downstream=True)  # a's work task is superseded, its letter closed
+    assert replayed["superseded"] == 1
+
+    done = cli_json("dlq", "replay", str(letters["a.txt"]), str(letters["b.txt"]), "--reason", "fixed",
+                    "--db", store_url, cwd=tmp_path)
+    assert done["replayed"] == 1  # b
+    assert done["skipped"] == [{"id": letters["a.txt"], "why": "superseded", "replay": replayed["replay_id"]}]
+    again = cli("dlq", "replay", str(letters["a.txt"]), str(letters["b.txt"]), "9999", "--reason", "fixed",
+                "--db", store_url, cwd=tmp_path)
+    assert again.returncode == 0
+    assert again.stdout.splitlines() == [
+        "replayed 0 task(s): fixed",
+        f"dead letter {letters['a.txt']} was superseded: replay {replayed['replay_id']} queued its task again (or "
+        "replaced it) since; `conveyor show RUN ITEM` says what became of it",
+        f"dead letter {letters['b.txt']} was replayed already; its task has a newer outcome",
+        "no dead letter 9999; `conveyor dlq list` shows their ids"]
+    assert query(store_url, "SELECT status FROM tasks WHERE run_id = ? AND item_key = 'a.txt' AND stage = 'work'",
+                 run_id) == [("superseded",)], "a superseded task is not queued by a dlq replay"

@@ -175,3 +175,23 @@ def test_a_base_run_whose_every_task_succeeded_is_taken_on_its_totals_until_a_re
     _, cached, seen = _statements(store_url, target, docs, blobs)
     assert [sql for sql in seen if "status <> 'succeeded'" in sql]
     assert cached == 11
+
+
+def test_the_replays_naming_a_run_take_its_id_literally(store_url: str) -> None:
+    """Run ids may hold `_` and `%` (LIKE's wildcards) and differ only in case (SQLite's LIKE ignores it): the
+    replays of one run never include another's."""
+    import json
+
+    store = open_store(store_url)
+    try:
+        named = {"runX1": "a", "RUN_1": "b", "run%1": "c", "r\\1": "d"}
+        ids = {run: store.start_replay(reason, None, "{}", False, json.dumps([run]), 1.0, "t")
+               for run, reason in named.items()}
+        assert [r[0] for r in store.replays_of("run_1")] == []
+        assert [r[0] for r in store.replays_of("runX1")] == [ids["runX1"]]
+        assert [r[0] for r in store.replays_of("run%1")] == [ids["run%1"]]
+        assert [r[0] for r in store.replays_of("r\\1")] == [ids["r\\1"]]
+        assert store.every_task_succeeded("run_1") and store.every_task_succeeded("run%2")
+        assert not store.every_task_succeeded("RUN_1")
+    finally:
+        store.close()

@@ -8,7 +8,7 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
 1. The first run over a deterministic sample of this machine's manual pages (DEMO_LIMIT, default 300): format
    faults repaired, wrong names refused, low-confidence answers escalated once, the rest sent to review.
 2. The review queue from the command line: a few approved (one edited), one rejected, one left to its 48-hour
-   deadline, which `conveyor review list` applies under `faketime` (49 hours later); `conveyor resume` carries
+   deadline, which `conveyor review expire` applies under `faketime` (49 hours later); `conveyor resume` carries
    the approved items to publication; `conveyor search` over the archive; `conveyor reconcile`.
 3. The same run again: every task answered from the memo, zero model requests.
 4. A bumped prompt version (MANPAGES_PROMPT_VERSION): new answers, new publication versions; `conveyor diff`
@@ -257,23 +257,23 @@ def decide(queue: list[dict[str, Any]], env: dict[str, str]) -> None:
                  env=env)
     if late:
         print(f"\nreview {late[0]} is left alone: its stage declares Review(deadline=\"48h\", on_deadline=\"reject\"), "
-              f"and `conveyor review list` applies deadlines; here it runs {DEADLINE_SKIP[1:]} later:")
+              f"and `conveyor review expire` applies deadlines; here it runs {DEADLINE_SKIP[1:]} later:")
         expire(env)
 
 
 def expire(env: dict[str, str]) -> None:
-    """`conveyor review list` with the clock moved past the deadline: under faketime, else in this process."""
+    """`conveyor review expire` with the clock moved past the deadline: under faketime, else in this process."""
     if shutil.which("faketime"):
-        conveyor("review", "list", env=env, prefix=("faketime", "-f", DEADLINE_SKIP),
+        conveyor("review", "expire", env=env, prefix=("faketime", "-f", DEADLINE_SKIP),
                  shown=f"faketime -f {DEADLINE_SKIP} ")
         return
     print("(faketime is not installed: the same service call with an injected clock, now + 49 h)")
-    from conveyor.service.review import review_list
+    from conveyor.service.review import expire_deadlines
     from conveyor.store import open_store
 
     store = open_store(f"sqlite:///{DB}")
     try:
-        print(f"  deadline outcomes applied: {review_list(store, now=time.time() + 49 * 3600)['expired']}")
+        print(f"  deadline outcomes applied: {expire_deadlines(store, now=time.time() + 49 * 3600)['decided']}")
     finally:
         store.close()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -59,7 +59,15 @@ def dlq_replay(
         raise UserError("a replay needs --reason \"why\"; it is recorded with the dead letter")
     with store_for(db, create=False) as store:
         data = replay(store, list(ids or []), reason, run, stage, error_class, all_)
-    emit(data, as_json, lambda d: typer.echo(f"replayed {d['replayed']} task(s): {d['reason']}"))
+    emit(data, as_json, _render_replayed)
+
+
+def _render_replayed(data: dict[str, Any]) -> None:
+    from conveyor.service.report import not_replayed_line
+
+    typer.echo(f"replayed {data['replayed']} task(s): {data['reason']}")
+    for skipped in data["skipped"]:
+        typer.echo(not_replayed_line(skipped))
 
 
 app.add_typer(dlq_app, name="dlq")

@@ -1,4 +1,4 @@
-"""``conveyor review list|show|approve|edit|reject``: the review queue from the command line."""
+"""``conveyor review list|show|approve|edit|reject|expire``: the review queue from the command line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conveyor.errors import StoreMissing
 from conveyor.store import DEFAULT_DB
 
 review_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                         help="Answers waiting for people: list, show, approve, edit, reject.")
+                         help="Answers waiting for people: list, show, approve, edit, reject, expire.")
 
 Ids = Annotated[list[int], typer.Argument(help="review ids (`conveyor review list` shows them)")]
 By = Annotated[str | None, typer.Option("--by", help="who decides (default: CONVEYOR_REVIEWER, else your login)")]
@@ -26,14 +26,15 @@ def review_list(
     limit: Annotated[int, typer.Option("--limit", min=1)] = 1000,
     db: Db = DEFAULT_DB, as_json: Json = False,
 ) -> None:
-    """Entries waiting for a decision (entries past their deadline take its outcome first)."""
+    """Entries waiting for a decision (reads only: entries past their deadline stay until `review expire`
+    or a worker applies it)."""
     from conveyor.service.review import review_list as listing
 
     try:
         with store_for(db, create=False) as store:
             data = listing(store, run, stage, all_, limit)
     except StoreMissing:
-        data = {"reviews": [], "expired": {}}
+        data = {"reviews": [], "overdue": 0}
     emit(data, as_json, _render_list)
 
 
@@ -87,9 +88,25 @@ def review_reject(ids: Ids, why: Annotated[str, typer.Option("--why", help="why;
     emit(data, as_json, _render_decided)
 
 
+@review_app.command("expire")
+def review_expire(run: Annotated[str | None, typer.Argument(help="only this run's entries (default: every run)")]
+                  = None, db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+    """Apply passed deadlines: each entry takes its Review(on_deadline=...) outcome (workers do this too)."""
+    from conveyor.service.review import expire_deadlines
+
+    try:
+        with store_for(db, create=False) as store:
+            data = expire_deadlines(store, run)
+    except StoreMissing:
+        data = {"now": None, "runs": [], "decided": {}, "not_applicable": 0}
+    emit(data, as_json, _render_expired)
+
+
 def _render_list(data: dict[str, Any]) -> None:
-    for decision, count in sorted(data["expired"].items()):
-        typer.echo(f"{count} entr{'y' if count == 1 else 'ies'} passed the deadline: {decision}")
+    if data.get("overdue"):
+        count = data["overdue"]
+        typer.echo(f"{count} entr{'y is' if count == 1 else 'ies are'} past the deadline; "
+                   "`conveyor review expire` (or a worker) applies it")
     if not data["reviews"]:
         typer.echo("no entries waiting for review")
     for e in data["reviews"]:
@@ -101,9 +118,19 @@ def _render_list(data: dict[str, Any]) -> None:
 def _render_entry(data: dict[str, Any]) -> None:
     import json
 
-    _render_list({"reviews": [data], "expired": {}})
+    _render_list({"reviews": [data]})
     typer.echo(f"deadline {data['deadline_at']:.0f} (then: {data['on_deadline']}); tier {data['tier']}")
     typer.echo(json.dumps(data["candidate"], indent=2, ensure_ascii=False, default=str))
+
+
+def _render_expired(data: dict[str, Any]) -> None:
+    if not data["runs"]:
+        typer.echo("no entries past their deadline")
+    for run in data["runs"]:
+        decided = ", ".join(f"{count} {decision}" for decision, count in run["decided"].items()) or "none decided"
+        typer.echo(f"{run['run_id']}: {decided} by deadline" if run["reason"] is None else
+                   f"{run['run_id']}: {run['not_applicable']} entr{'y' if run['not_applicable'] == 1 else 'ies'} "
+                   f"not applied: {run['reason']}")
 
 
 def _render_decided(data: dict[str, Any]) -> None:

@@ -330,13 +330,46 @@ def dlq_replay(
             raise UserError("name dead-letter ids, or select them with --run/--stage/--error-class (or --all)")
         ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
     replayed = transitions.replay_dead_letters(store, ids, reason, store.clock())
-    return {"replayed": replayed, "ids": ids, "reason": reason}
+    return {"replayed": len(replayed), "ids": ids, "reason": reason,
+            "skipped": _not_replayed(store, sorted(set(ids) - set(replayed)))}
+
+
+def _not_replayed(store: SqlStore, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """Why each of these dead letters was not queued again: ``superseded`` (a `conveyor replay` re-opened or
+    superseded its task since it was dead-lettered; ``replay`` its id), ``replayed_already`` (a dlq replay
+    queued it before), ``not_dead_lettered`` (its task has a newer outcome) or ``not_found``."""
+    fates = store.dead_letter_fates(ids)
+    skipped = []
+    for dead_letter_id in ids:
+        fate = fates.get(dead_letter_id)
+        if fate is None:
+            skipped.append({"id": dead_letter_id, "why": "not_found", "replay": None})
+            continue
+        created_at, replayed_at, replay_id, replay_at = fate
+        if replay_id is not None and replay_at is not None and replay_at >= created_at:
+            skipped.append({"id": dead_letter_id, "why": "superseded", "replay": int(replay_id)})
+        else:
+            why = "replayed_already" if replayed_at is not None else "not_dead_lettered"
+            skipped.append({"id": dead_letter_id, "why": why, "replay": None})
+    return skipped
 
 
 def dlq_replay_entry(store: SqlStore, dead_letter_id: int, reason: str, tenant: str | None = None) -> dict[str, Any]:
-    """Queue one dead letter's task again (``dlq_replay``); StateConflict when it was replayed already."""
+    """Queue one dead letter's task again (``dlq_replay``); StateConflict saying why when it was not."""
     entry = _dead_letter(store, dead_letter_id, tenant)
     done = dlq_replay(store, [entry.id], reason)
     if not done["replayed"]:
-        raise StateConflict(f"dead letter {dead_letter_id} was replayed already; its task has a newer outcome")
+        raise StateConflict(not_replayed_line(done["skipped"][0]))
     return done
+
+
+def not_replayed_line(skipped: Mapping[str, Any]) -> str:
+    """One line on a dead letter that was not queued again (``dlq_replay``'s ``skipped``)."""
+    name = f"dead letter {skipped['id']}"
+    return {
+        "superseded": f"{name} was superseded: replay {skipped['replay']} queued its task again (or replaced it) "
+                      "since; `conveyor show RUN ITEM` says what became of it",
+        "replayed_already": f"{name} was replayed already; its task has a newer outcome",
+        "not_dead_lettered": f"{name}'s task is no longer dead-lettered; it has a newer outcome",
+        "not_found": f"no dead letter {skipped['id']}; `conveyor dlq list` shows their ids",
+    }[skipped["why"]]

@@ -1,9 +1,10 @@
-"""The review queue, for the CLI and the API: list, show, approve, edit, reject.
+"""The review queue, for the CLI and the API: list, show, approve, edit, reject, expire.
 
 A decision needs the pipeline that made the answer (an approved record continues down it), so it is
-loaded from the run's TARGET. Entries whose deadline has passed take their declared outcome before the
-queue is read, so a listing never shows an entry that is already decided by its deadline. ``tenant``
-(the API's tenant callers) narrows every call to the entries of that tenant's jobs: another's is NotFound.
+loaded from the run's TARGET. Reading the queue changes nothing and loads no pipeline: an entry past its
+deadline stays open until a worker of its pipeline (as it keeps its leases) or ``expire_deadlines``
+(`conveyor review expire`) applies the outcome recorded with it. ``tenant`` (the API's tenant callers)
+narrows every call to the entries of that tenant's jobs: another's is NotFound.
 """
 
 from __future__ import annotations
@@ -11,21 +12,24 @@ from __future__ import annotations
 import getpass
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from conveyor.acceptance.judge import shape_problem
 from conveyor.blobs import Blobs
-from conveyor.errors import NotFound, StateConflict, UserError
+from conveyor.errors import ConveyorError, NotFound, StateConflict, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import ReviewTaken, Transitions
 from conveyor.runtime.values import Ref, encode, load_value, store_value
+from conveyor.service.report import find_run
 from conveyor.service.tenancy import visible
 from conveyor.store import SqlStore
 from conveyor.store.reviews import ReviewEntry
 
 DECISIONS = ("approved", "edited", "rejected")
+EXPIRE_BATCH = 200
 
 
 def reviewer() -> str:
@@ -36,29 +40,47 @@ def reviewer() -> str:
         return "unknown"
 
 
-def expire_due(store: SqlStore, now: float | None = None) -> dict[str, int]:
-    """Apply the deadline outcome of every entry whose deadline passed, pipeline by pipeline."""
+def expire_deadlines(store: SqlStore, run_id: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """Apply passed deadlines (`conveyor review expire`), run by run: each entry takes the outcome recorded
+    with it. A run whose pipeline cannot be loaded (its file moved, say) is reported with why, its entries
+    left open, and the other runs proceed."""
     now = store.clock() if now is None else now
-    counts: dict[str, int] = {}
-    for entry in {e.pipeline: e for e in store.due_reviews_any(now)}.values():  # one entry per pipeline
-        done = _transitions(store, entry).expire_reviews(now)
-        for decision, count in done.items():
-            counts[decision] = counts.get(decision, 0) + count
-    return counts
+    if run_id is not None:
+        find_run(store, run_id)
+    runs = [_expire_run(store, run, due, now) for run, due in _due_by_run(store, now, run_id).items()]
+    decided: Counter[str] = Counter()
+    for run_report in runs:
+        decided.update(run_report["decided"])
+    return {"now": now, "runs": runs, "decided": dict(sorted(decided.items())),
+            "not_applicable": sum(r["not_applicable"] for r in runs)}
+
+
+class _Due(NamedTuple):
+    pipeline: str
+    stages: frozenset[str]
+    entries: int
+
+
+def _due_by_run(store: SqlStore, now: float, run_id: str | None) -> dict[str, _Due]:
+    found: dict[str, _Due] = {}
+    for run, pipeline, stage, count in store.due_review_counts(now, run_id):
+        seen = found.get(run, _Due(pipeline, frozenset(), 0))
+        found[run] = _Due(pipeline, seen.stages | {stage}, seen.entries + count)
+    return found
 
 
 def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
                 include_decided: bool = False, limit: int = 1000, now: float | None = None,
                 tenant: str | None = None, after: int | None = None) -> dict[str, Any]:
-    """The queue by id (``after``: the entries after that id, the next page; ``expired``: entries the
-    deadlines just decided, store-wide, so a tenant is told none)."""
-    expired = expire_due(store, now)
+    """The queue by id (``after``: the entries after that id, the next page). Reads only: ``overdue`` counts
+    the listed open entries past their deadline, which a worker or `conveyor review expire` decides."""
+    now = store.clock() if now is None else now
     if tenant is None:
         entries = store.reviews(run_id, stage, include_decided, limit, after)
     else:
         entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit, after)
-        expired = {}
-    return {"reviews": [_summary(e) for e in entries], "expired": expired}
+    return {"reviews": [_summary(e) for e in entries],
+            "overdue": sum(1 for e in entries if e.open and e.deadline_at <= now)}
 
 
 def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> dict[str, Any]:
@@ -130,13 +152,53 @@ def _transitions(store: SqlStore, entry: ReviewEntry) -> Transitions:
 
 
 def _pipeline(store: SqlStore, entry: ReviewEntry) -> Pipeline:
-    run = store.get_run(entry.run_id)
+    try:
+        return _run_pipeline(store, entry.run_id)
+    except NotFound as exc:
+        raise NotFound(f"review {entry.id}: {exc}") from None
+    except UserError as exc:
+        raise UserError(f"review {entry.id} cannot be decided: {exc}") from None
+
+
+def _run_pipeline(store: SqlStore, run_id: str) -> Pipeline:
+    """The pipeline a run was made with, loaded from its TARGET (NotFound, or a UserError that says why not)."""
+    run = store.get_run(run_id)
     if run is None:
-        raise NotFound(f"review {entry.id} belongs to run {entry.run_id!r}, which is not in this store")
+        raise NotFound(f"its run {run_id!r} is not in this store")
     try:
         return load_target(run.target)
     except UserError as exc:
-        raise UserError(f"deciding review {entry.id} needs its pipeline ({run.target}): {exc}") from None
+        raise UserError(f"its pipeline ({run.target}) cannot be loaded: {exc}") from None
+    except Exception as exc:  # a module that fails to import its own way (a file target's failures are wrapped)
+        raise UserError(f"its pipeline ({run.target}) cannot be loaded: {type(exc).__name__}: {exc}") from None
+
+
+def _expire_run(store: SqlStore, run_id: str, due: _Due, now: float) -> dict[str, Any]:
+    """One run's passed deadlines applied, or why they cannot be (``reason``, one line)."""
+    report: dict[str, Any] = {"run_id": run_id, "pipeline": due.pipeline, "due": due.entries, "decided": {},
+                              "not_applicable": 0, "reason": None}
+    try:
+        pipeline = _run_pipeline(store, run_id)
+        _check_stages(pipeline, due)
+    except ConveyorError as exc:
+        return report | {"not_applicable": due.entries, "reason": str(exc).splitlines()[0]}
+    transitions = Transitions(pipeline, store, worker=f"review:{os.getpid()}")
+    decided: Counter[str] = Counter()
+    while True:  # in batches; one that decides fewer than it read is the last (the rest were decided meanwhile)
+        done = transitions.expire_reviews(now, EXPIRE_BATCH, run_id)
+        decided.update(done)
+        if sum(done.values()) < EXPIRE_BATCH:
+            break
+    return report | {"decided": dict(sorted(decided.items()))}
+
+
+def _check_stages(pipeline: Pipeline, due: _Due) -> None:
+    """The loaded pipeline still has the entries' pipeline name and stages (the file may have changed since)."""
+    if pipeline.name != due.pipeline:
+        raise UserError(f"its pipeline file now declares {pipeline.name!r}, not {due.pipeline!r}")
+    missing = sorted(due.stages - {s.name for s in pipeline})
+    if missing:
+        raise UserError(f"its pipeline no longer has stage {missing[0]!r}")
 
 
 def _entry(store: SqlStore, review_id: int, tenant: str | None = None) -> ReviewEntry:

@@ -8,6 +8,7 @@ item never has two tasks at one stage.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -44,9 +45,21 @@ WHERE run_id = ? AND root_key = ? AND (status IN ({_ENDED_SQL}) OR (status = 'qu
     AND ((item_key = ? AND stage IN ({{stages}})) OR (item_key > ? AND item_key < ? AND ? = 1))"""
 
 
+# Replays whose ``runs`` may name a run (with ``naming_run``'s pattern): a backslash escapes ``%`` and ``_``.
+RUNS_LIKE = "runs LIKE ? ESCAPE '\\'"
+
+
 def naming_run(run_id: str) -> str:
-    """A LIKE pattern for the replays whose ``runs`` (a JSON list of run ids) names ``run_id``."""
-    return f'%"{run_id}"%'
+    """A LIKE pattern (for ``RUNS_LIKE``) for the replays whose ``runs`` (a JSON list of run ids) names
+    ``run_id``: the id as JSON writes it, its ``%``, ``_`` and backslashes taken as themselves. SQLite's LIKE
+    ignores ASCII case, so a match is checked with ``names_run`` too."""
+    quoted = json.dumps(run_id)
+    return "%" + quoted.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def names_run(runs: str, run_id: str) -> bool:
+    """Whether a replay's ``runs`` (a JSON list of run ids) names ``run_id`` exactly."""
+    return run_id in json.loads(runs)
 
 
 class Reopened(NamedTuple):
@@ -99,9 +112,10 @@ class ReopenQueries(RunTotalsQueries, QueueCountQueries):
 
     def replays_of(self, run_id: str) -> list[tuple[int, str, str | None, float, str, int, int]]:
         """(id, reason, note, created_at, created_by, reopened, superseded) of the replays that touched a run."""
-        return [(int(r[0]), str(r[1]), r[2], float(r[3]), str(r[4]), int(r[5]), int(r[6])) for r in self.db.execute(
-            "SELECT id, reason, note, created_at, created_by, reopened, superseded FROM replays WHERE runs LIKE ? "
-            "ORDER BY id", (naming_run(run_id),))]
+        rows = self.db.execute("SELECT id, reason, note, created_at, created_by, reopened, superseded, runs FROM "
+                               f"replays WHERE {RUNS_LIKE} ORDER BY id", (naming_run(run_id),))
+        return [(int(r[0]), str(r[1]), r[2], float(r[3]), str(r[4]), int(r[5]), int(r[6])) for r in rows
+                if names_run(str(r[7]), run_id)]
 
     def replay_entries(self, ids: Sequence[int]) -> dict[int, tuple[str, str | None, float, str]]:
         """id -> (reason, note, created_at, created_by)."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
-from conveyor.store.reopen import naming_run
+from conveyor.store.reopen import RUNS_LIKE, names_run, naming_run
 from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
@@ -101,4 +101,5 @@ class ReplayQueries(RunTotalsQueries):
         total, so a run a replay touched is never taken on its totals."""
         if any(state != "succeeded" and value for _, state, _, value in self.run_totals(base, "tasks")):
             return False
-        return not self.db.execute("SELECT 1 FROM replays WHERE runs LIKE ? LIMIT 1", (naming_run(base),))
+        return not any(names_run(str(r[0]), base) for r in self.db.execute(
+            f"SELECT runs FROM replays WHERE {RUNS_LIKE}", (naming_run(base),)))

@@ -300,31 +300,41 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
                 "stage_version", "code_version", "started_at", "duration")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
-    def replay_dead_letters(self, ids: Sequence[int], reason: str, now: float) -> int:
-        """Queue dead-lettered tasks again with a fresh attempt budget; record why."""
-        replayed, totals, opened = 0, RunTally(), OpenTally()
+    def replay_dead_letters(self, ids: Sequence[int], reason: str, now: float) -> list[int]:
+        """Queue dead-lettered tasks again with a fresh attempt budget; record why. Returns the ids of the dead
+        letters replayed: one replayed before, or whose task is no longer dead-lettered, is left as it is."""
+        replayed: list[int] = []
+        totals, opened = RunTally(), OpenTally()
         with self.db.transaction():
             for dead_letter_id in ids:
-                rows = self.db.execute(
-                    "UPDATE dead_letters SET replayed_at = ?, replay_reason = ? WHERE id = ? AND replayed_at IS NULL"
-                    " RETURNING task_id",
-                    (now, reason, dead_letter_id),
-                )
-                if not rows:
-                    continue
                 queued = self.db.execute(
                     """UPDATE tasks SET status = 'queued', attempts = 0, available_at = ?, finished_at = NULL
-                    WHERE id = ? AND status = 'dead_lettered' RETURNING run_id, stage, cached, pipeline""",
-                    (now, rows[0][0]),
+                    WHERE id = (SELECT task_id FROM dead_letters WHERE id = ? AND replayed_at IS NULL)
+                    AND status = 'dead_lettered' RETURNING run_id, stage, cached, pipeline""",
+                    (now, dead_letter_id),
                 )
                 for run_id, stage, cached, pipeline in queued:
+                    self.db.execute("UPDATE dead_letters SET replayed_at = ?, replay_reason = ? WHERE id = ?",
+                                    (now, reason, dead_letter_id))
                     totals.move(str(run_id), str(stage), ("dead_lettered", int(cached)), ("queued", int(cached)))
                     opened.add(str(pipeline), str(stage), now)
-                    replayed += 1
+                    replayed.append(dead_letter_id)
             self.add_run_totals(totals)
             self.add_open_tasks(opened)
             self.db.notify()
         return replayed
+
+    def dead_letter_fates(self, ids: Sequence[int]) -> dict[int, tuple[float, float | None, int | None, float | None]]:
+        """id -> (created_at, replayed_at, its task's last replay id, when that replay was made) of these dead
+        letters: what became of them, for a replay that found them no longer dead-lettered."""
+        found: dict[int, tuple[float, float | None, int | None, float | None]] = {}
+        for part in chunks(sorted(set(ids)), 500):
+            for row in self.db.execute(
+                    "SELECT d.id, d.created_at, d.replayed_at, t.replay_id, r.created_at FROM dead_letters d "
+                    "JOIN tasks t ON t.id = d.task_id LEFT JOIN replays r ON r.id = t.replay_id "
+                    f"WHERE d.id IN ({','.join('?' * len(part))})", list(part)):
+                found[int(row[0])] = (float(row[1]), row[2], row[3], row[4])
+        return found
 
     # --- re-running a selection -------------------------------------------
 

@@ -152,20 +152,24 @@ class ReviewQueries:
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE id = ?", (review_id,))
         return ReviewEntry(*rows[0]) if rows else None
 
-    def due_reviews(self, pipeline: str, now: float, limit: int = 500) -> list[ReviewEntry]:
-        """Undecided entries of ``pipeline`` whose deadline has passed, oldest deadline first (the partial
-        index)."""
+    def due_reviews(self, pipeline: str, now: float, limit: int = 500, run_id: str | None = None
+                    ) -> list[ReviewEntry]:
+        """Undecided entries of ``pipeline`` (of one run, when given) whose deadline has passed, oldest deadline
+        first (the partial index)."""
+        scope, params = ("AND run_id = ? ", (run_id,)) if run_id is not None else ("", ())
         rows = self.db.execute(
             f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE decided_at IS NULL AND pipeline = ? AND deadline_at <= ? "
-            f"ORDER BY deadline_at LIMIT ?", (pipeline, now, limit))
+            f"{scope}ORDER BY deadline_at LIMIT ?", (pipeline, now, *params, limit))
         return [ReviewEntry(*r) for r in rows]
 
-    def due_reviews_any(self, now: float, limit: int = 1000) -> list[ReviewEntry]:
-        """Undecided entries of any pipeline whose deadline has passed (to find the pipelines to load)."""
+    def due_review_counts(self, now: float, run_id: str | None = None) -> list[tuple[str, str, str, int]]:
+        """(run id, pipeline, stage, count) of the undecided entries whose deadline has passed (of one run, when
+        given), by run: what applying the deadlines would decide."""
+        scope, params = ("AND run_id = ? ", (run_id,)) if run_id is not None else ("", ())
         rows = self.db.execute(
-            f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE decided_at IS NULL AND deadline_at <= ? "
-            f"ORDER BY deadline_at LIMIT ?", (now, limit))
-        return [ReviewEntry(*r) for r in rows]
+            "SELECT run_id, pipeline, stage, COUNT(*) FROM reviews WHERE decided_at IS NULL AND deadline_at <= ? "
+            f"{scope}GROUP BY run_id, pipeline, stage ORDER BY run_id, stage", (now, *params))
+        return [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     def reviewed_task(self, task_id: int) -> ClaimedTask | None:
         """The task an entry is about, in the shape a commit plans successors from."""

@@ -24,14 +24,14 @@ def reopen(store: SqlStore, plan: Plan, replay_id: int, run_id: str, message: st
     return reopened, superseded
 
 
-def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: float) -> int:
+def replay_dead_letters(store: SqlStore, ids: Sequence[int], reason: str, now: float) -> list[int]:
     """Queue dead-lettered tasks again with a fresh attempt budget; the reason is recorded with each entry.
-    Only the jobs of the entries replayed now re-open: an entry replayed before (whose task may have ended
-    again, and its job with it) leaves its job as it is."""
+    Returns the ids replayed. Only the jobs of the entries replayed now re-open: an entry replayed before (whose
+    task may have ended again, and its job with it) leaves its job as it is."""
     with store.transaction():
         replayed = store.replay_dead_letters(ids, reason, now)
         if replayed:
-            reopen_jobs(store, store.runs_of_dead_letters(ids, replayed_at=now), now)
+            reopen_jobs(store, store.runs_of_dead_letters(replayed), now)
     return replayed
 
 

@@ -106,10 +106,11 @@ class Reviews(JobEvents):
             self.store.insert_tasks(tasks, totals, opened)
         return len(tasks.queued)
 
-    def expire_reviews(self, now: float, limit: int = 200) -> Counter[str]:
-        """Entries of this pipeline whose deadline passed take their declared outcome (``Review``)."""
+    def expire_reviews(self, now: float, limit: int = 200, run_id: str | None = None) -> Counter[str]:
+        """Entries of this pipeline (of one run, when given) whose deadline passed take the outcome recorded
+        with them when they were opened (``Review(on_deadline=...)``)."""
         counts: Counter[str] = Counter()
-        for entry in self.store.due_reviews(self.pipeline.name, now, limit):
+        for entry in self.store.due_reviews(self.pipeline.name, now, limit, run_id):
             decision = {"reject": "rejected", "accept": "accepted", "escalate": "escalated"}[entry.on_deadline]
             output = Ref(entry.candidate_kind, entry.candidate_digest, entry.candidate_size, entry.candidate_inline)
             try:
