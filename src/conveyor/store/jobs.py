@@ -175,6 +175,14 @@ class JobQueries:
         then decide its end one after the other (SQLite's single writer does this already)."""
         self.db.execute(f"SELECT job_id FROM jobs WHERE job_id = ?{self.db.row_lock}", (job_id,))
 
+    def lock_jobs(self, job_ids: Sequence[str]) -> None:
+        """Hold these jobs' rows until the transaction ends, taken in one order (by id), so that transactions
+        that lock several at once never wait on each other in a circle."""
+        for part in chunks(sorted(set(job_ids)), 500):
+            marks = ",".join("?" * len(part))
+            self.db.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks}) ORDER BY job_id{self.db.row_lock}",
+                            part)
+
     def open_job_tasks(self, run_id: str) -> int:
         """Tasks of a job's run that are not at an end (queued, running, awaiting review)."""
         marks = ",".join("?" * len(OPEN_STATUSES))
@@ -262,6 +270,12 @@ class JobQueries:
     # --- the outbox -----------------------------------------------------------
 
     def insert_events(self, events: Sequence[NewEvent]) -> None:
+        """Events into the outbox, each written under its job's row lock (held until the transaction ends):
+        a writer that comes second waits for the first one's commit before its events take their ids, so a
+        job's events take ids in the order they commit, and a reader that follows a job by id never passes
+        one that commits later (on PostgreSQL; SQLite has one writer at a time). Ids come from a sequence
+        whose values only grow (never cached per session), which this relies on."""
+        self.lock_jobs([e.job_id for e in events])
         self.db.executemany("INSERT INTO events (job_id, type, data, created_at, delivery, next_delivery_at) "
                             "VALUES (?, ?, ?, ?, ?, ?)", events)
 
