@@ -8,13 +8,19 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from conveyor.api.relay import Relay
+from conveyor.api.settings import ApiSettings
 from conveyor.service import jobs as job_service
+from conveyor.service.webhooks import parse_policy, record
 from conveyor.store import SqlStore, open_store
 from conveyor.store.jobs import JobRow, NewEvent
+from tests.apiserver import make_token
 from tests.helpers import query
+from tests.test_api_webhooks import QUICK, Receiver, wait_until
 
 
 @pytest.fixture
@@ -75,3 +81,75 @@ def test_a_reader_following_a_job_by_id_sees_an_event_that_commits_late(stores: 
 def _write(store: SqlStore, e: NewEvent) -> None:
     with store.transaction():
         store.insert_events([e])
+
+
+# --- webhooks: fenced by the relay's lease, in order per job ------------------------------------------------
+
+def pending(store: SqlStore, job_id: str, count: int, url: str = "http://127.0.0.1:9/hook") -> list[int]:
+    """``count`` events of a job with a webhook, due now; their ids."""
+    if store.get_job(job_id) is None:
+        add_job(store, job_id, url)
+    now = store.clock()
+    store.insert_events([new_event(job_id, n, now, pending=True) for n in range(count)])
+    return [e.id for e in store.events_after(job_id, 0, 1000)][-count:]
+
+
+def test_a_relay_whose_lease_passed_to_another_records_nothing(store_url: str, stores: list[SqlStore]) -> None:
+    make_token(store_url, "acme")
+    store = stores[0]
+    [event_id] = pending(store, "j1", 1)
+    now = store.clock()
+    mine = store.lease_deliveries(now, 1.0, 10)  # relay A, then A stalls past its lease ...
+    theirs = store.lease_deliveries(now + 2, 60.0, 10)  # ... and relay B takes the delivery over
+    assert [d.id for d in mine] == [d.id for d in theirs] == [event_id]
+    assert record(store, mine[0], "the receiver answered HTTP 500", QUICK, now + 3) == "lost"
+    assert record(store, mine[0], None, QUICK, now + 3) == "lost"
+    assert store.lease_deliveries(now + 4, 60.0, 10) == []  # still B's: A cleared no lease, scheduled no retry
+    assert record(store, theirs[0], None, QUICK, now + 5) == "delivered"
+    assert query(store_url, "SELECT delivery, delivery_attempts, delivery_error FROM events WHERE id = ?",
+                 event_id) == [("delivered", 1, None)]
+
+
+def test_a_jobs_later_events_wait_while_an_earlier_one_is_pending(store_url: str, stores: list[SqlStore]) -> None:
+    make_token(store_url, "acme")
+    store = stores[0]
+    first, second, third = pending(store, "j1", 3)
+    [other] = pending(store, "j2", 1)
+    now = store.clock()
+    leased = {d.id: d for d in store.lease_deliveries(now, 60.0, 10)}
+    assert sorted(leased) == [first, other]  # the first of each job: the next waits for it
+    assert store.delivery_missed(first, leased[first].lease_until, "HTTP 500", now + 100)  # tried again later
+    assert record(store, leased[other], None, QUICK, now) == "delivered"
+    assert not store.delivery_due(now + 1)  # j1's later events are due, but its first is still pending
+    assert store.lease_deliveries(now + 1, 60.0, 10) == []
+    retried = store.lease_deliveries(now + 101, 60.0, 10)
+    assert [d.id for d in retried] == [first]
+    assert record(store, retried[0], None, QUICK, now + 101) == "delivered"
+    then = store.lease_deliveries(now + 102, 60.0, 10)
+    assert [d.id for d in then] == [second]
+    store.delivery_missed(second, then[0].lease_until, "gone for a day", None)  # failed for good: stops no other
+    assert [d.id for d in store.lease_deliveries(now + 103, 60.0, 10)] == [third]
+
+
+def test_the_relay_delivers_a_jobs_events_in_order_when_the_first_is_retried(tmp_path: Path,
+                                                                             store_url: str,
+                                                                             stores: list[SqlStore]) -> None:
+    make_token(store_url, "acme")
+    first: list[str] = []
+
+    def answer(msg_id: str, nth: int) -> tuple[int, dict[str, str]]:
+        return (500, {}) if msg_id in first and nth <= 2 else (200, {})  # the first event fails twice
+
+    with Receiver(answer) as receiver:
+        ids = [f"evt_{i}" for i in pending(stores[0], "j1", 3, receiver.url)]
+        [other] = [f"evt_{i}" for i in pending(stores[0], "j2", 1, receiver.url)]
+        first.append(ids[0])
+        relay = Relay(ApiSettings(store_url, str(tmp_path / "blobs"), webhook_policy=parse_policy(["127.0.0.1"])),
+                      QUICK, poll_s=0.05)
+        relay.start()
+        try:
+            wait_until(lambda: len(receiver.calls) >= 6)
+        finally:
+            relay.stop()
+    assert [i for i in receiver.ids() if i != other] == [ids[0], ids[0], ids[0], ids[1], ids[2]]  # none overtook
+    assert receiver.ids().count(other) == 1
