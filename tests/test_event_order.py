@@ -9,17 +9,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conveyor.api.relay import Relay
 from conveyor.api.settings import ApiSettings
 from conveyor.service import jobs as job_service
+from conveyor.service.tokens import revoke_token
 from conveyor.service.webhooks import parse_policy, record
 from conveyor.store import SqlStore, open_store
 from conveyor.store.jobs import JobRow, NewEvent
-from tests.apiserver import make_token
-from tests.helpers import query
+from tests.apiserver import SMALL_PIPELINE, Server, make_token, served
+from tests.helpers import query, write_pipeline
 from tests.test_api_webhooks import QUICK, Receiver, wait_until
 
 
@@ -153,3 +155,61 @@ def test_the_relay_delivers_a_jobs_events_in_order_when_the_first_is_retried(tmp
             relay.stop()
     assert [i for i in receiver.ids() if i != other] == [ids[0], ids[0], ids[0], ids[1], ids[2]]  # none overtook
     assert receiver.ids().count(other) == 1
+
+
+# --- Server-Sent Events: a revoked token ends the stream; a cursor out of range is a 422 ----------------------
+
+@pytest.fixture
+def server(tmp_path: Path, store_url: str) -> Iterator[Server]:
+    """A server with no worker: a job it accepts stays queued, so its event stream stays open."""
+    target = write_pipeline(tmp_path, SMALL_PIPELINE)
+    with served(tmp_path, store_url, target, workers=0, env={"CONVEYOR_SSE_KEEPALIVE_S": "0.3"}) as s:
+        yield s
+
+
+def test_an_event_stream_ends_when_its_token_is_revoked(server: Server) -> None:
+    token = server.token()
+    with server.client(token) as c:
+        job = c.post("/v1/jobs", json={"text": "waits"}).json()["job_id"]
+        with c.stream("GET", f"/v1/jobs/{job}/events") as response:
+            lines = response.iter_lines()
+            assert "event: job.accepted" in _until(lines, "event: job.accepted")
+            store = open_store(server.store_url)
+            try:
+                revoke_token(store, token)
+            finally:
+                store.close()
+            deadline = time.monotonic() + 30  # keep-alives come every 0.3 s while the stream is open
+            for _ in lines:
+                if time.monotonic() > deadline:
+                    break
+            ended = time.monotonic() <= deadline
+        again = c.get(f"/v1/jobs/{job}/events")
+    assert ended  # the server closed the stream
+    assert again.status_code == 403  # and the client's reconnection is refused
+
+
+def _until(lines: Iterator[str], wanted: str) -> list[str]:
+    seen: list[str] = []
+    for line in lines:
+        seen.append(line)
+        if line == wanted:
+            break
+    return seen
+
+
+BAD_CURSORS: list[tuple[dict[str, str], dict[str, Any]]] = [
+    ({"after": "-1"}, {}), ({"after": str(2**63)}, {}), ({"after": "99999999999999999999"}, {}),
+    ({"after": "1e3"}, {}), ({}, {"Last-Event-ID": "99999999999999999999"}), ({}, {"Last-Event-ID": "-1"}),
+    ({}, {"Last-Event-ID": str(2**63)}), ({}, {"Last-Event-ID": b"\xb2"}), ({}, {"Last-Event-ID": "12abc"})]
+
+
+def test_an_event_cursor_out_of_range_is_a_422_before_the_stream_starts(server: Server) -> None:
+    with server.client(server.token()) as c:
+        job = c.post("/v1/jobs", json={"text": "waits"}).json()["job_id"]
+        answers = [c.get(f"/v1/jobs/{job}/events", params=params, headers=headers) for params, headers in BAD_CURSORS]
+        with c.stream("GET", f"/v1/jobs/{job}/events", params={"after": str(2**63 - 1)}) as largest:
+            first = next(largest.iter_lines())
+    assert [a.status_code for a in answers] == [422] * len(BAD_CURSORS), [a.text for a in answers]
+    assert {a.headers["content-type"] for a in answers} == {"application/problem+json"}
+    assert largest.status_code == 200 and first == "retry: 2000"  # the largest id is a cursor like any other
