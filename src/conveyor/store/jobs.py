@@ -325,10 +325,19 @@ class JobQueries:
                     "UPDATE events SET delivery = 'failed', delivery_lease_until = NULL, "
                     f"delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE {_LEASED}",
                     (error, event_id, lease_until)) == 1
-            return self.db.execute_rowcount(
-                "UPDATE events SET next_delivery_at = ?, delivery_lease_until = NULL, "
-                f"delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE {_LEASED}",
-                (retry_at, error, event_id, lease_until)) == 1
+            if self.db.execute_rowcount(
+                    "UPDATE events SET next_delivery_at = ?, delivery_lease_until = NULL, "
+                    f"delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE {_LEASED}",
+                    (retry_at, error, event_id, lease_until)) != 1:
+                return False
+            # The job's later events wait for this one: put off with it, a relay's poll does not read them
+            # again and again meanwhile (a receiver that is away may have many waiting).
+            self.db.execute(
+                "UPDATE events SET next_delivery_at = ? WHERE delivery = 'pending' AND next_delivery_at < ? "
+                "AND job_id = (SELECT job_id FROM events WHERE id = ?) AND id > ? AND COALESCE(webhook_url, '') = "
+                "(SELECT COALESCE(webhook_url, '') FROM events WHERE id = ?)",
+                (retry_at, retry_at, event_id, event_id, event_id))
+            return True
 
     def deliveries(self, tenant: str | None, state: str | None, limit: int) -> list[tuple[EventRow, str | None]]:
         """Events with a webhook (of ``tenant``; in delivery ``state``), newest first, with the URL."""
@@ -367,8 +376,9 @@ class JobQueries:
     # --- the relay ------------------------------------------------------------
 
     def delivery_due(self, now: float) -> bool:
-        """Whether a pending delivery is due and not leased: read outside a transaction, so an idle relay
-        polls without taking SQLite's write lock (``lease_deliveries`` does)."""
+        """Whether a delivery may be sent now (due, not leased, the first pending one of its job's events for
+        its URL): read outside a transaction, so an idle relay polls without taking SQLite's write lock
+        (``lease_deliveries`` does)."""
         return bool(self.db.execute(f"SELECT 1 FROM events e WHERE {_DUE} LIMIT 1", (now, now)))
 
 
