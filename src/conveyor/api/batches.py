@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.context import Services, Svc, View, base_url
-from conveyor.api.jobs import event_stream
+from conveyor.api.jobs import EventCursor, event_stream
 from conveyor.api.uploads import Stored, body_chunks, check_length, read_form, store_stream
 from conveyor.errors import UserError
 from conveyor.service import batches as batch_service
@@ -135,8 +135,7 @@ async def get_batch(batch_id: str, view: View) -> dict[str, Any]:
 @router.get("/batches/{batch_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: _PROBLEM})
 async def batch_events(request: Request, batch_id: str, svc: Svc, view: View,
                        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-                       after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
-                       ) -> StreamingResponse:
+                       after: EventCursor = None) -> StreamingResponse:
     """The batch's events (``batch.accepted``, ``batch.finished``) as Server-Sent Events, resumable with
     ``Last-Event-ID``; the stream ends after ``batch.finished``."""
     await view.call(batch_service.get_batch, batch_id)

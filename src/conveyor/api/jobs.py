@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -23,10 +24,14 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.values import INLINE_MAX
 from conveyor.service import jobs as job_service
 from conveyor.service.jobs import JobRequest
+from conveyor.service.tokens import still_valid
 from conveyor.service.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 FINAL_TYPES = {f"job.{o}" for o in job_service.FINAL}
+MAX_EVENT_ID = 2**63 - 1  # event ids are the store's 64-bit integers: a larger cursor is refused before streaming
+# ?after= of an event stream: out of range or not a number is a 422 before the stream starts.
+EventCursor = Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID, description="resume after this event id")]
 
 
 class JobOptions(BaseModel):
@@ -160,10 +165,10 @@ async def get_job(job_id: str, svc: Svc, view: View) -> dict[str, Any]:
 @router.get("/jobs/{job_id}/events", responses={200: {"content": {"text/event-stream": {}}}, 404: _PROBLEM})
 async def job_events(request: Request, job_id: str, svc: Svc, view: View,
                      last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-                     after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
-                     ) -> StreamingResponse:
-    """The job's events as Server-Sent Events, from the first (or after ``Last-Event-ID``); a keep-alive
-    comment while nothing happens; the stream ends after the job's final event."""
+                     after: EventCursor = None) -> StreamingResponse:
+    """The job's events as Server-Sent Events, from the first (or after ``Last-Event-ID``), in the order they
+    were committed; a keep-alive comment while nothing happens; the stream ends after the job's final event,
+    or when the caller's token is revoked."""
     await view.call(job_service.get_job, job_id)
     return event_stream(request, svc, view, job_id, after, last_event_id)
 
@@ -181,8 +186,8 @@ def event_stream(request: Request, svc: Services, view: Scoped, job_id: str, aft
 def _event_id(header: str | None) -> int:
     if header is None or not header.strip():
         return 0
-    if not header.strip().isdigit():
-        raise UserError("Last-Event-ID must be an event id (a whole number)")
+    if not re.fullmatch(r"[0-9]{1,19}", header.strip()) or int(header.strip()) > MAX_EVENT_ID:
+        raise UserError(f"Last-Event-ID must be an event id (a whole number from 0 to {MAX_EVENT_ID})")
     return int(header.strip())
 
 
@@ -191,6 +196,8 @@ async def _stream(request: Request, svc: Services, view: Scoped, job_id: str, la
     quiet_since = time.monotonic()
     yield "retry: 2000\n\n"
     while True:
+        if not await svc.call(still_valid, view.who):
+            return  # its token was revoked: the client's reconnection is answered 403
         job = await view.call(job_service.get_job, job_id)
         events = await view.call(job_service.job_events, job_id, last)
         for e in events:

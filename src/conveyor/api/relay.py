@@ -157,7 +157,8 @@ class Relay:
         except Exception as exc:  # a bug, not the receiver: recorded as a failed attempt, tried again
             log.exception("webhook delivery %s failed unexpectedly", delivery.id)
             error = f"internal error ({type(exc).__name__})"
-        await db(record, store, delivery, error, self.delivery)
+        if await db(record, store, delivery, error, self.delivery) == "lost":
+            log.info("webhook delivery %s: its lease passed to another relay, which records it", delivery.id)
 
     async def _finish(self, db: Db, store: SqlStore, sending: dict[asyncio.Task[str | None], Delivery]) -> None:
         if not sending:

@@ -102,6 +102,15 @@ def authenticate(store: SqlStore, authorization: str | None) -> Caller:
     return Caller(row.tenant, row.operator, row.token_id)
 
 
+def still_valid(store: SqlStore, caller: Caller) -> bool:
+    """Whether the token ``caller`` authenticated with still holds (a long request, such as an event stream,
+    asks now and then); always for a caller without one (``--no-auth``)."""
+    if caller.token_id is None:
+        return True
+    row = store.token_by_id(caller.token_id)
+    return row is not None and row.revoked_at is None
+
+
 def webhook_secret(store: SqlStore, tenant: str) -> str:
     """The tenant's webhook secret, made when the tenant has none yet (``--no-auth``'s local tenant)."""
     found = store.tenant_secret(tenant)

@@ -299,13 +299,14 @@ def retry_at(delivery: Delivery, now: float, settings: RelaySettings,
 
 def record(store: SqlStore, delivery: Delivery, error: str | None, settings: RelaySettings,
            now: float | None = None) -> str:
-    """Store how an attempt went; the delivery's state after it: delivered, pending (tried again) or failed."""
+    """Store how an attempt went; the delivery's state after it: delivered, pending (tried again) or failed;
+    ``lost`` when the relay's lease on it had passed to another relay (which records its own attempt)."""
     now = store.clock() if now is None else now
     if error is None:
-        store.delivery_done(delivery.id, now)
-        return "delivered"
+        return "delivered" if store.delivery_done(delivery.id, delivery.lease_until, now) else "lost"
     at = retry_at(delivery, now, settings)
-    store.delivery_missed(delivery.id, " ".join(error.split())[:MAX_ERROR], at)
+    if not store.delivery_missed(delivery.id, delivery.lease_until, " ".join(error.split())[:MAX_ERROR], at):
+        return "lost"
     return "failed" if at is None else "pending"
 
 

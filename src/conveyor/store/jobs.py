@@ -96,6 +96,7 @@ class Delivery(NamedTuple):
     tenant: str
     secret: str
     job: bool = True  # False for an event that is not a job's (an alert): its data names no job
+    lease_until: float = 0.0  # the lease this relay holds: its result is recorded only while it still does
 
 
 class JobTask(NamedTuple):
@@ -187,6 +188,14 @@ class JobQueries:
         """Hold the job's row until the transaction ends: two commits that settle a job's last tasks at once
         then decide its end one after the other (SQLite's single writer does this already)."""
         self.db.execute(f"SELECT job_id FROM jobs WHERE job_id = ?{self.db.row_lock}", (job_id,))
+
+    def lock_jobs(self, job_ids: Sequence[str]) -> None:
+        """Hold these jobs' rows until the transaction ends, taken in one order (by id), so that transactions
+        that lock several at once never wait on each other in a circle."""
+        for part in chunks(sorted(set(job_ids)), 500):
+            marks = ",".join("?" * len(part))
+            self.db.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks}) ORDER BY job_id{self.db.row_lock}",
+                            part)
 
     def open_job_tasks(self, run_id: str) -> int:
         """Tasks of a job's run that are not at an end (queued, running, awaiting review)."""
@@ -286,6 +295,12 @@ class JobQueries:
     # --- the outbox -----------------------------------------------------------
 
     def insert_events(self, events: Sequence[NewEvent]) -> None:
+        """Events into the outbox, each written under its job's row lock (held until the transaction ends):
+        a writer that comes second waits for the first one's commit before its events take their ids, so a
+        job's events take ids in the order they commit, and a reader that follows a job by id never passes
+        one that commits later (on PostgreSQL; SQLite has one writer at a time). Ids come from a sequence
+        whose values only grow (never cached per session), which this relies on."""
+        self.lock_jobs([e.job_id for e in events])
         self.db.executemany("INSERT INTO events (job_id, type, data, created_at, delivery, next_delivery_at) "
                             "VALUES (?, ?, ?, ?, ?, ?)", events)
 
@@ -295,43 +310,58 @@ class JobQueries:
         return [EventRow(*r) for r in rows]
 
     def lease_deliveries(self, now: float, lease_s: float, limit: int) -> list[Delivery]:
-        """Pending deliveries that are due, leased for ``lease_s`` (another relay skips them meanwhile)."""
+        """Pending deliveries that are due, leased for ``lease_s`` (another relay skips them meanwhile): of a
+        job's events for one URL, only the first pending one, so that they arrive in order (see _DUE)."""
         with self.db.transaction():
-            rows = self.db.execute(
-                "SELECT id FROM events WHERE delivery = 'pending' AND next_delivery_at <= ? "
-                f"AND (delivery_lease_until IS NULL OR delivery_lease_until < ?) ORDER BY next_delivery_at LIMIT ? "
-                f"{self.db.skip_locked}", (now, now, limit))
+            rows = self.db.execute(f"SELECT id FROM events e WHERE {_DUE} ORDER BY next_delivery_at LIMIT ? "
+                                   f"{self.db.skip_locked}", (now, now, limit))
             ids = [int(r[0]) for r in rows]
             if not ids:
                 return []
             marks = ",".join("?" * len(ids))
+            # The lease's end is its fencing token: a relay takes a lease only past the last one's end, so each
+            # lease of an event ends later than the one before.
             self.db.execute(f"UPDATE events SET delivery_lease_until = ? WHERE id IN ({marks})", (now + lease_s, *ids))
             # A job's event goes to its job's webhook, signed with its tenant's secret; an alert's names both.
             rows = self.db.execute(
                 "SELECT e.id, e.job_id, e.type, e.data, e.created_at, e.delivery_attempts, "
-                "COALESCE(e.webhook_url, j.webhook_url), t.tenant, t.webhook_secret, e.tenant IS NULL "
-                "FROM events e LEFT JOIN jobs j ON j.job_id = e.job_id AND e.tenant IS NULL JOIN tenants t "
-                f"ON t.tenant = COALESCE(e.tenant, j.tenant) WHERE e.id IN ({marks}) ORDER BY e.id", ids)
-            return [Delivery(int(r[0]), r[1], r[2], r[3], float(r[4]), int(r[5]), r[6], r[7], r[8], bool(r[9]))
-                    for r in rows]
+                "COALESCE(e.webhook_url, j.webhook_url), t.tenant, t.webhook_secret, e.tenant IS NULL, "
+                "e.delivery_lease_until FROM events e LEFT JOIN jobs j ON j.job_id = e.job_id AND e.tenant IS NULL "
+                f"JOIN tenants t ON t.tenant = COALESCE(e.tenant, j.tenant) WHERE e.id IN ({marks}) ORDER BY e.id",
+                ids)
+            return [Delivery(int(r[0]), r[1], r[2], r[3], float(r[4]), int(r[5]), r[6], r[7], r[8], bool(r[9]),
+                             float(r[10])) for r in rows]
 
-    def delivery_done(self, event_id: int, now: float) -> None:
+    def delivery_done(self, event_id: int, lease_until: float, now: float) -> bool:
+        """Record a delivery that arrived; False (nothing recorded) when its lease passed to another relay."""
         with self.db.transaction():
-            self.db.execute("UPDATE events SET delivery = 'delivered', delivered_at = ?, delivery_lease_until = NULL, "
-                            "delivery_attempts = delivery_attempts + 1, delivery_error = NULL WHERE id = ?",
-                            (now, event_id))
+            return self.db.execute_rowcount(
+                "UPDATE events SET delivery = 'delivered', delivered_at = ?, delivery_lease_until = NULL, "
+                f"delivery_attempts = delivery_attempts + 1, delivery_error = NULL WHERE {_LEASED}",
+                (now, event_id, lease_until)) == 1
 
-    def delivery_missed(self, event_id: int, error: str, retry_at: float | None) -> None:
-        """A delivery that did not succeed: tried again at ``retry_at``, or failed for good (None)."""
+    def delivery_missed(self, event_id: int, lease_until: float, error: str, retry_at: float | None) -> bool:
+        """A delivery that did not succeed: tried again at ``retry_at``, or failed for good (None); False
+        (nothing recorded) when its lease passed to another relay."""
         with self.db.transaction():
             if retry_at is None:
-                self.db.execute("UPDATE events SET delivery = 'failed', delivery_lease_until = NULL, "
-                                "delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE id = ?",
-                                (error, event_id))
-            else:
-                self.db.execute("UPDATE events SET next_delivery_at = ?, delivery_lease_until = NULL, "
-                                "delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE id = ?",
-                                (retry_at, error, event_id))
+                return self.db.execute_rowcount(
+                    "UPDATE events SET delivery = 'failed', delivery_lease_until = NULL, "
+                    f"delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE {_LEASED}",
+                    (error, event_id, lease_until)) == 1
+            if self.db.execute_rowcount(
+                    "UPDATE events SET next_delivery_at = ?, delivery_lease_until = NULL, "
+                    f"delivery_attempts = delivery_attempts + 1, delivery_error = ? WHERE {_LEASED}",
+                    (retry_at, error, event_id, lease_until)) != 1:
+                return False
+            # The job's later events wait for this one: put off with it, a relay's poll does not read them
+            # again and again meanwhile (a receiver that is away may have many waiting).
+            self.db.execute(
+                "UPDATE events SET next_delivery_at = ? WHERE delivery = 'pending' AND next_delivery_at < ? "
+                "AND job_id = (SELECT job_id FROM events WHERE id = ?) AND id > ? AND COALESCE(webhook_url, '') = "
+                "(SELECT COALESCE(webhook_url, '') FROM events WHERE id = ?)",
+                (retry_at, retry_at, event_id, event_id, event_id))
+            return True
 
     def deliveries(self, tenant: str | None, state: str | None, limit: int) -> list[tuple[EventRow, str | None]]:
         """Events with a webhook (of ``tenant``; in delivery ``state``), newest first, with the URL."""
@@ -370,11 +400,22 @@ class JobQueries:
     # --- the relay ------------------------------------------------------------
 
     def delivery_due(self, now: float) -> bool:
-        """Whether a pending delivery is due and not leased: read outside a transaction, so an idle relay
-        polls without taking SQLite's write lock (``lease_deliveries`` does)."""
-        rows = self.db.execute("SELECT 1 FROM events WHERE delivery = 'pending' AND next_delivery_at <= ? "
-                               "AND (delivery_lease_until IS NULL OR delivery_lease_until < ?) LIMIT 1", (now, now))
-        return bool(rows)
+        """Whether a delivery may be sent now (due, not leased, the first pending one of its job's events for
+        its URL): read outside a transaction, so an idle relay polls without taking SQLite's write lock
+        (``lease_deliveries`` does)."""
+        return bool(self.db.execute(f"SELECT 1 FROM events e WHERE {_DUE} LIMIT 1", (now, now)))
+
+
+# A delivery that may be sent now (parameters: now, now): pending, due, not leased, and the first pending one of
+# its job's events for its URL. An event waits while an earlier one of its job is pending (in flight or waiting
+# to be tried again), so a retried early event never arrives after a later one; a failed one stops no other.
+# A job's events take ids in commit order (insert_events), so "earlier" is a smaller id.
+_DUE = ("e.delivery = 'pending' AND e.next_delivery_at <= ? "
+        "AND (e.delivery_lease_until IS NULL OR e.delivery_lease_until < ?) "
+        "AND NOT EXISTS (SELECT 1 FROM events p WHERE p.job_id = e.job_id AND p.delivery = 'pending' "
+        "AND p.id < e.id AND COALESCE(p.webhook_url, '') = COALESCE(e.webhook_url, ''))")
+# The delivery's row while the relay that recorded its result still holds its lease (parameters: id, lease end).
+_LEASED = "id = ? AND delivery_lease_until = ? AND delivery = 'pending'"
 
 
 def _narrowed(tenant: str, filters: Sequence[tuple[str, str | None]],

@@ -667,4 +667,13 @@ CREATE TABLE stage_declarations (
 );
 """,
     ),
+    (
+        20,
+        "webhook deliveries in order per job: a job's pending events by id",
+        """
+-- The relay sends an event only when no earlier event of its job is pending (store/jobs.py _DUE): that question
+-- reads this index, not every event the job ever had.
+CREATE INDEX events_pending_job ON events (job_id, id) WHERE delivery = 'pending';
+""",
+    ),
 ]

@@ -169,6 +169,8 @@ class Commits(JobEvents):
             self.store.insert_items(w.items)
         totals, opened = run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
         fresh = self.store.insert_tasks(w.tasks, totals, opened) if w.tasks else []
+        if w.job_runs:  # every job this commit may settle, locked at once in one order (store/jobs.py)
+            self.store.lock_jobs(sorted(w.job_runs))
         if w.events:
             self.store.insert_events(w.events)
         if w.waiters:
