@@ -104,8 +104,10 @@ def writable_blobs(url: str) -> Any:
     return blobs
 
 
-def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None) -> None:
-    """Warnings on stderr, the summary, and the exit code a script can read."""
+def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None,
+               resume_with: str | None = None) -> None:
+    """Warnings on stderr, the summary, and the exit code a script can read; ``resume_with``: the command that
+    resumes the run, said on stderr when it ended paused (on its budget or breaker)."""
     from conveyor.cli import render
     from conveyor.service.report import exit_code, stale_code_warnings
 
@@ -117,6 +119,10 @@ def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None =
     for line in stale_code_warnings(summary.get("stale_code") or []):
         typer.echo(line, err=True)
     emit(summary, as_json, render.summary)
+    paused = str(summary.get("status", ""))
+    if resume_with is not None and paused.startswith("paused_"):
+        more = " --budget-usd MORE" if paused == "paused_budget" else ""
+        typer.echo(not_finished("paused", summary["run_id"], resume_with + more, summary.get("note")), err=True)
     code = exit_code(summary)
     if code:
         raise typer.Exit(code)
@@ -131,9 +137,14 @@ def resume_hint(run_id: str, db: str, blobs: str) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def not_finished(head: str, run_id: str, command: str, why: str | None = None) -> str:
+    """The line that says a run stopped before its end (interrupted, paused), why, and how to carry on."""
+    because = f" ({' '.join(why.split())})" if why else ""
+    return f"{head}: run {run_id} is not finished{because}; resume it with: {command}"
+
+
 def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) -> None:
-    hint = command or resume_hint(run_id, db, blobs)
-    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {hint}", err=True)
+    typer.echo(not_finished("interrupted", run_id, command or resume_hint(run_id, db, blobs)), err=True)
     raise typer.Exit(INTERRUPTED)
 
 

@@ -29,6 +29,7 @@ from conveyor.cli.common import (
     emit,
     finish_run,
     interrupted,
+    resume_hint,
     stage_output_to_stderr,
     stages_progress,
     store_for,
@@ -70,7 +71,7 @@ def run(
             summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
-    finish_run(summary, as_json, input)
+    finish_run(summary, as_json, input, resume_hint(summary["run_id"], db, blobs))
 
 
 def _dry_run(pipeline: Any, target: str, input: str, db: str, blobs: str, workers: int, sample: int,
@@ -118,7 +119,7 @@ def resume(
             summary = resume_run(run_id, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
-    finish_run(summary, as_json)
+    finish_run(summary, as_json, resume_with=resume_hint(summary["run_id"], db, blobs))
 
 
 @app.command()
