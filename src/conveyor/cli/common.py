@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from conveyor.blobs import open_blobs
-from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, open_store
+from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, new_store_note, open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
@@ -54,9 +54,14 @@ AcceptCode = Annotated[list[str] | None, typer.Option(
 
 @contextmanager
 def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
+    """The store at ``db`` (``create=False``: StoreMissing when there is none). A store this opening created is
+    told on stderr once the command's work went through: a command that fails says one line, its error."""
     store = open_store(db or DEFAULT_DB, create=create)
+    note = new_store_note(store)
     try:
         yield store
+        if note is not None:
+            typer.echo(f"conveyor: {note}", err=True)
     except Exception as exc:
         lost = lost_connection(store, exc)
         if lost is None:

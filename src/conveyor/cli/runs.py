@@ -192,7 +192,8 @@ def worker(
     os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
 
     pipeline = load_target(target)
-    open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
+    with store_for(db):  # fail fast, with one line, on a bad URL or unreachable server
+        pass
     blob_store = writable_blobs(blobs)
     if metrics_port is not None:
         _serve_metrics(metrics_port, db, pipeline)

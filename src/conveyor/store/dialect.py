@@ -45,6 +45,7 @@ CREATE INDEX publications_text ON publications USING GIN (text_index) WHERE live
 class Dialect(Protocol):
     name: str
     types: dict[str, str]
+    has_table: str  # counts the tables named ? that the store's connection sees
     local_clock: bool  # the store's clock is this machine's (one machine, one clock)
     row_lock: str  # appended to a SELECT to hold its rows until the transaction ends
     wakes_on_notify: bool  # wait_for_work returns as soon as another process queues work
@@ -209,6 +210,7 @@ class SqliteDialect:
     """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout, writers queued on a file lock."""
 
     name = "sqlite"
+    has_table = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
@@ -380,6 +382,8 @@ class PostgresDialect:
     """
 
     name = "postgres"
+    has_table = ("SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = ? "
+                 "AND schemaname = ANY(current_schemas(false))")
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
