@@ -21,6 +21,8 @@ from conveyor.service.report import all_unpriced
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 DONE = ("succeeded", "failed", "dead_lettered")
+# The task statuses `status RUN` always shows, so that a stage's row adds up to its tasks.
+STAGE_COLUMNS = ("queued", "running", "awaiting_review", "succeeded", "failed", "rejected", "dead_lettered")
 
 
 Status = Callable[[], dict[str, Any]]
@@ -206,10 +208,12 @@ def status(data: dict[str, Any]) -> None:
         return
     table = Table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
                         f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
-    columns = ("queued", "running", "succeeded", "failed", "dead_lettered")
     activity = data.get("stage_activity") or {}
+    # Every status a stage's tasks are in gets a column (superseded ones too, once a replay made some).
+    columns = (*STAGE_COLUMNS, *sorted({k for c in data["stages"].values() for k in c} - set(STAGE_COLUMNS)))
     table.add_column("stage")
-    for column in (*columns, *(("calls", "cached", "oldest queued") if activity else ())):
+    for column in (*(c.replace("_", " ") for c in columns),
+                   *(("calls", "cached", "oldest queued") if activity else ())):
         table.add_column(column, justify="right")
     for stage, counts in data["stages"].items():
         table.add_row(stage, *(str(counts.get(k, 0)) for k in columns), *_activity(activity.get(stage)))
