@@ -251,6 +251,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def utc(epoch: float) -> str:
+    """A time as the commands print it: ``2026-12-04 23:41:07Z``."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
 def workers(data: dict[str, Any]) -> None:
     if not data["workers"]:
         out.print("no live workers (`--all` lists stopped ones too): `conveyor worker TARGET` or `conveyor run` "
@@ -261,7 +266,7 @@ def workers(data: dict[str, Any]) -> None:
         table.add_column(column, justify="right" if column in ("last beat", "held", "done") else "left",
                          no_wrap=column == "worker")
     for w in data["workers"]:
-        started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(w["started_at"]))
+        started = utc(w["started_at"])
         table.add_row(escape(w["worker"]), w["state"], escape(w["pipeline"]), escape(w["run"] or "any"), started,
                       f"{_duration(w['heartbeat_age_s'])} ago", str(w["tasks_held"]), str(w["tasks_done"]))
     out.print(table)
@@ -291,7 +296,7 @@ def alerts(data: dict[str, Any]) -> None:
     for column in ("pipeline", "alert", "state", "value", "threshold", "since", "fired"):
         table.add_column(column, justify="right" if column in ("value", "threshold", "fired") else "left")
     for a in data["alerts"]:
-        since = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(a["since"]))
+        since = utc(a["since"])
         state = "[bold red]firing[/]" if a["state"] == "firing" else "ok"
         table.add_row(escape(a["pipeline"]), a["alert"], state, f"{a['value']:g}", f"{a['threshold']:g}", since,
                       str(a["firings"]))
