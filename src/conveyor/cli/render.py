@@ -160,7 +160,8 @@ def diff(data: dict[str, Any]) -> None:
     counts = data["counts"]
     out.print(f"[bold]diff {data['run_a']} → {data['run_b']}[/] ({data['pipeline']}): "
               + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    for entry in data["items"][:20]:
+    shown = data["items"][:20]
+    for entry in shown:
         outcomes = f"{entry['outcome_a'] or '-'} → {entry['outcome_b'] or '-'}"
         out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False)
         for field in entry["fields"][:5]:
@@ -168,9 +169,9 @@ def diff(data: dict[str, Any]) -> None:
             out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
         if len(entry["fields"]) > 5:
             out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
-    listed = sum(v for k, v in counts.items() if k != "unchanged")
-    if listed > 20:
-        out.print(f"  … and {listed - 20:,} more changed item(s) (use --json)")
+    more = sum(v for k, v in counts.items() if k != "unchanged") - len(shown)
+    if more > 0:
+        out.print(f"  … and {more:,} more changed item(s) (use --json, with a larger --limit)")
 
 
 def _short(value: Any) -> str:
