@@ -215,6 +215,7 @@ class SqliteDialect:
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
+        "attempt_second": "CAST(started_at + COALESCE(duration, 0) AS INTEGER)",
         "epoch_second": "CAST(available_at AS INTEGER)"}
     skip_locked = ""
     in_chunk = 900  # values per one_of: under SQLite's limit of bound parameters
@@ -389,6 +390,7 @@ class PostgresDialect:
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
+        "attempt_second": "CAST(FLOOR(started_at + COALESCE(duration, 0)) AS BIGINT)",
         "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     in_chunk = 10_000  # values per one_of: one array, a batch's worth
