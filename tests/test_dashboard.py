@@ -96,6 +96,11 @@ def test_every_page_renders_and_a_tenant_sees_only_its_runs(server: Server) -> N
         runs = b.get("/").text
         assert all(job in runs for job in (sure, unsure, poison)) and theirs not in runs
         assert 'data-accepted>1</span> / 1 accepted' in runs and 'data-published>1</span> / 1 published' in runs
+        rows = {run: re.search(rf'<tr data-run="{run}">(.*?)</tr>', runs, re.S).group(1)  # type: ignore[union-attr]
+                for run in (sure, unsure, poison)}
+        assert "data-failed>1<" in rows[poison] and "s-finished_failed" in rows[poison], "not a green finished"
+        assert "data-waiting>1<" in rows[unsure] and "data-failed>0<" in rows[unsure]
+        assert "s-finished" in rows[sure] and "data-failed>0<" in rows[sure] and "data-waiting>0<" in rows[sure]
 
         run = b.get(f"/runs/{sure}").text
         assert 'data-stage="extract"' in run and 'data-stage="publish"' in run and "<svg" in run

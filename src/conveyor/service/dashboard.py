@@ -34,7 +34,21 @@ def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | N
     for status in shown:
         run = store.get_run(status["run_id"])
         status["progress"] = progress_of(run, status) if run is not None else None
+        mark_ends(status)
     return {"runs": shown, "next_before": shown[-1]["created_at"] if len(runs) > limit else None}
+
+
+def mark_ends(status: dict[str, Any]) -> None:
+    """Add to a ``run_status`` its tasks that ended refused (``failed``: failed, dead-lettered or rejected) and
+    those waiting for a reviewer (``waiting``), and the ``badge`` its status is drawn with: a finished run with
+    refused tasks is ``finished_failed``, one with answers waiting ``finished_waiting``, never a plain green
+    "finished"."""
+    stages = status["stages"].values()
+    status["failed"] = sum(c.get(name, 0) for c in stages for name in report.REFUSED)
+    status["waiting"] = sum(c.get("awaiting_review", 0) for c in stages)
+    finished = status["status"] == "finished"
+    status["badge"] = ("finished_failed" if finished and status["failed"] else
+                       "finished_waiting" if finished and status["waiting"] else status["status"])
 
 
 def progress_of(run: RunRecord, status: dict[str, Any]) -> dict[str, Any]:
@@ -63,6 +77,7 @@ def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = Tr
     run = report.find_run(store, run_id, tenant)
     status = overview(store, run.run_id)
     status["progress"] = progress_of(run, status)
+    mark_ends(status)
     accepted = status["progress"]["accepted"]
     status["outcomes"] = report.outcomes_of(store, run, status) if status["expected"] <= OUTCOMES_UP_TO else None
     if status["outcomes"] is not None:
