@@ -314,3 +314,17 @@ def test_a_run_of_46_seconds_has_a_timeline_by_the_second(tmp_path: Path, store_
     for svg in (str(charts(data)["throughput"]), dashboard["throughput"]):
         points = re.search(r'class="cv-line" points="([^"]*)"', svg)
         assert points is not None and len(points.group(1).split()) >= 8, "a line over the run, not one dot"
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (0.0000608, "$0.0000608"), (0.00084, "$0.00084"), (0.0123456, "$0.0123"), (0.5, "$0.50"), (0.0, "$0.00"),
+    (12.3456, "$12.35"), (1234.5, "$1,234.50"), (-0.0012345, "-$0.00123")])
+def test_money_has_significant_digits_wherever_it_is_shown(value: float, text: str) -> None:
+    from conveyor.api.dashboard.render import usd as dashboard_usd
+    from conveyor.cli.htmlreport import _usd as report_usd
+    from conveyor.cli.render import _cost as cli_cost
+    from conveyor.service.money import usd
+
+    assert usd(value) == report_usd(value) == dashboard_usd(value) == text
+    assert cli_cost({"cost": value, "provider_calls": 1, "unpriced_calls": 0}) == f"cost {text}"
+    assert shown(text) == pytest.approx(value, rel=0.01), "never rounded to a wrong figure"

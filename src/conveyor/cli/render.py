@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conveyor.service.money import usd
 from conveyor.service.report import all_unpriced
 
 # Piped output gets room enough that ids and numbers are never cut.
@@ -143,7 +144,7 @@ def reconciliation(data: dict[str, Any]) -> None:
     summary(data)
     per_item = data.get("per_accepted_item") or {}
     if per_item.get("items"):
-        cost = "cost unpriced" if per_item["cost"] is None else f"${per_item['cost']:.5f}"
+        cost = "cost unpriced" if per_item["cost"] is None else usd(per_item["cost"])
         out.print(f"per accepted item ({per_item['items']:,}): {per_item['seconds']:.3f} s of attempts, "
                   f"{per_item['tokens']:,.0f} tokens, {cost}")
     for name, values in (data.get("sample") or {}).items():
@@ -190,7 +191,7 @@ def _usage(usage: dict[str, Any] | None) -> None:
     if usage.get("tokens_per_accepted_item") is not None:
         per_item = usage.get("cost_per_accepted_item")
         line += (f" (per accepted item: {usage['tokens_per_accepted_item']:,.0f} tokens"
-                 + (f", ${per_item:.5f})" if per_item is not None else ")"))
+                 + (f", {usd(per_item)})" if per_item is not None else ")"))
     out.print(line)
 
 
@@ -200,7 +201,7 @@ def _cost(usage: dict[str, Any]) -> str:
         return "cost unpriced"
     unpriced = usage.get("unpriced_calls", 0)
     note = f" (+{unpriced} unpriced call{'s' if unpriced != 1 else ''})" if unpriced else ""
-    return f"cost ${usage['cost']:.4f}{note}"
+    return f"cost {usd(usage['cost'])}{note}"
 
 
 def status(data: dict[str, Any]) -> None:
@@ -229,7 +230,7 @@ def status(data: dict[str, Any]) -> None:
                   + f" (conveyor provider-batches --run {data['run_id']})")
     budget = data.get("budget")
     if budget:
-        out.print(f"budget ${budget['usd']:.4f}: ${budget['spent']:.4f} spent, ${budget['reserved']:.4f} reserved")
+        out.print(f"budget {usd(budget['usd'])}: {usd(budget['spent'])} spent, {usd(budget['reserved'])} reserved")
     _usage(data.get("usage"))
     _errors(data.get("attempt_errors"))
     for r in data.get("replays") or []:
@@ -444,9 +445,9 @@ def _forecast(forecast: dict[str, Any]) -> None:
     seconds = forecast.get("seconds")
     line = (f"forecast: {forecast['tokens']:,.0f} tokens" if forecast.get("tokens") is not None else "forecast:")
     if cost is not None:
-        line += f", ${cost:.4f}"
+        line += f", {usd(cost)}"
         if forecast.get("cost_margin") is not None:
-            line += f" (± ${forecast['cost_margin']:.4f})"
+            line += f" (± {usd(forecast['cost_margin'])})"
     if seconds is not None:
         line += f", about {_clock(seconds)}"
     out.print(line + f" ({forecast['basis']})")
@@ -466,5 +467,5 @@ def dry_run(data: dict[str, Any]) -> None:
     if data.get("sampled"):
         s = data["sampled"]
         out.print(f"measured on a sample of {s['items']} item(s) run for real: {s['provider_calls']} model call(s), "
-                  f"{s['tokens']:,} tokens, ${s['cost']:.4f}")
+                  f"{s['tokens']:,} tokens, {usd(s['cost'])}")
     _forecast(data["forecast"])

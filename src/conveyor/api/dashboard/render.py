@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from conveyor.api.problems import status_of
 from conveyor.errors import ConveyorError
+from conveyor.service import money
 
 log = logging.getLogger("conveyor.api")
 
@@ -62,7 +63,7 @@ def number(value: Any) -> str:
 def usd(value: Any) -> str:
     if value is None:
         return "—"
-    return f"${float(value):,.4f}" if float(value) < 100 else f"${float(value):,.2f}"
+    return money.usd(float(value))
 
 
 def first_line(text: Any, width: int = 200) -> str:
