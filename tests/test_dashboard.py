@@ -47,6 +47,9 @@ def csrf(html: str) -> str:
 def test_login_logout_and_the_redirect_to_login(server: Server) -> None:
     acme = server.token("acme")
     with browser(server) as b:
+        icon = b.get("/favicon.ico")  # asked for by every browser, before any login
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.text.startswith("<svg") and 'rel="icon"' in b.get("/login").text
         answer = b.get("/reviews?stage=extract")
         assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2Freviews%3Fstage%3Dextract"
         login = b.get("/login", params={"next": "/reviews"})
