@@ -60,8 +60,7 @@ def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
     note = new_store_note(store)
     try:
         yield store
-        if note is not None:
-            typer.echo(f"conveyor: {note}", err=True)
+        tell_new_store(note)
     except Exception as exc:
         lost = lost_connection(store, exc)
         if lost is None:
@@ -69,6 +68,12 @@ def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
         raise lost from None
     finally:
         store.close()
+
+
+def tell_new_store(note: str | None) -> None:
+    """Say on stderr that the command created a new store (``store.new_store_note``), when it did."""
+    if note is not None:
+        typer.echo(f"conveyor: {note}", err=True)
 
 
 def emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:

@@ -2,7 +2,8 @@
 
 Pages (GET): ``/`` runs, ``/runs/{run_id}``, ``/runs/{run_id}/dead-letters``, ``/runs/{run_id}/items/{item_key}``,
 ``/reviews``, ``/reviews/{review_id}``, ``/workers``; ``/login`` and ``/logout``; ``/static/dashboard/`` its
-stylesheet and script; ``/favicon.ico`` its icon (an SVG, served without a login, so no browser console shows a 404). No front-end build step: Jinja templates and one small plain-JavaScript file.
+stylesheet and script; ``/favicon.ico`` its icon (an SVG, served without a login, so no browser console
+shows a 404). No front-end build step: Jinja templates and one small plain-JavaScript file.
 """
 
 from __future__ import annotations
