@@ -20,6 +20,7 @@ import httpx
 
 from conveyor.service.tokens import create_token
 from conveyor.store import open_store
+from tests.children import spawn, stop_group
 from tests.helpers import SRC
 
 SMALL_PIPELINE = """
@@ -129,23 +130,13 @@ def _start(tmp_path: Path, store_url: str, target: str, args: tuple[str, ...], w
            "--blobs", str(blobs), "--workers", str(workers), *args]
     full_env = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = spawn(cmd, cwd=tmp_path, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     return Server(f"http://127.0.0.1:{port}", proc, store_url, blobs, log)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     """Stop the server and the workers it started (its process group)."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc, sig)
 
 
 def _wait_ready(server: Server, timeout: float = 30) -> None:

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.apiserver import free_port
+from tests.children import spawn, stop_group
 
 ACCESS_KEY = "conveyor-test"
 SECRET_KEY = "conveyor-test-secret"
@@ -40,8 +42,7 @@ class S3Server:
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would; its data stays in its folder."""
-        self.proc.kill()
-        self.proc.wait(timeout=10)
+        stop_group(self.proc, signal.SIGKILL, grace=10)
 
     def start_again(self) -> None:
         """Start the killed server on the same ports and data, and wait until S3 answers."""
@@ -122,9 +123,8 @@ def _start(weed: str, folder: Path) -> S3Server:
 def _launch(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         # TMPDIR: weed makes its unix sockets there, and a killed weed leaves them behind.
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=log.parent, env={**os.environ, "TMPDIR": str(log.parent)},
-                                start_new_session=True)
+        return spawn(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent,
+                     env={**os.environ, "TMPDIR": str(log.parent)})
 
 
 def _distinct_ports(count: int) -> list[int]:
@@ -173,14 +173,7 @@ def _make_bucket(client: Any, bucket: str) -> None:
 def _stop(server: S3Server) -> None:
     """SIGTERM, then SIGKILL: weed's orderly shutdown takes seconds per component, and the data is scratch.
     Then the unix sockets that weed makes in /tmp whatever TMPDIR says (named by port) go too."""
-    proc = server.proc
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    stop_group(server.proc, grace=3)
     for port in server.ports:
         for socket_file in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
             socket_file.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ escalated, sent to review, and only accepted ones go on (the judge alone; the en
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +350,10 @@ def test_review_commands_json_and_errors(products: dict[str, Any], store_url: st
     shown = json.loads(cli("review", "show", review_id, *common, "--blobs", str(products["blobs"]), "--json",
                            cwd=tmp_path, env=env).stdout)
     assert shown["candidate"]["product_id"] == "P-002" and shown["attempts"]
+    told = cli("review", "show", review_id, *common, "--blobs", str(products["blobs"]), cwd=tmp_path, env=env).stdout
+    deadline = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(shown["deadline_at"]))
+    assert f"deadline {deadline} (then: " in told and "waiting since 20" in told, told
+    assert f"{shown['deadline_at']:.0f}" not in told, "a date, not epoch seconds"
     wrong = cli("review", "reject", review_id, *common, cwd=tmp_path, env=env)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--why" in wrong.stderr
     missing = cli("review", "approve", "9999", *common, "--blobs", str(products["blobs"]), cwd=tmp_path, env=env)

@@ -5,20 +5,26 @@ Idempotency-Key makes two jobs, and every job's events are all there, once each,
 from __future__ import annotations
 
 import itertools
+import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conveyor.service.jobs import job_events
 from conveyor.service.tenancy import TenantView
 from conveyor.service.tokens import Caller
 from conveyor.store import open_store
 from tests.apiserver import Server, served, stop
-from tests.helpers import query, write_pipeline
+from tests.helpers import SRC, query, write_pipeline
 
 # Async stages, so that each worker has many tasks in flight when it dies; a short lease, so that the
 # restarted workers take the dead ones' tasks over within the test.
@@ -179,3 +185,71 @@ def assert_events_whole(store_url: str, accepted: dict[str, str], streamed: dict
                 f"job {job_id}: {[e['data'] for e in events]}"
     finally:
         store.close()
+
+
+# A test that holds a `conveyor serve` (and its worker) from a fixture, says when it is up, and waits.
+HOLDS_A_SERVER = """
+    import os
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    from tests.apiserver import SMALL_PIPELINE, served
+    from tests.helpers import write_pipeline
+
+    @pytest.fixture
+    def server(tmp_path):
+        with served(tmp_path, f"sqlite:///{tmp_path}/conveyor.db", write_pipeline(tmp_path, SMALL_PIPELINE)) as s:
+            yield s
+
+    def test_holds_a_server(server):
+        Path(os.environ["SERVER_UP"]).write_text(str(server.proc.pid))
+        time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("ending", ["ctrl-c", "sigterm", "sigkill"])
+def test_an_interrupted_test_session_leaves_no_server_running(tmp_path: Path, ending: str) -> None:
+    """Ctrl-C (SIGINT to the session's process group, as a terminal sends it), SIGTERM, or SIGKILL of pytest
+    alone while a test holds a server: afterwards no process that session started is left."""
+    (tmp_path / "test_holds.py").write_text(textwrap.dedent(HOLDS_A_SERVER))
+    mark, up = uuid.uuid4().hex, tmp_path / "up"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(Path(SRC).parent)]), "SERVER_UP": str(up),
+           "CONVEYOR_TEST_MARK": mark}
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir",
+         str(tmp_path), str(tmp_path / "test_holds.py")], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell may have started us ignoring it
+    try:
+        deadline = time.monotonic() + 60
+        while not up.exists() and session.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert up.exists(), "the inner test never had its server up"
+        assert _marked(mark) - {session.pid}, "the server and its worker carry the mark"
+        if ending == "ctrl-c":
+            os.killpg(session.pid, signal.SIGINT)
+        else:
+            session.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGKILL)
+        session.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _marked(mark), f"left running after {ending}: {sorted(_marked(mark))}"
+    finally:
+        for pid in _marked(mark):  # never leave them behind, whatever the test found
+            os.kill(pid, signal.SIGKILL)
+
+
+def _marked(mark: str) -> set[int]:
+    """The processes alive with ``CONVEYOR_TEST_MARK=mark`` in their environment (zombies left out)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and f"CONVEYOR_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found

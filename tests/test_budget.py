@@ -50,6 +50,10 @@ def test_a_budget_holds_across_four_workers_and_resume_carries_on(tmp_path: Path
         summary = json.loads(first.stdout)
         run_id = summary["run_id"]
         assert summary["status"] == "paused_budget" and "budget" in summary["note"]
+        [said] = [line for line in first.stderr.splitlines() if line.startswith("paused:")]
+        assert f"run {run_id} is not finished (its budget would pass" in said, said
+        assert said.endswith(f"resume it with: conveyor resume {run_id} --db {store_url} --blobs "
+                             f"{tmp_path / 'blobs'} --budget-usd MORE"), said
         costs = [float(r[0]) for r in query(store_url, "SELECT cost FROM attempts WHERE run_id = ? AND provider_calls "
                                             "> 0", run_id)]
         spent = sum(costs)

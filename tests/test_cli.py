@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conveyor.errors import StoreMissing
+from conveyor.store import open_store
+from tests.conftest import _drop, fresh_pg_url
 from tests.helpers import SRC, cli, cli_json, make_docs, write_pipeline
 
 PIPE = """
@@ -168,3 +172,41 @@ def test_module_target_and_single_file_input(tmp_path: Path) -> None:
     summary = cli_json("run", "mypipes.manuals:pipe", "--input", "one.txt", "--db", f"sqlite:///{tmp_path}/c.db",
                        cwd=tmp_path, env=env)
     assert summary["outcomes"] == {"completed": 1} and summary["stage_calls"] == 1
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def no_store_yet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where no store is yet: a SQLite file not made, a PostgreSQL schema with no tables."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/new/conveyor.db"
+        return
+    import psycopg
+
+    url = fresh_pg_url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA blank")
+    try:
+        yield url + "?options=-csearch_path%3Dblank"
+    finally:
+        _drop(url)
+
+
+def test_reads_create_no_store_and_the_command_that_creates_one_says_so(tmp_path: Path, no_store_yet: str) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    docs = make_docs(tmp_path / "docs", 2)
+    db = ["--db", no_store_yet]
+    listing = cli("status", "--json", *db, cwd=tmp_path)
+    assert listing.returncode == 0 and json.loads(listing.stdout) == {"runs": []} and not listing.stderr
+    for command in (["reconcile", "r1"], ["status", "r1", "--json"], ["show", "r1", "a.txt"]):
+        proc = cli(*command, *db, cwd=tmp_path)
+        assert proc.returncode == 2 and "no conveyor store at" in proc.stderr and not proc.stdout, proc.stderr
+    with pytest.raises(StoreMissing):
+        open_store(no_store_yet, create=False)
+
+    args = ["run", target, "--input", str(docs), "--workers", "0", "--json", *db, "--blobs", str(tmp_path / "b")]
+    first = cli(*args, cwd=tmp_path)
+    assert first.returncode == 0 and json.loads(first.stdout)["outcomes"] == {"published": 2}, first.stderr
+    assert [line for line in first.stderr.splitlines() if "new store" in line] == [
+        f"conveyor: created a new store at {no_store_yet}"], first.stderr
+    again = cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "new store" not in again.stderr, again.stderr

@@ -53,6 +53,9 @@ def csrf(html: str) -> str:
 def test_login_logout_and_the_redirect_to_login(server: Server) -> None:
     acme = server.token("acme")
     with browser(server) as b:
+        icon = b.get("/favicon.ico")  # asked for by every browser, before any login
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.text.startswith("<svg") and 'rel="icon"' in b.get("/login").text
         answer = b.get("/reviews?stage=extract")
         assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2Freviews%3Fstage%3Dextract"
         login = b.get("/login", params={"next": "/reviews"})
@@ -102,6 +105,11 @@ def test_every_page_renders_and_a_tenant_sees_only_its_runs(server: Server) -> N
         runs = b.get("/").text
         assert all(job in runs for job in (sure, unsure, poison)) and theirs not in runs
         assert 'data-accepted>1</span> / 1 accepted' in runs and 'data-published>1</span> / 1 published' in runs
+        rows = {run: re.search(rf'<tr data-run="{run}">(.*?)</tr>', runs, re.S).group(1)  # type: ignore[union-attr]
+                for run in (sure, unsure, poison)}
+        assert "data-failed>1<" in rows[poison] and "s-finished_failed" in rows[poison], "not a green finished"
+        assert "data-waiting>1<" in rows[unsure] and "data-failed>0<" in rows[unsure]
+        assert "s-finished" in rows[sure] and "data-failed>0<" in rows[sure] and "data-waiting>0<" in rows[sure]
 
         run = b.get(f"/runs/{sure}").text
         assert 'data-stage="extract"' in run and 'data-stage="publish"' in run and "<svg" in run

@@ -75,6 +75,9 @@ def test_diff_through_the_cli(tmp_path: Path, store_url: str, runs: tuple[str, s
     assert set(data["items"][0]) == {"item_key", "change", "outcome_a", "outcome_b", "fields"}
     human = cli("diff", *runs, *args, cwd=tmp_path, check=True).stdout
     assert "changed 2" in human and "newly_failing 1" in human and "title" in human and "BETA" in human
+    changed = sum(n for change, n in data["counts"].items() if change != "unchanged")
+    one = cli("diff", *runs, *args, "--limit", "1", cwd=tmp_path, check=True).stdout
+    assert f"… and {changed - 1:,} more changed item(s)" in one, one
 
 
 def test_runs_of_two_pipelines_are_not_compared(tmp_path: Path, store_url: str, runs: tuple[str, str],

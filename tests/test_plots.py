@@ -162,3 +162,18 @@ def test_tick_labels_do_not_run_past_the_right_edge() -> None:
         right = x if label.get("text-anchor") == "end" else x + len(text) * 6.4 / 2
         assert right <= width, text
     assert by_class(root, "cv-x-tick-label")[-1].get("text-anchor") == "end"
+
+
+def test_a_series_has_its_colour_whatever_its_place_and_succeeded_is_green() -> None:
+    def strokes(series: dict[str, list[tuple[float, float]]]) -> dict[str, str]:
+        root = parse(line_chart(series, title="t", y_label="y"))
+        return {str(group.get("data-series")): str(group[0].get("stroke")) for group in by_class(root, "cv-series")}
+
+    points = [(T0, 1.0), (T0 + 60, 2.0)]
+    report = strokes({name: points for name in ("attempts", "succeeded", "failed", "accepted", "published")})
+    dashboard = strokes({name: points for name in ("succeeded", "failed", "accepted", "published")})
+    assert report["succeeded"] == dashboard["succeeded"] == "#16a34a", "succeeded is green, never red"
+    assert report["failed"] == dashboard["failed"] == "#dc2626"
+    assert len(set(report.values())) == 5, "the series stay apart"
+    bars = parse(bar_chart([("published", 3.0), ("failed", 1.0)], title="t", y_label="items"))
+    assert [bar.get("fill") for bar in by_class(bars, "cv-bar")] == ["#0891b2", "#dc2626"]

@@ -149,6 +149,14 @@ def test_every_expected_item_has_exactly_one_outcome(tmp_path: Path, store_url: 
         store.close()
     assert status["outcomes"] == report["outcomes"] and status["unaccounted"] == 0
 
+    shown = cli("status", run_id, "--db", store_url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    header = next(line for line in shown.stdout.splitlines() if "stage" in line and "queued" in line)
+    assert "awaiting" in header and "rejected" in header, shown.stdout
+    [row] = [line for line in shown.stdout.splitlines() if line.strip("│ ").startswith("extract ")]
+    cells = [int(cell) for cell in row.replace("│", " ").split()[1:8]]
+    assert sum(cells) == sum(status["stages"]["extract"].values()) == 8, shown.stdout
+
 
 def test_open_items_are_in_progress_until_accepted_and_items_without_tasks_are_unaccounted(
         tmp_path: Path, store_url: str, target: str) -> None:

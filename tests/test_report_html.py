@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.blobs import FilesystemBlobs
+from conveyor.service.progress import bucket_size
 from conveyor.service.report import find_run
-from conveyor.service.runreport import AGE_BUCKETS, bucket_size, run_report
+from conveyor.service.runreport import AGE_BUCKETS, run_report
 from conveyor.store import open_store
 from tests.helpers import cli, cli_json, query, submit_and_work, write_pipeline
 from tests.test_reconcile_report import BAD, GOOD, PIPE, UNSURE, _decide, manifest
@@ -170,7 +171,7 @@ def test_an_item_still_open_is_not_aged_and_the_page_says_so(tmp_path: Path, sto
     finally:
         store.close()
     assert data["ages"]["open"] == 2 and data["ages"]["ended"] == 6
-    assert data["timeline"]["bucket_s"] == 60.0
+    assert data["timeline"]["bucket_s"] < 60.0, "a run of seconds so far: buckets under a minute"
 
 
 def test_html_on_stdout_without_a_sample(tmp_path: Path, store_url: str, mixed: str) -> None:
@@ -213,10 +214,11 @@ def test_a_report_replaces_an_older_one_whole(tmp_path: Path, store_url: str, mi
     assert json.loads(cli("report", mixed, "--json", "--db", store_url, cwd=tmp_path).stdout)["run_id"] == mixed
 
 
-@pytest.mark.parametrize(("span", "size"), [(0, 60.0), (100, 60.0), (7200, 60.0), (7201, 300.0), (7 * 86400, 10800.0),
-                                            (400 * 86400, 4 * 86400.0)])
+@pytest.mark.parametrize(("span", "size"), [(0, 1.0), (46, 1.0), (121, 5.0), (3600, 30.0), (3601, 60.0), (7200, 60.0),
+                                            (7201, 300.0), (7 * 86400, 10800.0), (400 * 86400, 4 * 86400.0)])
 def test_bucket_size_keeps_the_timeline_short(span: float, size: float) -> None:
     assert bucket_size(span) == size
+    assert bucket_size(span, fine=False) == max(size, 60.0), "a run with many attempts: whole minutes"
 
 
 def test_the_page_escapes_user_text_and_cuts_long_samples(tmp_path: Path, store_url: str, mixed: str) -> None:
@@ -288,3 +290,41 @@ def test_item_ages_fall_in_their_buckets(tmp_path: Path, store_url: str, mixed: 
     assert {b["label"]: b["items"] for b in ages["buckets"] if b["items"]} == {
         "< 1 s": 3, "10 s–1 min": 1, "1–10 min": 1, "1–6 h": 1, "≥ 1 day": 1}
     assert ages["open"] == 1 and ages["ended"] == 7
+
+
+def test_a_run_of_46_seconds_has_a_timeline_by_the_second(tmp_path: Path, store_url: str, mixed: str) -> None:
+    from conveyor.cli.htmlreport import charts
+    from conveyor.service.dashboard import run_page
+
+    attempts = [row[0] for row in query(store_url, "SELECT id FROM attempts WHERE run_id = ? ORDER BY id", mixed)]
+    (created,) = query(store_url, "SELECT created_at FROM runs WHERE run_id = ?", mixed)[0]
+    for index, attempt in enumerate(attempts):  # the attempts' ends spread over 46 seconds
+        query(store_url, "UPDATE attempts SET started_at = ?, duration = 0.25 WHERE id = ?",
+              float(created) + 46.0 * index / (len(attempts) - 1), attempt)
+    store = open_store(store_url)
+    try:
+        store.recount_run_totals(mixed)  # the rows were changed around the engine
+        data = run_report(store, find_run(store, mixed), None)
+        dashboard = run_page(store, mixed, None)["charts"]
+    finally:
+        store.close()
+    line = data["timeline"]
+    assert line["bucket_s"] < 60 and len(line["buckets"]) >= 8, line
+    assert sum(b["attempts"] for b in line["buckets"]) == len(attempts)
+    for svg in (str(charts(data)["throughput"]), dashboard["throughput"]):
+        points = re.search(r'class="cv-line" points="([^"]*)"', svg)
+        assert points is not None and len(points.group(1).split()) >= 8, "a line over the run, not one dot"
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (0.0000608, "$0.0000608"), (0.00084, "$0.00084"), (0.0123456, "$0.0123"), (0.5, "$0.50"), (0.0, "$0.00"),
+    (12.3456, "$12.35"), (1234.5, "$1,234.50"), (-0.0012345, "-$0.00123")])
+def test_money_has_significant_digits_wherever_it_is_shown(value: float, text: str) -> None:
+    from conveyor.api.dashboard.render import usd as dashboard_usd
+    from conveyor.cli.htmlreport import _usd as report_usd
+    from conveyor.cli.render import _cost as cli_cost
+    from conveyor.service.money import usd
+
+    assert usd(value) == report_usd(value) == dashboard_usd(value) == text
+    assert cli_cost({"cost": value, "provider_calls": 1, "unpriced_calls": 0}) == f"cost {text}"
+    assert shown(text) == pytest.approx(value, rel=0.01), "never rounded to a wrong figure"

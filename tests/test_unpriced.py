@@ -10,6 +10,7 @@ import pytest
 
 from conveyor.providers import Completion, ProviderError
 from conveyor.runtime.services import Usage
+from conveyor.service.money import usd
 from conveyor.service.report import find_run, reconcile, status_report
 from conveyor.store import open_store
 from tests.helpers import cli, make_docs, submit_and_work, write_pipeline
@@ -109,8 +110,8 @@ def test_a_run_with_some_unpriced_calls_says_how_many(tmp_path: Path, store_url:
     assert _attempt_rows(store_url, run_id) == [("succeeded", 2, 1)] * ITEMS
 
     line = _shown(store_url, run_id, tmp_path)
-    assert f"cost ${ITEMS * PER_CALL:.4f} (+{ITEMS} unpriced calls)" in line, line
-    assert f"${PER_CALL:.5f})" in line, line
+    assert f"cost {usd(ITEMS * PER_CALL)} (+{ITEMS} unpriced calls)" in line, line
+    assert f"{usd(PER_CALL)})" in line, line
 
 
 def test_a_priced_run_shows_no_unpriced_note(tmp_path: Path, store_url: str,
@@ -119,7 +120,8 @@ def test_a_priced_run_shows_no_unpriced_note(tmp_path: Path, store_url: str,
     assert report["usage"]["unpriced_calls"] == 0
     assert report["usage"]["cost_per_accepted_item"] == pytest.approx(PER_CALL)
     line = _shown(store_url, run_id, tmp_path)
-    assert f"cost ${ITEMS * PER_CALL:.4f} (per accepted item" in line and "unpriced" not in line, line
+    assert f"cost {usd(ITEMS * PER_CALL)} (per accepted item" in line and "unpriced" not in line, line
+    assert "$0.00042" in line, "the cost of 3 calls at $0.00014, not $0.0004"
 
 
 def test_usage_counts_unpriced_results_and_rejected_answers() -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from conveyor.blobs import open_blobs
-from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, open_store
+from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, new_store_note, open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
@@ -57,9 +57,13 @@ AcceptCode = Annotated[list[str] | None, typer.Option(
 
 @contextmanager
 def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
+    """The store at ``db`` (``create=False``: StoreMissing when there is none). A store this opening created is
+    told on stderr once the command's work went through: a command that fails says one line, its error."""
     store = open_store(db or DEFAULT_DB, create=create)
+    note = new_store_note(store)
     try:
         yield store
+        tell_new_store(note)
     except Exception as exc:
         lost = lost_connection(store, exc)
         if lost is None:
@@ -67,6 +71,12 @@ def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
         raise lost from None
     finally:
         store.close()
+
+
+def tell_new_store(note: str | None) -> None:
+    """Say on stderr that the command created a new store (``store.new_store_note``), when it did."""
+    if note is not None:
+        typer.echo(f"conveyor: {note}", err=True)
 
 
 def emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
@@ -107,8 +117,10 @@ def writable_blobs(url: str) -> Any:
     return blobs
 
 
-def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None) -> None:
-    """Warnings on stderr, the summary, and the exit code a script can read."""
+def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None = None,
+               resume_with: str | None = None) -> None:
+    """Warnings on stderr, the summary, and the exit code a script can read; ``resume_with``: the command that
+    resumes the run, said on stderr when it ended paused (on its budget or breaker)."""
     from conveyor.cli import render
     from conveyor.service.report import exit_code, stale_code_warnings
 
@@ -120,6 +132,10 @@ def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None =
     for line in stale_code_warnings(summary.get("stale_code") or []):
         typer.echo(line, err=True)
     emit(summary, as_json, render.summary)
+    paused = str(summary.get("status", ""))
+    if resume_with is not None and paused.startswith("paused_"):
+        more = " --budget-usd MORE" if paused == "paused_budget" else ""
+        typer.echo(not_finished("paused", summary["run_id"], resume_with + more, summary.get("note")), err=True)
     code = exit_code(summary)
     if code:
         raise typer.Exit(code)
@@ -134,9 +150,14 @@ def resume_hint(run_id: str, db: str, blobs: str) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def not_finished(head: str, run_id: str, command: str, why: str | None = None) -> str:
+    """The line that says a run stopped before its end (interrupted, paused), why, and how to carry on."""
+    because = f" ({' '.join(why.split())})" if why else ""
+    return f"{head}: run {run_id} is not finished{because}; resume it with: {command}"
+
+
 def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) -> None:
-    hint = command or resume_hint(run_id, db, blobs)
-    typer.echo(f"interrupted: run {run_id} is not finished; resume it with: {hint}", err=True)
+    typer.echo(not_finished("interrupted", run_id, command or resume_hint(run_id, db, blobs)), err=True)
     raise typer.Exit(INTERRUPTED)
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from conveyor.blobs import open_blobs
 from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing
+from conveyor.service.money import usd
 from conveyor.store import DEFAULT_DB
 
 LEAST_AGREEING = 5
@@ -103,4 +104,4 @@ def _cost(run: dict[str, Any]) -> str:
     per_item = run["per_accepted_item"]
     if per_item["cost"] is None:
         return "unpriced" if run["usage"].get("provider_calls") and per_item["tokens"] is not None else "-"
-    return f"${per_item['cost']:.5f}"
+    return usd(per_item["cost"])

@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from conveyor.service.money import usd
 from conveyor.service.plots import bar_chart, line_chart
 
 STATUS_ORDER = ("queued", "running", "succeeded", "awaiting_review", "failed", "dead_lettered", "rejected",
@@ -95,7 +96,7 @@ def _usd(value: float | None) -> str:
     """Dollars with enough digits for a fraction of a cent; None (every call unpriced) is unknown, not $0."""
     if value is None:
         return "unpriced"
-    return f"${value:,.2f}" if abs(value) >= 100 else f"${value:,.6f}"
+    return usd(value)
 
 
 def _number(value: float | None, digits: int = 1) -> str:

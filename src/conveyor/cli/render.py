@@ -15,12 +15,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conveyor.service.money import usd
 from conveyor.service.report import all_unpriced
 
 # Piped output gets room enough that ids and numbers are never cut.
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 DONE = ("succeeded", "failed", "dead_lettered")
+# The task statuses `status RUN` always shows, so that a stage's row adds up to its tasks.
+STAGE_COLUMNS = ("queued", "running", "awaiting_review", "succeeded", "failed", "rejected", "dead_lettered")
 
 
 Status = Callable[[], dict[str, Any]]
@@ -141,7 +144,7 @@ def reconciliation(data: dict[str, Any]) -> None:
     summary(data)
     per_item = data.get("per_accepted_item") or {}
     if per_item.get("items"):
-        cost = "cost unpriced" if per_item["cost"] is None else f"${per_item['cost']:.5f}"
+        cost = "cost unpriced" if per_item["cost"] is None else usd(per_item["cost"])
         out.print(f"per accepted item ({per_item['items']:,}): {per_item['seconds']:.3f} s of attempts, "
                   f"{per_item['tokens']:,.0f} tokens, {cost}")
     for name, values in (data.get("sample") or {}).items():
@@ -158,7 +161,8 @@ def diff(data: dict[str, Any]) -> None:
     counts = data["counts"]
     out.print(f"[bold]diff {data['run_a']} → {data['run_b']}[/] ({data['pipeline']}): "
               + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    for entry in data["items"][:20]:
+    shown = data["items"][:20]
+    for entry in shown:
         outcomes = f"{entry['outcome_a'] or '-'} → {entry['outcome_b'] or '-'}"
         out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False)
         for field in entry["fields"][:5]:
@@ -166,9 +170,9 @@ def diff(data: dict[str, Any]) -> None:
             out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
         if len(entry["fields"]) > 5:
             out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
-    listed = sum(v for k, v in counts.items() if k != "unchanged")
-    if listed > 20:
-        out.print(f"  … and {listed - 20:,} more changed item(s) (use --json)")
+    more = sum(v for k, v in counts.items() if k != "unchanged") - len(shown)
+    if more > 0:
+        out.print(f"  … and {more:,} more changed item(s) (use --json, with a larger --limit)")
 
 
 def _short(value: Any) -> str:
@@ -187,7 +191,7 @@ def _usage(usage: dict[str, Any] | None) -> None:
     if usage.get("tokens_per_accepted_item") is not None:
         per_item = usage.get("cost_per_accepted_item")
         line += (f" (per accepted item: {usage['tokens_per_accepted_item']:,.0f} tokens"
-                 + (f", ${per_item:.5f})" if per_item is not None else ")"))
+                 + (f", {usd(per_item)})" if per_item is not None else ")"))
     out.print(line)
 
 
@@ -197,7 +201,7 @@ def _cost(usage: dict[str, Any]) -> str:
         return "cost unpriced"
     unpriced = usage.get("unpriced_calls", 0)
     note = f" (+{unpriced} unpriced call{'s' if unpriced != 1 else ''})" if unpriced else ""
-    return f"cost ${usage['cost']:.4f}{note}"
+    return f"cost {usd(usage['cost'])}{note}"
 
 
 def status(data: dict[str, Any]) -> None:
@@ -206,10 +210,12 @@ def status(data: dict[str, Any]) -> None:
         return
     table = Table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
                         f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
-    columns = ("queued", "running", "succeeded", "failed", "dead_lettered")
     activity = data.get("stage_activity") or {}
+    # Every status a stage's tasks are in gets a column (superseded ones too, once a replay made some).
+    columns = (*STAGE_COLUMNS, *sorted({k for c in data["stages"].values() for k in c} - set(STAGE_COLUMNS)))
     table.add_column("stage")
-    for column in (*columns, *(("calls", "cached", "oldest queued") if activity else ())):
+    for column in (*(c.replace("_", " ") for c in columns),
+                   *(("calls", "cached", "oldest queued") if activity else ())):
         table.add_column(column, justify="right")
     for stage, counts in data["stages"].items():
         table.add_row(stage, *(str(counts.get(k, 0)) for k in columns), *_activity(activity.get(stage)))
@@ -226,7 +232,7 @@ def status(data: dict[str, Any]) -> None:
                   + f" (conveyor provider-batches --run {data['run_id']})")
     budget = data.get("budget")
     if budget:
-        out.print(f"budget ${budget['usd']:.4f}: ${budget['spent']:.4f} spent, ${budget['reserved']:.4f} reserved")
+        out.print(f"budget {usd(budget['usd'])}: {usd(budget['spent'])} spent, {usd(budget['reserved'])} reserved")
     _usage(data.get("usage"))
     _errors(data.get("attempt_errors"))
     for r in data.get("replays") or []:
@@ -249,6 +255,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def utc(epoch: float) -> str:
+    """A time as the commands print it: ``2026-12-04 23:41:07Z``."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
 def workers(data: dict[str, Any]) -> None:
     if not data["workers"]:
         out.print("no live workers (`--all` lists stopped ones too): `conveyor worker TARGET` or `conveyor run` "
@@ -259,7 +270,7 @@ def workers(data: dict[str, Any]) -> None:
         table.add_column(column, justify="right" if column in ("last beat", "held", "done") else "left",
                          no_wrap=column == "worker")
     for w in data["workers"]:
-        started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(w["started_at"]))
+        started = utc(w["started_at"])
         serves = ", ".join(f"{stage} v{version} {config[:8]}" for stage, (version, config) in
                            (w.get("serves") or {}).items())
         table.add_row(escape(w["worker"]), w["state"], escape(w["pipeline"]), escape(w["run"] or "any"), started,
@@ -292,7 +303,7 @@ def alerts(data: dict[str, Any]) -> None:
     for column in ("pipeline", "alert", "state", "value", "threshold", "since", "fired"):
         table.add_column(column, justify="right" if column in ("value", "threshold", "fired") else "left")
     for a in data["alerts"]:
-        since = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(a["since"]))
+        since = utc(a["since"])
         state = "[bold red]firing[/]" if a["state"] == "firing" else "ok"
         table.add_row(escape(a["pipeline"]), a["alert"], state, f"{a['value']:g}", f"{a['threshold']:g}", since,
                       str(a["firings"]))
@@ -439,9 +450,9 @@ def _forecast(forecast: dict[str, Any]) -> None:
     seconds = forecast.get("seconds")
     line = (f"forecast: {forecast['tokens']:,.0f} tokens" if forecast.get("tokens") is not None else "forecast:")
     if cost is not None:
-        line += f", ${cost:.4f}"
+        line += f", {usd(cost)}"
         if forecast.get("cost_margin") is not None:
-            line += f" (± ${forecast['cost_margin']:.4f})"
+            line += f" (± {usd(forecast['cost_margin'])})"
     if seconds is not None:
         line += f", about {_clock(seconds)}"
     out.print(line + f" ({forecast['basis']})")
@@ -461,5 +472,5 @@ def dry_run(data: dict[str, Any]) -> None:
     if data.get("sampled"):
         s = data["sampled"]
         out.print(f"measured on a sample of {s['items']} item(s) run for real: {s['provider_calls']} model call(s), "
-                  f"{s['tokens']:,} tokens, ${s['cost']:.4f}")
+                  f"{s['tokens']:,} tokens, {usd(s['cost'])}")
     _forecast(data["forecast"])

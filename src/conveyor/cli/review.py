@@ -118,8 +118,13 @@ def _render_list(data: dict[str, Any]) -> None:
 def _render_entry(data: dict[str, Any]) -> None:
     import json
 
+    from conveyor.cli.render import utc
+
     _render_list({"reviews": [data]})
-    typer.echo(f"deadline {data['deadline_at']:.0f} (then: {data['on_deadline']}); tier {data['tier']}")
+    deadline = "no deadline" if data["deadline_at"] is None else (
+        f"deadline {utc(data['deadline_at'])} (then: {data['on_deadline']})")
+    decided = "" if data["decided_at"] is None else f"; decided {utc(data['decided_at'])} by {data['decided_by']}"
+    typer.echo(f"waiting since {utc(data['created_at'])}; {deadline}{decided}; tier {data['tier']}")
     typer.echo(json.dumps(data["candidate"], indent=2, ensure_ascii=False, default=str))
 
 

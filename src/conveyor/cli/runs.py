@@ -30,6 +30,7 @@ from conveyor.cli.common import (
     emit,
     finish_run,
     interrupted,
+    resume_hint,
     stage_output_to_stderr,
     stages_progress,
     store_for,
@@ -71,7 +72,7 @@ def run(
             summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
-    finish_run(summary, as_json, input)
+    finish_run(summary, as_json, input, resume_hint(summary["run_id"], db, blobs))
 
 
 def _dry_run(pipeline: Any, target: str, input: str, db: str, blobs: str, workers: int, sample: int,
@@ -120,7 +121,7 @@ def resume(
             summary = resume_run(run_id, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
-    finish_run(summary, as_json)
+    finish_run(summary, as_json, resume_with=resume_hint(summary["run_id"], db, blobs))
 
 
 @app.command()
@@ -196,7 +197,8 @@ def worker(
     os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
 
     pipeline = load_target(target)
-    open_store(db).close()  # fail fast, with one line, on a bad URL or unreachable server
+    with store_for(db):  # fail fast, with one line, on a bad URL or unreachable server
+        pass
     blob_store = writable_blobs(blobs)
     if metrics_port is not None:
         _serve_metrics(metrics_port, db, pipeline)

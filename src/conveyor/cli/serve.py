@@ -9,9 +9,19 @@ from typing import Annotated, Any
 import typer
 
 from conveyor.cli import render
-from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for, writable_blobs
+from conveyor.cli.common import (
+    DEFAULT_BLOBS,
+    Blobs,
+    Db,
+    Json,
+    app,
+    emit,
+    store_for,
+    tell_new_store,
+    writable_blobs,
+)
 from conveyor.errors import UserError
-from conveyor.store import DEFAULT_DB
+from conveyor.store import DEFAULT_DB, new_store_note, open_store
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: each scoped to a tenant, shown once, kept hashed.")
 app.add_typer(token_app, name="token")
@@ -58,7 +68,11 @@ def serve(
                            relay=not no_relay, public_url=public_url)
     # The workers start and stop with the app (its lifespan), so a SIGTERM to the server stops them too.
     fleet = ServingFleet(list(pipelines or ()), workers, db, blobs)
+    store = open_store(db)
+    note = new_store_note(store)  # told once the app is made: a server that cannot start says one line, its error
+    store.close()
     api = create_app(settings, background=[fleet])
+    tell_new_store(note)
     if no_auth:
         typer.echo("warning: --no-auth: every request is served as the one local user, with no token; "
                    "do not expose this server to other people", err=True)

@@ -10,6 +10,7 @@ import typer
 
 from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing
+from conveyor.service.money import usd
 from conveyor.store import DEFAULT_DB
 
 OUTPUT_LINES = 6  # lines of an output a block shows (--json has it whole, up to its cut)
@@ -111,7 +112,7 @@ def attempt_line(a: dict[str, Any]) -> str:
         line += f", {a['duration']:.2f} s"
     if a["provider_calls"]:
         line += (f"; {a['provider_calls']} call(s), {a['prompt_tokens']:,}/{a['completion_tokens']:,} tokens, "
-                 f"${a['cost']:.4f}" + (f" ({a['model']})" if a["model"] else ""))
+                 + usd(a["cost"]) + (f" ({a['model']})" if a["model"] else ""))
     if a["message"] and a["message"].strip() and a["outcome"] not in ("succeeded", "cached"):
         line += f": {_cut(a['message'].strip().splitlines()[0], ERROR_WIDTH)}"
     return line

@@ -15,7 +15,7 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.service import report, review
 from conveyor.service.plots import line_chart
-from conveyor.service.progress import done_at, overview, progress_stages, timeline
+from conveyor.service.progress import done_at, overview, progress_stages, timeline, timeline_bucket
 from conveyor.service.show import show_item
 from conveyor.store import RunRecord, SqlStore
 
@@ -25,10 +25,6 @@ EDIT_CHARS = 200_000  # a candidate longer than this is edited with `conveyor re
 TASKS_SHOWN = 200  # tasks of one item on a page (a fan-out root may have thousands)
 REPLAYS_SHOWN = 20
 OUTCOMES_UP_TO = 20_000  # items of a run whose outcomes a run page counts (each read)
-# Timeline buckets: the smallest that gives at most BUCKETS points over the run's life.
-BUCKETS = 120
-# The timeline's resolution is a minute (a run's running totals).
-BUCKET_SIZES = (60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 
 
 def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | None = None) -> dict[str, Any]:
@@ -38,7 +34,21 @@ def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | N
     for status in shown:
         run = store.get_run(status["run_id"])
         status["progress"] = progress_of(run, status) if run is not None else None
+        mark_ends(status)
     return {"runs": shown, "next_before": shown[-1]["created_at"] if len(runs) > limit else None}
+
+
+def mark_ends(status: dict[str, Any]) -> None:
+    """Add to a ``run_status`` its tasks that ended refused (``failed``: failed, dead-lettered or rejected) and
+    those waiting for a reviewer (``waiting``), and the ``badge`` its status is drawn with: a finished run with
+    refused tasks is ``finished_failed``, one with answers waiting ``finished_waiting``, never a plain green
+    "finished"."""
+    stages = status["stages"].values()
+    status["failed"] = sum(c.get(name, 0) for c in stages for name in report.REFUSED)
+    status["waiting"] = sum(c.get("awaiting_review", 0) for c in stages)
+    finished = status["status"] == "finished"
+    status["badge"] = ("finished_failed" if finished and status["failed"] else
+                       "finished_waiting" if finished and status["waiting"] else status["status"])
 
 
 def progress_of(run: RunRecord, status: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +77,7 @@ def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = Tr
     run = report.find_run(store, run_id, tenant)
     status = overview(store, run.run_id)
     status["progress"] = progress_of(run, status)
+    mark_ends(status)
     accepted = status["progress"]["accepted"]
     status["outcomes"] = report.outcomes_of(store, run, status) if status["expected"] <= OUTCOMES_UP_TO else None
     if status["outcomes"] is not None:
@@ -80,20 +91,12 @@ def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = Tr
                          for i, reason, note, at, by, reopened, superseded in replays[-REPLAYS_SHOWN:]]
     status["dead_letter_classes"] = store.dead_letter_classes(run.run_id)
     status["waiting_for_workers"] = report.waiting_for_workers(store, run, status)
-    status["charts"] = _charts(store, run) if charts else None
+    status["charts"] = _charts(store, run, status["open_tasks"]) if charts else None
     return status
 
 
-def bucket_for(span_s: float) -> int:
-    """The timeline's bucket for a run that has lived ``span_s`` seconds."""
-    for size in BUCKET_SIZES:
-        if span_s / size <= BUCKETS:
-            return size
-    return BUCKET_SIZES[-1]
-
-
-def _charts(store: SqlStore, run: RunRecord) -> dict[str, str]:
-    bucket = bucket_for(max(0.0, store.clock() - run.created_at))
+def _charts(store: SqlStore, run: RunRecord, open_tasks: int) -> dict[str, str]:
+    bucket = timeline_bucket(store, run.run_id, _life(store, run, open_tasks))
     points = timeline(store, run.run_id, bucket)
     per_minute = 60.0 / bucket
     throughput = {name: [(p["t"], p[name] * per_minute) for p in points]
@@ -109,6 +112,15 @@ def _charts(store: SqlStore, run: RunRecord) -> dict[str, str]:
         "cost": line_chart({"cost (USD, cumulative)": cost}, title="Cost over time", y_label="USD"),
         "tokens": line_chart({"tokens": tokens}, title=f"Tokens per {bucket} s", y_label="tokens"),
     }
+
+
+def _life(store: SqlStore, run: RunRecord, open_tasks: int) -> float:
+    """How long the run has lived: until now while tasks are open, else until the minute its last attempt
+    ended (the running totals say which, in bounded work), so a finished run keeps its timeline's buckets."""
+    now = store.clock()
+    minutes = [float(minute) for minute, *_ in store.run_totals(run.run_id, "timeline")]
+    end = now if open_tasks or not minutes else min(now, (max(minutes) + 1) * 60.0)
+    return max(0.0, end - run.created_at)
 
 
 def dead_letters_page(store: SqlStore, run_id: str, tenant: str | None, error_class: str | None, limit: int,

@@ -19,6 +19,11 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
+# A series or bar named after what it counts has one colour wherever it is drawn (report and dashboard, whatever
+# the order of the series): what succeeded is green, what failed red, as on the dashboard's status badges.
+NAMED_COLORS = {"attempts": "#2563eb", "succeeded": "#16a34a", "failed": "#dc2626", "accepted": "#7c3aed",
+                "published": "#0891b2", "completed": "#0891b2", "dead_lettered": "#dc2626", "rejected": "#dc2626",
+                "awaiting_review": "#d97706", "cost": "#d97706", "tokens": "#4b5563"}
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
 CHAR_W = 6.4  # the rough width of one character at 11px, to lay out labels without measuring text
 TITLE_H = 24
@@ -196,8 +201,13 @@ def _x_caption(frame: _Frame, text: str) -> str:
             f'text-anchor="end" font-size="10" fill="#9ca3af">{escape(text)}</text>')
 
 
+def color_of(name: str, index: int) -> str:
+    """A series' colour: NAMED_COLORS by its first word (``cost (USD)`` is a cost), else the palette's."""
+    return NAMED_COLORS.get(name.split(" ")[0]) or PALETTE[index % len(PALETTE)]
+
+
 def _series(frame: _Frame, index: int, name: str, points: list[Point]) -> list[str]:
-    color = PALETTE[index % len(PALETTE)]
+    color = color_of(name, index)
     cls = f"cv-series cv-series-{index}"
     if not points:
         return []
@@ -233,7 +243,7 @@ def _legend(names: list[str], rows: list[list[tuple[int, str, float]]], height: 
     for row_no, row in enumerate(rows):
         y = height - LEGEND_ROW_H * (len(rows) - row_no) + 4
         for index, shown, x in row:
-            color = PALETTE[index % len(PALETTE)]
+            color = color_of(names[index], index)
             parts.append(f'<rect class="cv-legend-swatch cv-series-{index}" x="{_px(x)}" y="{_px(y)}" width="12" '
                          f'height="4" fill="{color}"/>')
             parts.append(f'<text class="cv-legend-label" x="{_px(x + 16)}" y="{_px(y + 5)}" font-size="11" '
@@ -247,7 +257,7 @@ def _bar(frame: _Frame, index: int, slot: float, label: str, value: float) -> li
     x = frame.left + index * slot + (slot - bar_w) / 2
     base, tip = frame.y(max(frame.y_lo, 0.0)), frame.y(value)
     y, h = min(base, tip), abs(base - tip)
-    color = PALETTE[0]
+    color = NAMED_COLORS.get(label, PALETTE[0])
     shown = _fit(label, slot / CHAR_W)
     center = _px(x + bar_w / 2)
     return [

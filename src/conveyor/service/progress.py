@@ -1,8 +1,8 @@
 """A run's progress: where it stands (``overview``) and how it went over time (``timeline``), for the dashboard
 and the report, in bounded work at any run size.
 
-``timeline(store, run_id, bucket_s)``: one entry per time bucket (a whole number of minutes, the resolution of
-the run's running totals) in which attempts of the run ended, oldest first:
+``timeline(store, run_id, bucket_s)``: one entry per time bucket (``timeline_bucket``: from a second for a short
+run to whole days) in which attempts of the run ended, oldest first:
 ``{"t", "attempts", "succeeded", "failed", "accepted", "published", "tokens", "cost_usd"}`` (``t``: the
 bucket's start, epoch seconds; ``succeeded``: attempts that ended their task done, memo answers found at claim
 time included (tasks answered from the memo as they were created have no attempt and are not in the timeline);
@@ -22,6 +22,12 @@ from conveyor.store.metrics import AGE_BUCKETS
 
 SUCCESSES = ("succeeded", "cached")
 AGE_CAP = 10_000  # queued tasks counted per age bin, at most
+# A timeline's bucket: the smallest of these that keeps the run's life within MAX_BUCKETS (whole days past them).
+BUCKET_SIZES = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0, 21600.0, 86400.0)
+MAX_BUCKETS = 120
+# Buckets under a minute are counted from the run's attempts (its running totals count by the minute), so only
+# for a run with at most this many: the read stays bounded.
+FINE_ATTEMPTS = 50_000
 
 
 def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str | None = None) -> list[dict[str, Any]]:
@@ -41,6 +47,22 @@ def timeline(store: SqlStore, run_id: str, bucket_s: float = 60.0, tenant: str |
         elif row.outcome:
             entry["failed"] += row.attempts
     return [buckets[t] for t in sorted(buckets)]
+
+
+def bucket_size(span_s: float, fine: bool = True) -> float:
+    """The smallest of BUCKET_SIZES (under a minute only when ``fine``) that cuts ``span_s`` into at most
+    MAX_BUCKETS buckets; whole days past them."""
+    for size in BUCKET_SIZES:
+        if (fine or size >= 60) and span_s / size <= MAX_BUCKETS:
+            return size
+    return 86400.0 * -(-span_s // (86400.0 * MAX_BUCKETS))
+
+
+def timeline_bucket(store: SqlStore, run_id: str, span_s: float) -> float:
+    """``bucket_size`` for a run that has lived ``span_s`` seconds: under a minute only for a run with at most
+    FINE_ATTEMPTS attempts."""
+    attempts = sum(value for *_, value in store.run_totals(run_id, "attempts"))
+    return bucket_size(span_s, fine=attempts <= FINE_ATTEMPTS)
 
 
 def overview(store: SqlStore, run_id: str, tenant: str | None = None, age_cap: int = AGE_CAP) -> dict[str, Any]:

@@ -10,8 +10,8 @@
   many it lists);
 - ``stages``: per stage in declaration order, ``{"stage", "counts": {task status: tasks}, "calls", "cached",
   "oldest_queued_age_s"}`` (``status_report``'s ``stages`` and ``stage_activity``);
-- ``timeline``: ``{"bucket_s", "buckets": [...]}``, ``progress.timeline`` at a bucket size that gives at most
-  about MAX_BUCKETS buckets over the run's life;
+- ``timeline``: ``{"bucket_s", "buckets": [...]}``, ``progress.timeline`` at ``progress.timeline_bucket`` of the
+  run's life;
 - ``ages``: how long items took from submission to their outcome: ``{"buckets": [{"label", "upper_s",
   "items"}], "ended", "open"}`` (``upper_s`` None: the last, open-ended bucket; ``open``: items not ended).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.service.progress import timeline
+from conveyor.service.progress import timeline, timeline_bucket
 from conveyor.service.records import SampleOptions
 from conveyor.service.report import reconcile, status_report
 from conveyor.store import RunRecord, SqlStore
@@ -30,9 +30,6 @@ from conveyor.store import RunRecord, SqlStore
 AGE_BUCKETS = ((1.0, "< 1 s"), (10.0, "1–10 s"), (60.0, "10 s–1 min"), (600.0, "1–10 min"),
                (3600.0, "10 min–1 h"), (21600.0, "1–6 h"), (86400.0, "6–24 h"))
 LAST_AGE = "≥ 1 day"
-# The timeline's resolution is a minute (a run's running totals, store/runtotals.py).
-BUCKET_SIZES = (60.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0, 21600.0, 86400.0)
-MAX_BUCKETS = 120
 NOT_DONE_LIMIT = 100
 
 
@@ -46,7 +43,7 @@ def run_report(store: SqlStore, run: RunRecord, blobs: Blobs | None, sample: Sam
     ages = store.item_ages(run.run_id, [upper for upper, _ in AGE_BUCKETS])
     now = store.clock()
     end = now if ages.open_items or ages.last_at is None else ages.last_at
-    bucket_s = bucket_size(max(0.0, end - run.created_at))
+    bucket_s = timeline_bucket(store, run.run_id, max(0.0, end - run.created_at))
     return {
         "run_id": run.run_id, "pipeline": run.pipeline, "target": run.target, "input": run.input,
         "status": summary["status"], "created_at": run.created_at, "last_finished_at": ages.last_at,
@@ -59,11 +56,3 @@ def run_report(store: SqlStore, run: RunRecord, blobs: Blobs | None, sample: Sam
                  "ended": sum(ages.counts), "open": ages.open_items},
     }
 
-
-def bucket_size(span_s: float) -> float:
-    """The smallest of BUCKET_SIZES that cuts ``span_s`` into at most MAX_BUCKETS buckets (whole days past)."""
-    for size in BUCKET_SIZES:
-        if span_s / size <= MAX_BUCKETS:
-            return size
-    days = -(-span_s // (86400.0 * MAX_BUCKETS))
-    return 86400.0 * days

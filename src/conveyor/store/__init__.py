@@ -39,18 +39,21 @@ __all__ = [
     "Declaration", "Ended", "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication",
     "NewTasks", "Notice",
     "PlainAttempt", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "WorkerRow",
-    "lost_connection", "open_store", "sqlite_path",
+    "lost_connection", "new_store_note", "open_store", "sqlite_path",
 ]
 
 
 def open_store(url: str | None = None, *, migrate: bool = True, create: bool = True) -> SqlStore:
     """Open ``sqlite:///path.db`` or ``postgresql://...``; apply migrations unless told not to.
 
-    ``create=False`` is for commands that only read: a SQLite file that does not exist yet raises
-    ``StoreMissing`` instead of being created (with its folder).
+    ``create=False`` is for commands that only read: a SQLite file that does not exist yet, or a database
+    with no conveyor schema, raises ``StoreMissing`` instead of being created (with its folder).
     """
     url = url or os.environ.get("CONVEYOR_DB") or DEFAULT_DB
     store = SqlStore(_dialect(url, create), url)
+    if not create and not store.initialised():
+        store.close()
+        raise StoreMissing(f"no conveyor store at {_redact(url)} yet; `conveyor run TARGET --input PATH` creates it")
     if migrate:
         try:
             store.migrate()
@@ -60,6 +63,11 @@ def open_store(url: str | None = None, *, migrate: bool = True, create: bool = T
                 raise
             raise StoreError(f"cannot prepare the store at {_redact(url)}: {_first_line(exc)}") from exc
     return store
+
+
+def new_store_note(store: SqlStore) -> str | None:
+    """A line for the user when opening ``store`` created it (a new SQLite file, a fresh schema), else None."""
+    return f"created a new store at {_redact(store.url)}" if store.created else None
 
 
 def sqlite_path(url: str) -> str | None:

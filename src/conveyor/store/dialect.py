@@ -45,6 +45,7 @@ CREATE INDEX publications_text ON publications USING GIN (text_index) WHERE live
 class Dialect(Protocol):
     name: str
     types: dict[str, str]
+    has_table: str  # counts the tables named ? that the store's connection sees
     local_clock: bool  # the store's clock is this machine's (one machine, one clock)
     row_lock: str  # appended to a SELECT to hold its rows until the transaction ends
     wakes_on_notify: bool  # wait_for_work returns as soon as another process queues work
@@ -209,10 +210,12 @@ class SqliteDialect:
     """SQLite tuned for a queue: WAL, BEGIN IMMEDIATE, a long busy timeout, writers queued on a file lock."""
 
     name = "sqlite"
+    has_table = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
+        "attempt_second": "CAST(started_at + COALESCE(duration, 0) AS INTEGER)",
         "epoch_second": "CAST(available_at AS INTEGER)"}
     skip_locked = ""
     in_chunk = 900  # values per one_of: under SQLite's limit of bound parameters
@@ -380,11 +383,14 @@ class PostgresDialect:
     """
 
     name = "postgres"
+    has_table = ("SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = ? "
+                 "AND schemaname = ANY(current_schemas(false))")
     types: ClassVar[dict[str, str]] = {
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
+        "attempt_second": "CAST(FLOOR(started_at + COALESCE(duration, 0)) AS BIGINT)",
         "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}
     skip_locked = "FOR UPDATE SKIP LOCKED"
     in_chunk = 10_000  # values per one_of: one array, a batch's worth

@@ -36,25 +36,39 @@ class ProgressQueries(RunTotalsQueries):
     db: Dialect
 
     def timeline_rows(self, run_id: str, bucket_s: float) -> Sequence[TimelineRow]:
-        """Per time bucket (a whole number of minutes), stage and outcome: the attempts that ended then, and
-        the tokens and cost of each bucket (on its first row), from the run's running totals."""
-        minutes = max(1, round(bucket_s / MINUTE))
+        """Per time bucket (a whole number of minutes, or of seconds under a minute), stage and outcome: the
+        attempts that ended then, and the tokens and cost of each bucket (on its first row). Whole minutes come
+        from the run's running totals; buckets under a minute from its attempts, one grouped read of them all
+        (so for runs with few: the caller's to choose)."""
+        fine = bucket_s < MINUTE
+        unit = 1 if fine else MINUTE
+        per = max(1, round(bucket_s / unit))
         usage: dict[tuple[int, str], float] = defaultdict(float)
-        for minute, field, _, value in self.run_totals(run_id, "timeline_usage"):
-            usage[int(minute) // minutes, field] += value
+        for at, field, _, value in self._attempt_usage(run_id) if fine else self.run_totals(run_id, "timeline_usage"):
+            usage[int(at) // per, field] += value
         counts: dict[tuple[int, str, str], int] = defaultdict(int)
-        for minute, stage, outcome, value in self.run_totals(run_id, "timeline"):
-            counts[int(minute) // minutes, stage, outcome] += int(value)
-        for bucket, _ in usage:
-            counts.setdefault((bucket, "", ""), 0)  # usage in a bucket without a counted attempt
-        rows, seen = [], set()
-        for bucket, stage, outcome in sorted(counts):
-            first = bucket not in seen
-            seen.add(bucket)
-            rows.append(TimelineRow(float(bucket * minutes * MINUTE), stage, outcome, counts[bucket, stage, outcome],
-                                    int(usage.get((bucket, "tokens"), 0)) if first else 0,
-                                    usage.get((bucket, "cost"), 0.0) if first else 0.0))
-        return rows
+        for at, stage, outcome, value in self._attempt_ends(run_id) if fine else self.run_totals(run_id, "timeline"):
+            counts[int(at) // per, stage, outcome] += int(value)
+        return _timeline(counts, usage, per * unit)
+
+    def _attempt_ends(self, run_id: str) -> list[tuple[str, str, str, float]]:
+        """(second, stage, outcome, attempts): the run's attempts by the second they ended, counted as the
+        running totals' ``timeline`` counts them by the minute."""
+        rows = self.db.execute(
+            "SELECT a.at, t.stage, a.outcome, COUNT(*) FROM (SELECT task_id, outcome, "
+            f"{self.db.types['attempt_second']} AS at FROM attempts WHERE run_id = ? AND started_at IS NOT NULL "
+            "AND outcome NOT IN ('replayed', 'superseded')) a JOIN tasks t ON t.id = a.task_id "
+            "GROUP BY a.at, t.stage, a.outcome", (run_id,))
+        return [(str(at), str(stage), str(outcome), float(n)) for at, stage, outcome, n in rows]
+
+    def _attempt_usage(self, run_id: str) -> list[tuple[str, str, str, float]]:
+        """(second, "tokens" or "cost", "", value): the run's model usage by the second its attempts ended."""
+        rows = self.db.execute(
+            f"SELECT at, SUM(tokens), SUM(cost) FROM (SELECT {self.db.types['attempt_second']} AS at, "
+            "prompt_tokens + completion_tokens AS tokens, cost FROM attempts WHERE run_id = ? "
+            "AND started_at IS NOT NULL) a GROUP BY at", (run_id,))
+        return [(str(at), field, "", float(value)) for at, tokens, cost in rows
+                for field, value in (("tokens", tokens), ("cost", cost)) if value]
 
     def item_ages(self, run_id: str, bounds: Sequence[float]) -> ItemAges:
         """How long the run's root items took, from their first task's creation (their submission) to their
@@ -80,3 +94,18 @@ class ProgressQueries(RunTotalsQueries):
             firsts += [float(first)] if first is not None else []
             lasts += [float(last)] if last is not None else []
         return ItemAges(tuple(counts), open_items, min(firsts, default=None), max(lasts, default=None))
+
+
+def _timeline(counts: dict[tuple[int, str, str], int], usage: dict[tuple[int, str], float],
+              size: float) -> list[TimelineRow]:
+    """The rows of ``timeline_rows`` from counts and usage by bucket number (``size`` seconds each)."""
+    for bucket, _ in usage:
+        counts.setdefault((bucket, "", ""), 0)  # usage in a bucket without a counted attempt
+    rows, seen = [], set()
+    for bucket, stage, outcome in sorted(counts):
+        first = bucket not in seen
+        seen.add(bucket)
+        rows.append(TimelineRow(float(bucket * size), stage, outcome, counts[bucket, stage, outcome],
+                                int(usage.get((bucket, "tokens"), 0)) if first else 0,
+                                usage.get((bucket, "cost"), 0.0) if first else 0.0))
+    return rows

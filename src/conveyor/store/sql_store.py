@@ -47,6 +47,11 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
         self.url = url
         self.claim_floors = ClaimFloors()  # where claims start while an old snapshot is held (PostgreSQL)
         self.reclaim_floors = ReclaimFloors()  # and where the reclaim scan starts
+        self.created = False  # migrate() made the schema: there was no store here before
+
+    def initialised(self) -> bool:
+        """True once the store's schema exists (``migrate`` creates it)."""
+        return bool(self.db.execute(self.db.has_table, ("schema_migrations",))[0][0])
 
     @property
     def backend(self) -> str:
@@ -68,6 +73,7 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
                 f"description TEXT NOT NULL, applied_at {self.db.types['real']} NOT NULL)"
             )
             done = {int(r[0]) for r in self.db.execute("SELECT version FROM schema_migrations")}
+            self.created = not done
             for version, description, ddl in MIGRATIONS:
                 if version in done:
                     continue

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.api.problems import status_of
 from conveyor.errors import ConveyorError
+from conveyor.service import money
 
 log = logging.getLogger("conveyor.api")
 
@@ -63,7 +64,7 @@ def number(value: Any) -> str:
 def usd(value: Any) -> str:
     if value is None:
         return "—"
-    return f"${float(value):,.4f}" if float(value) < 100 else f"${float(value):,.2f}"
+    return money.usd(float(value))
 
 
 def first_line(text: Any, width: int = 200) -> str:
