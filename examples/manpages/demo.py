@@ -11,8 +11,8 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
    deadline, which `conveyor review expire` applies under `faketime` (49 hours later); `conveyor resume` carries
    the approved items to publication; `conveyor search` over the archive; `conveyor reconcile`.
 3. The same run again: every task answered from the memo, zero model requests.
-4. A bumped prompt version (MANPAGES_PROMPT_VERSION): new answers, new publication versions; `conveyor diff`
-   between the runs, one page's versions, a rollback.
+4. A bumped prompt version (`--set prompt_version=...`, a run parameter): new answers, new publication versions;
+   `conveyor diff` between the runs, one page's versions, a rollback.
 
 The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run. With
 CONVEYOR_BLOBS=s3://BUCKET/PREFIX set (and CONVEYOR_S3_ENDPOINT and the AWS variables, see the README) the blobs
@@ -298,9 +298,9 @@ def show_diff(first: str, second: str, env: dict[str, str]) -> None:
         print("  (`conveyor diff` is not available in this build)")
 
 
-def run(env: dict[str, str], label: str) -> dict[str, Any]:
+def run(env: dict[str, str], label: str, *more: str) -> dict[str, Any]:
     started = time.monotonic()
-    out = conveyor_json("run", TARGET, "--input", str(MANIFEST), "--workers", "2", env=env, ok=(0, 3, 4, 5))
+    out = conveyor_json("run", TARGET, "--input", str(MANIFEST), "--workers", "2", *more, env=env, ok=(0, 3, 4, 5))
     show_run(label, out, time.monotonic() - started)
     return out
 
@@ -312,7 +312,8 @@ def main() -> int:
     STORE.mkdir(parents=True)
     print(f"input: {note}\nstore: {STORE}/ (made afresh), blobs: {BLOBS}")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
-               CONVEYOR_DB=f"sqlite:///{DB}", CONVEYOR_BLOBS=BLOBS, MANPAGES_PROMPT_VERSION=PROMPTS[0])
+               CONVEYOR_DB=f"sqlite:///{DB}", CONVEYOR_BLOBS=BLOBS)
+    env.pop("MANPAGES_PROMPT_VERSION", None)  # the prompt is a run parameter: its default, unless --set
     with endpoint(env) as where:
         print(f"chat: {where}\nembeddings: all-MiniLM-L6-v2 on this machine's CPU (one thread per worker)")
 
@@ -339,10 +340,9 @@ def main() -> int:
               f"{again['usage']['provider_calls']}")
         show_asked_again(run1["run_id"], again["run_id"])
 
-        print(f"\n== 4. a bumped prompt (MANPAGES_PROMPT_VERSION={PROMPTS[1]})")
-        bumped_env = dict(env, MANPAGES_PROMPT_VERSION=PROMPTS[1])
+        print(f"\n== 4. a bumped prompt (--set prompt_version={PROMPTS[1]}, recorded with the run)")
         before = len(sim_requests())
-        bumped = run(bumped_env, "third run")
+        bumped = run(env, "third run", "--set", f"prompt_version={PROMPTS[1]}")
         print(f"  model requests: {len(sim_requests()) - before}; parse and embed answered from the memo, extract "
               f"asked again")
         show_diff(run1["run_id"], bumped["run_id"], env)

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor import TerminalError
+
 PROMPT_BODY_CHARS = 1_500  # of the page's text sent to the model with its NAME line
 _RECORD = ('{"names": ["<the commands, functions or files the page documents, as its NAME line gives them>"], '
            '"summary": "<what it is for, in at most %d words>", "keywords": ["<up to 8 lowercase search keywords>"], '
@@ -36,8 +38,8 @@ def prompt_version(wanted: str | None) -> str:
     """The prompt version asked for (None or empty: the default); an unknown one is a one-line error."""
     version = wanted or DEFAULT_PROMPT
     if version not in PROMPTS:
-        raise SystemExit(f"MANPAGES_PROMPT_VERSION={version!r} is not a prompt of this pipeline; "
-                         f"use one of: {', '.join(PROMPTS)}")
+        raise TerminalError(f"prompt_version={version!r} is not a prompt of this pipeline; use one of: "
+                            f"{', '.join(PROMPTS)}", error_class="unknown_prompt")
     return version
 
 

@@ -24,8 +24,10 @@ The call uses the provider's JSON mode: behind an acceptance boundary, an answer
 chatty, cut off) is handed to the boundary as it is (``ctx.chat`` returns it with ``data`` None), which repairs
 what is broken only in its format and records that it did, or refuses it as `invalid_format`.
 
-MANPAGES_PROMPT_VERSION picks the prompt (enrich.PROMPTS): it is part of the extract stage's config, so a bump
-makes new tasks, new answers and, once accepted, new versions of the publications.
+The prompt is a run parameter, `prompt_version` (enrich.PROMPTS; `--set prompt_version=manpage-record@3`, or
+MANPAGES_PROMPT_VERSION at submission): recorded with the run, so its workers, resumes and replays use the run's
+value, and part of the extract stage's task key, so a bump makes new tasks, new answers and, once accepted, new
+versions of the publications, while parse and embed are answered from the memo.
 
 The provider: chat from any OpenAI-compatible endpoint (OPENAI_BASE_URL / OPENAI_API_KEY; MANPAGES_MODEL,
 default gpt-4o-mini, escalating to MANPAGES_STRONG_MODEL, default gpt-4o), embeddings from the local model,
@@ -40,11 +42,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conveyor import Pipeline, RateLimit, Retry, TerminalError
+from conveyor import Param, Pipeline, RateLimit, Retry, TerminalError
 from conveyor.acceptance import Accept, Answer, Record, Review, found_in
 
 sys.path.insert(0, str(Path(__file__).parent))
 from enrich import (
+    DEFAULT_PROMPT,
     ManualRecord,
     messages,
     name_line,
@@ -58,7 +61,6 @@ from roff import ManPageError, decode_source, parse_manpage
 
 MODEL = os.environ.get("MANPAGES_MODEL", "gpt-4o-mini")
 STRONG_MODEL = os.environ.get("MANPAGES_STRONG_MODEL", "gpt-4o")
-PROMPT_VERSION = prompt_version(os.environ.get("MANPAGES_PROMPT_VERSION"))
 EMBED_MODEL = "all-MiniLM-L6-v2"
 MAX_TOKENS = 300  # the record is a sentence or two, a few names and keywords
 CHAT_TIMEOUT = 10.0  # seconds: a hung request becomes an ordinary `timeout` and is retried
@@ -89,7 +91,9 @@ def provider() -> Any:
     return CompositeProvider(chat=chat, embed=LocalEmbeddings(EMBED_MODEL))
 
 
-pipe = Pipeline("manuals", retry=Retry(max_attempts=3, base=0.5, cap=10), provider=provider, limits=LIMITS)
+pipe = Pipeline("manuals", retry=Retry(max_attempts=3, base=0.5, cap=10), provider=provider, limits=LIMITS,
+                params={"prompt_version": Param(DEFAULT_PROMPT, env="MANPAGES_PROMPT_VERSION",
+                                                help="the extract prompt (enrich.PROMPTS)")})
 
 
 @pipe.stage(version="3", max_input_bytes=20_000_000, timeout=30, config={"body_chars": BODY_CHARS})
@@ -119,8 +123,8 @@ def the_name_line(embedded: dict) -> str:
     return page["redirect"] if page.get("redirect") else name_line(page)
 
 
-@pipe.stage(after=embed, version="3",
-            config={"model": MODEL, "prompt_version": PROMPT_VERSION, "max_tokens": MAX_TOKENS},
+@pipe.stage(after=embed, version="3", params=["prompt_version"],
+            config={"model": MODEL, "max_tokens": MAX_TOKENS},
             retry=Retry(max_attempts=6, base=0.5, cap=10,
                         max_attempts_by_class={"rate_limited": 20, "invalid_format": 3}),
             accept=Accept(schema=ManualRecord, repair=True, checks=[found_in("names", the_name_line)],
@@ -135,8 +139,9 @@ async def extract(ctx, embedded: dict) -> Answer:
         name = Path(target).name.split(".")[0]
         text = ManualRecord(names=[name], summary=f"An alias of {target}.", confidence=1.0).model_dump_json()
         return Answer(text, known={**known, "alias_of": target})
-    answer = await ctx.chat(messages(page, PROMPT_VERSION), model=ctx.config["model"], max_tokens=MAX_TOKENS,
-                            json_mode=True, prompt_version=PROMPT_VERSION, timeout=CHAT_TIMEOUT)
+    version = prompt_version(ctx.params["prompt_version"])  # the run's, as it recorded it
+    answer = await ctx.chat(messages(page, version), model=ctx.config["model"], max_tokens=MAX_TOKENS,
+                            json_mode=True, prompt_version=version, timeout=CHAT_TIMEOUT)
     return Answer(answer.text, known={**known, "model": answer.model})
 
 

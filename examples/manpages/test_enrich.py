@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conveyor import TerminalError
+
 sys.path.insert(0, str(Path(__file__).parent))
 from enrich import (
     DEFAULT_PROMPT,
@@ -43,7 +45,7 @@ def test_a_bumped_prompt_version_is_a_changed_prompt_and_an_unknown_one_is_refus
     assert prompt_version(None) == prompt_version("") == DEFAULT_PROMPT
     bumped = next(v for v in PROMPTS if v != DEFAULT_PROMPT)
     assert messages(PAGE, bumped)[0] != messages(PAGE)[0] and messages(PAGE, bumped)[1] == messages(PAGE)[1]
-    with pytest.raises(SystemExit, match="manpage-record@2"):
+    with pytest.raises(TerminalError, match="manpage-record@2"):
         prompt_version("manpage-record@99")
 
 
@@ -102,14 +104,16 @@ def test_the_parser_gives_the_running_text_when_asked() -> None:
 
 
 def test_the_pipeline_is_declared_as_the_demo_describes() -> None:
-    from pipeline import LIMITS, PROMPT_VERSION, STRONG_MODEL, pipe
+    from pipeline import LIMITS, STRONG_MODEL, pipe
 
     shape = {s.name: (s.after, s.kind) for s in pipe}
     assert shape == {"parse": (None, "map"), "embed": ("parse", "map"), "extract": ("embed", "map"),
                      "publish": ("extract", "publish")}
     assert pipe["extract"].is_async and pipe["embed"].is_async
     assert pipe["publish"].into == "manuals"
-    assert pipe["extract"].config["prompt_version"] == PROMPT_VERSION  # a bump makes new task keys
+    # The prompt is a run parameter the stage reads: its value is in extract's task keys, no other stage's.
+    assert pipe["extract"].params == ("prompt_version",) and pipe.params["prompt_version"].default == DEFAULT_PROMPT
+    assert [s.name for s in pipe if s.params] == ["extract"]
     accept = pipe["extract"].accept
     assert accept is not None and accept.repair and accept.schema is ManualRecord
     assert accept.threshold == 0.7 and accept.tiers == ({"model": STRONG_MODEL},)
