@@ -130,4 +130,4 @@ def _merged(past: History, measured: History) -> History:
     stages = {**measured.stages, **past.stages}
     fanout = {**measured.fanout, **past.fanout}
     basis = "sample" if not past.stages else "history"
-    return History(stages, past.runs or measured.runs, basis, fanout)
+    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup)
