@@ -241,3 +241,20 @@ def test_a_first_run_forecast_from_a_sample_gives_the_time_an_item_takes_through
     # Each item passes through three stages of 0.3 s one after the other: no run of it takes less than 0.9 s,
     # however many calls run at once.
     assert plan["forecast"]["seconds"] >= 0.9
+
+
+def test_a_sample_is_drawn_over_the_whole_input_not_its_first_items() -> None:
+    from conveyor.service.dryrun import Reservoir
+    from conveyor.service.inputs import SourceItem
+
+    def items(n: int) -> list[SourceItem]:
+        return [SourceItem(key=f"k{i:04d}", path=Path(f"/k{i}")) for i in range(n)]
+
+    drawn = Reservoir(10)
+    for start in range(0, 1000, 100):  # offered in batches, as the dry run reads the input
+        drawn.offer(items(1000)[start:start + 100])
+    keys = sorted(int(i.key[1:]) for i in drawn.items)
+    assert len(keys) == 10 and keys[-1] >= 500, "a sorted input's later half is sampled too"
+    again = Reservoir(10)
+    again.offer(items(1000))
+    assert [i.key for i in again.items] == [i.key for i in drawn.items], "the same input gives the same sample"

@@ -13,9 +13,10 @@ would otherwise be forecast at the cheaper one's price.
 
 Wall time: the measured start-up (run created to first attempt), plus the slowest stage or model quota (stages
 overlap), plus one attempt of each stage (the last item still has to pass through them). A stage's own time is
-its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean);
-a model's quota binds only when the run's tokens (and the reservations of the calls in flight) pass one minute's
-limit, since a sliding minute lets a smaller run through at once; then it paces the run at the limit.
+its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean).
+A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
+age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
+limit: T / L minutes). Near a multiple of L a small error in the tokens moves that by a minute.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         cost_var += t_var * per_token * per_token
         slowest = max(slowest, seconds)
         fill += h.seconds
-    quota = max((_quota_seconds(limits, m, *use) for m, use in by_model.items()), default=0.0)
+    quota, pacer = max(((_quota_seconds(limits, m, *use), m) for m, use in by_model.items()), default=(0.0, ""))
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
              f"{seen:,} attempt(s)" if past.stages else "no history")
@@ -230,6 +231,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     if unpriced:
         basis += (f"; cost leaves out {', '.join(unpriced)}: the model it will call is not known or has no price "
                   "(declare it: config={'model': ...}; price it: CONVEYOR_PRICES)")
+    if quota > slowest:
+        basis += f"; {pacer}'s quota paces it"
     busy = max(slowest, quota)
     seconds = past.startup + busy + fill if busy else 0.0
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
@@ -322,20 +325,18 @@ def same_model(asked: str, reported: str) -> bool:
 
 def _quota_seconds(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float,
                    held: float = 0.0) -> float:
-    """How long ``model``'s quota holds ``tokens`` over ``calls``: nothing while they (and ``held``, what calls in
-    flight reserve) fit in one minute's limit, which a sliding minute lets through at once; past it, the limit's
-    pace over all of them (at least one window: the first minute's grants must age out)."""
+    """How long ``model``'s quota holds ``tokens`` over ``calls`` (and ``held``, what calls in flight reserve
+    beyond their use): a sliding minute lets a minute's limit through at once, then the next when those grants
+    age out, so the last grant waits a whole minute for each limit's worth before it; a ``spread`` limit paces
+    them evenly instead."""
     limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
     if limit is None:
         return 0.0
     seconds = 0.0
-    for used, per_minute, in_flight in ((tokens, limit.tpm, held), (calls, limit.rpm, 0.0)):
-        if not per_minute:
-            continue
-        if limit.spread:
-            seconds = max(seconds, used / per_minute * WINDOW_S)
-        elif used + in_flight > per_minute:
-            seconds = max(seconds, max(1.0, used / per_minute) * WINDOW_S)
+    for used, per_minute in ((tokens + held, limit.tpm), (calls, limit.rpm)):
+        if per_minute:
+            minutes = used / per_minute if limit.spread else math.floor(used / per_minute)
+            seconds = max(seconds, minutes * WINDOW_S)
     return seconds
 
 
