@@ -201,7 +201,7 @@ def test_the_wall_time_is_held_to_the_models_quota_and_to_the_measured_latency()
     past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
     # 1,000 items of 1,000 tokens against 100,000 tokens a minute: the quota paces the run, ten minutes.
     held = forecast(pipe, past, {"ask": 1000}, workers=2, prices=[])
-    assert held["seconds"] == pytest.approx(3.0 + 600 + 2.0)
+    assert held["seconds"] == pytest.approx(3.0 + 600 + 2.0) and "m's quota paces it" in held["basis"]
     # Without the limit, the measured 2 s a call over 2 workers x 4 calls at once: 250 s.
     free = forecast(pipe, past, {"ask": 1000}, workers=2, limits={}, prices=[])
     assert free["seconds"] == pytest.approx(3.0 + 250 + 2.0)

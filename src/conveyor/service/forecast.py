@@ -158,9 +158,12 @@ def _close(provider: Any) -> None:
     if close is None:
         return
     try:
-        asyncio.run(close())
-    except Exception:  # an event loop already running here, or a provider that fails to close
-        pass
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop here: close it in one of its own
+        try:
+            asyncio.run(close())
+        except Exception:  # a provider that fails to close holds nothing the forecast needs
+            pass
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    slowest = fill = 0.0
+    slowest = fill = by_slots = 0.0
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight]
     for name, count in to_run.items():
         if count <= 0:
@@ -202,6 +205,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
         seconds = attempts * h.seconds / slots
+        by_slots = max(by_slots, seconds)
         for model, per_attempt in priced.tokens.items():
             use = by_model.setdefault(model, [0.0, 0.0, 0.0])
             use[0] += attempts * per_attempt
@@ -231,7 +235,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     if unpriced:
         basis += (f"; cost leaves out {', '.join(unpriced)}: the model it will call is not known or has no price "
                   "(declare it: config={'model': ...}; price it: CONVEYOR_PRICES)")
-    if quota > slowest:
+    if quota > by_slots:
         basis += f"; {pacer}'s quota paces it"
     busy = max(slowest, quota)
     seconds = past.startup + busy + fill if busy else 0.0
