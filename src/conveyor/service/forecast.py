@@ -175,6 +175,7 @@ class _Priced:
     tokens: dict[str, float]  # model -> tokens per attempt (for the model's quota)
     calls: dict[str, float]  # model -> calls per attempt
     reserve: dict[str, float]  # model -> tokens a call in flight holds beyond what it will use, until settled
+    mix_var: float = 0.0  # the variance of the price per attempt from how few attempts measured each tier's share
 
 
 def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], workers: int,
@@ -223,7 +224,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         tokens += attempts * h.tokens
         cost += stage_cost or 0.0
         tokens_var += t_var
-        cost_var += t_var * per_token * per_token
+        cost_var += t_var * per_token * per_token + attempts * attempts * priced.mix_var
         slowest = max(slowest, seconds)
         fill += h.seconds
     quota, pacer = max(((_quota_seconds(limits, m, *use), m) for m, use in by_model.items()), default=(0.0, ""))
@@ -280,12 +281,15 @@ def _price(stage: Stage | None, h: StageHistory, prices: Sequence[PriceTable]) -
     tokens: dict[str, float] = {}
     calls: dict[str, float] = {}
     reserve: dict[str, float] = {}
+    by_tier: dict[int, float] = {}
     for tier, use in sorted(h.tiers.items()):
         if not use.calls:
             continue
         model = models[tier] = stage_model(stage, tier, h)
         price = None if model is None else _model_price(model, use.prompt, use.completion, prices, h.paid)
         cost = None if cost is None or price is None else cost + use.share * price
+        if price is not None:
+            by_tier[tier] = price
         if model is None:
             continue
         tokens[model] = tokens.get(model, 0.0) + use.share * (use.prompt + use.completion)
@@ -294,7 +298,35 @@ def _price(stage: Stage | None, h: StageHistory, prices: Sequence[PriceTable]) -
         reserve[model] = max(reserve.get(model, 0.0), max(0.0, _max_tokens(stage, tier) - use.completion / use.calls))
     if not h.tiers and h.calls and stage is not None:  # history from before tiers were recorded
         cost = h.cost if not h.unpriced else None
-    return _Priced(cost, models, tokens, calls, reserve)
+    _unseen_tiers(stage, h, prices, by_tier)
+    return _Priced(cost, models, tokens, calls, reserve, _mix_variance(h, by_tier))
+
+
+def _unseen_tiers(stage: Stage | None, h: StageHistory, prices: Sequence[PriceTable],
+                  by_tier: dict[int, float]) -> None:
+    """Declared escalation tiers the measure never saw (a small sample): their price, for the margin only."""
+    first = h.tiers.get(0)
+    if stage is None or stage.accept is None or first is None or not first.calls:
+        return
+    for tier in range(1, len(stage.accept.tiers) + 1):
+        model = stage_model(stage, tier, h)
+        if tier not in by_tier and model is not None:
+            price = _model_price(model, first.prompt, first.completion, prices, h.paid)
+            if price is not None:
+                by_tier[tier] = price
+
+
+def _mix_variance(h: StageHistory, by_tier: Mapping[int, float]) -> float:
+    """How uncertain the price per attempt is because each tier's share was measured on ``h.attempts``
+    attempts: an escalation to a model many times dearer, seen in a few of them, moves the cost the most."""
+    first = by_tier.get(min(by_tier)) if by_tier else None
+    if first is None or h.attempts <= 0:
+        return 0.0
+    variance = 0.0
+    for tier, price in by_tier.items():
+        share = h.tiers[tier].share if tier in h.tiers else 0.0
+        variance += (price - first) ** 2 * max(share * (1 - share), 1 / (h.attempts + 1)) / h.attempts
+    return variance
 
 
 def _max_tokens(stage: Stage | None, tier: int) -> float:
