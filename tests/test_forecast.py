@@ -12,6 +12,7 @@ import pytest
 from conveyor.blobs import FilesystemBlobs
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline, RateLimit
+from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
@@ -258,3 +259,23 @@ def test_a_sample_is_drawn_over_the_whole_input_not_its_first_items() -> None:
     again = Reservoir(10)
     again.offer(items(1000))
     assert [i.key for i in again.items] == [i.key for i in drawn.items], "the same input gives the same sample"
+
+
+def test_an_escalation_the_sample_never_saw_widens_the_cost_margin() -> None:
+    from conveyor.acceptance import Accept
+
+    pipe = Pipeline("escalating")
+
+    @pipe.stage(version="1", config={"model": "cheap"}, accept=Accept(escalate=[{"model": "dear"}]))
+    async def ask(ctx: Any, text: str) -> str:
+        return text
+
+    prices = [PriceTable.from_dict({"cheap": [1.0, 4.0], "dear": [20.0, 80.0]})]
+    # Ten first tries, none escalated: 900 tokens in and 100 out each, $0.0013 at the cheap model's price.
+    seen = StageHistory.of(StageCosts("ask", 10, 10, 10_000, 10 * 1000.0**2, 0.013, 10 * 0.0013**2, 1.0, 0.1, 10, 0,
+                                      9_000, 1_000), {}, [ModelUse("ask", 0, "cheap", 10, 9_000, 1_000, 0.013, 10, 0)])
+    plan = forecast(pipe, History({"ask": seen}, ("sample",), "sample", {}), {"ask": 100}, workers=1, prices=prices)
+    assert plan["cost"] == pytest.approx(100 * 0.0013)
+    # Had one in ten escalated, each at $0.026 more: 100 x 0.1 x 0.026 = $0.26 more. A margin of the cheap calls'
+    # spread alone ($0.0000) would hide that; it must reach a good part of it.
+    assert plan["cost_margin"] >= 0.1, plan["cost_margin"]
