@@ -136,7 +136,7 @@ def main() -> None:
     for m in measured:
         print(f"  {m['what']}: {m['basis']}; models {m['models']}")
     section = "\n".join([
-        BEGIN, "## Forecast error (bench/forecast.py), issue 27 point 12", "",
+        BEGIN, "## Issue 27 point 12: forecast error (bench/forecast.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "",
         f"    PYTHONPATH=src .venv/bin/python bench/forecast.py --pages {args.pages} --workers {args.workers} "
         f"--sample {args.sample}", "",

@@ -208,12 +208,10 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         seconds = attempts * h.seconds / slots
         by_slots = max(by_slots, seconds)
         for model, per_attempt in priced.tokens.items():
+            own = (attempts * per_attempt, attempts * priced.calls[model], slots * priced.reserve[model])
             use = by_model.setdefault(model, [0.0, 0.0, 0.0])
-            use[0] += attempts * per_attempt
-            use[1] += attempts * priced.calls[model]
-            use[2] = max(use[2], slots * priced.reserve[model])
-            seconds = max(seconds, _quota_seconds(limits, model, attempts * per_attempt,
-                                                  attempts * priced.calls[model], slots * priced.reserve[model]))
+            use[0], use[1], use[2] = use[0] + own[0], use[1] + own[1], max(use[2], own[2])
+            seconds = max(seconds, _quota_seconds(limits, model, *own))
         stage_cost = None if priced.cost is None else attempts * priced.cost
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
@@ -228,6 +226,17 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         slowest = max(slowest, seconds)
         fill += h.seconds
     quota, pacer = max(((_quota_seconds(limits, m, *use), m) for m, use in by_model.items()), default=(0.0, ""))
+    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None)
+    busy = max(slowest, quota)
+    seconds = past.startup + busy + fill if busy else 0.0
+    return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
+            "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
+            "seconds": seconds, "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
+            "unpriced_stages": unpriced, "startup_seconds": past.startup if busy else 0.0, "stages": stages}
+
+
+def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None) -> str:
+    """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
              f"{seen:,} attempt(s)" if past.stages else "no history")
@@ -236,14 +245,9 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     if unpriced:
         basis += (f"; cost leaves out {', '.join(unpriced)}: the model it will call is not known or has no price "
                   "(declare it: config={'model': ...}; price it: CONVEYOR_PRICES)")
-    if quota > by_slots:
+    if pacer:
         basis += f"; {pacer}'s quota paces it"
-    busy = max(slowest, quota)
-    seconds = past.startup + busy + fill if busy else 0.0
-    return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
-            "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
-            "seconds": seconds, "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
-            "unpriced_stages": unpriced, "startup_seconds": past.startup if busy else 0.0, "stages": stages}
+    return basis
 
 
 def _stage(pipeline: Pipeline, name: str) -> Stage | None:
