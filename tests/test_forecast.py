@@ -197,8 +197,8 @@ def test_the_wall_time_is_held_to_the_models_quota_and_to_the_measured_latency()
     async def ask(ctx: Any, text: str) -> str:
         return text
 
-    measured = StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * 1000.0**2, 0.05, 0.0, 100.0, 200.0, 50, 0,
-                                          45_000, 5_000), {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)])
+    measured = StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * 1000.0**2, 0.05, 0.0, 100.0, 200.0, 50, 0),
+                               {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)])
     past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
     # 1,000 items of 1,000 tokens against 100,000 tokens a minute: the quota paces the run, ten minutes.
     held = forecast(pipe, past, {"ask": 1000}, workers=2, prices=[])
@@ -272,8 +272,8 @@ def test_an_escalation_the_sample_never_saw_widens_the_cost_margin() -> None:
 
     prices = [PriceTable.from_dict({"cheap": [1.0, 4.0], "dear": [20.0, 80.0]})]
     # Ten first tries, none escalated: 900 tokens in and 100 out each, $0.0013 at the cheap model's price.
-    seen = StageHistory.of(StageCosts("ask", 10, 10, 10_000, 10 * 1000.0**2, 0.013, 10 * 0.0013**2, 1.0, 0.1, 10, 0,
-                                      9_000, 1_000), {}, [ModelUse("ask", 0, "cheap", 10, 9_000, 1_000, 0.013, 10, 0)])
+    seen = StageHistory.of(StageCosts("ask", 10, 10, 10_000, 10 * 1000.0**2, 0.013, 10 * 0.0013**2, 1.0, 0.1, 10, 0),
+                           {}, [ModelUse("ask", 0, "cheap", 10, 9_000, 1_000, 0.013, 10, 0)])
     plan = forecast(pipe, History({"ask": seen}, ("sample",), "sample", {}), {"ask": 100}, workers=1, prices=prices)
     assert plan["cost"] == pytest.approx(100 * 0.0013)
     # Had one in ten escalated, each at $0.026 more: 100 x 0.1 x 0.026 = $0.26 more. A margin of the cheap calls'

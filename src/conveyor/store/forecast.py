@@ -22,8 +22,6 @@ class StageCosts(NamedTuple):
     seconds_sq: float
     calls: int
     unpriced: int
-    prompt: float = 0.0
-    completion: float = 0.0
 
 
 class ModelUse(NamedTuple):
@@ -58,13 +56,11 @@ class ForecastQueries:
                 SUM(a.prompt_tokens + a.completion_tokens),
                 SUM((a.prompt_tokens + a.completion_tokens) * (a.prompt_tokens + a.completion_tokens)),
                 SUM(a.cost), SUM(a.cost * a.cost), SUM(COALESCE(a.duration, 0)),
-                SUM(COALESCE(a.duration, 0) * COALESCE(a.duration, 0)), SUM(a.provider_calls), SUM(a.unpriced_calls),
-                SUM(a.prompt_tokens), SUM(a.completion_tokens)
+                SUM(COALESCE(a.duration, 0) * COALESCE(a.duration, 0)), SUM(a.provider_calls), SUM(a.unpriced_calls)
             FROM attempts a JOIN tasks t ON t.id = a.task_id
             WHERE a.run_id IN ({marks}) AND a.invoked = 1 GROUP BY t.stage""", list(run_ids))
         return [StageCosts(str(r[0]), int(r[1]), int(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
-                           float(r[6] or 0), float(r[7] or 0), float(r[8] or 0), int(r[9] or 0), int(r[10] or 0),
-                           float(r[11] or 0), float(r[12] or 0))
+                           float(r[6] or 0), float(r[7] or 0), float(r[8] or 0), int(r[9] or 0), int(r[10] or 0))
                 for r in rows]
 
     def model_use(self, run_ids: Sequence[str]) -> list[ModelUse]:
