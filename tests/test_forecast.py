@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conveyor.blobs import FilesystemBlobs
 from conveyor.errors import PipelineError
-from conveyor.pipeline import Pipeline
+from conveyor.pipeline import Pipeline, RateLimit
+from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
+from conveyor.service.forecast import History, StageHistory, forecast
 from conveyor.store import open_store
+from conveyor.store.forecast import ModelUse, StageCosts
 from tests.helpers import cli, make_docs, reconciled, submit_and_work, write_pipeline
 
 FAKE = """
@@ -118,3 +122,160 @@ def test_a_pipeline_budget_pauses_its_runs(tmp_path: Path, store_url: str, monke
     calls = report["usage"]["provider_calls"]
     assert report["usage"]["cost"] <= 0.5 + 0.1 and calls in (5, 6), report["usage"]
     assert report["outcomes"] == {"in_progress": 10 - calls, "published": calls}
+
+
+PRICED = """
+    import asyncio
+    from conveyor import Pipeline
+    from conveyor.providers.base import Completion, PriceTable
+
+    class Provider:
+        name = "fake"
+        prices = PriceTable.from_dict({"cheap": [1000.0, 2000.0], "dear": [10000.0, 40000.0]})
+
+        async def chat(self, messages, *, model, max_tokens=512, **options):
+            words = len(messages[-1]["content"].split())
+            cost, priced = self.prices.cost_for(model, model, 10 * words, 20)
+            return Completion("ok", None, model + "@rev", 10 * words, 20, cost, None, None, 0.01, priced=priced)
+
+    pipe = Pipeline("priced", provider=Provider)
+
+    @pipe.stage(version="1")
+    def read(ctx, source: bytes) -> str:
+        return source.decode()
+
+    @pipe.stage(after=read, version="VERSION", concurrency=2, CONFIG)
+    async def ask(ctx, text: str) -> str:
+        return (await ctx.chat([{"role": "user", "content": text}], model=MODEL, max_tokens=20)).text
+"""
+
+
+def _priced(tmp_path: Path, name: str, model: str, declared: bool = True, version: str = "1") -> str:
+    config = f'config={{"model": "{model}"}}' if declared else 'config={}'
+    call = 'ctx.config["model"]' if declared else f'"{model}"'
+    source = PRICED.replace("CONFIG", config).replace("MODEL", call).replace("VERSION", version)
+    return write_pipeline(tmp_path, source, name=name)
+
+
+def test_after_a_cheap_model_a_forecast_for_the_dearer_one_prices_the_dearer_one(
+        tmp_path: Path, store_url: str) -> None:
+    cheap = _priced(tmp_path, "cheap.py", "cheap")
+    submit_and_work(cheap, make_docs(tmp_path / "first", 8, "a question with six words {i}"), store_url,
+                    tmp_path / "blobs")
+    docs = make_docs(tmp_path / "more", 10, "another question with six words {i}")
+    dear = _priced(tmp_path, "dear.py", "dear")
+    plan = _plan(dear, docs, store_url, tmp_path / "blobs")
+    # Each call: 60 prompt tokens and 20 completion tokens, at the dear model's $10,000 / $40,000 per million.
+    assert plan["forecast"]["cost"] == pytest.approx(10 * (60 * 10_000 + 20 * 40_000) / 1e6)
+    assert plan["forecast"]["stages"]["ask"]["models"] == {"0": "dear"}
+    real = submit_and_work(dear, docs, store_url, tmp_path / "blobs").run_id
+    assert plan["forecast"]["cost"] == pytest.approx(reconciled(store_url, real)["usage"]["cost"])
+
+
+def test_a_stage_whose_model_cannot_be_known_is_not_priced_as_another_models(
+        tmp_path: Path, store_url: str) -> None:
+    before = _priced(tmp_path, "before.py", "cheap", declared=False)
+    submit_and_work(before, make_docs(tmp_path / "first", 6, "a question with six words {i}"), store_url,
+                    tmp_path / "blobs")
+    docs = make_docs(tmp_path / "more", 4, "another question with six words {i}")
+    same = _plan(before, docs, store_url, tmp_path / "blobs")
+    assert same["forecast"]["cost"] == pytest.approx(4 * (60 * 1000 + 20 * 2000) / 1e6)
+    # New code that names its model in the code, not in its config: which model it calls cannot be known.
+    changed = _plan(_priced(tmp_path, "changed.py", "dear", declared=False, version="2"), docs, store_url,
+                    tmp_path / "blobs")
+    forecast = changed["forecast"]
+    assert forecast["stages"]["ask"]["cost"] is None and forecast["unpriced_stages"] == ["ask"]
+    assert forecast["stages"]["ask"]["models"] == {"0": None} and "not known" in forecast["basis"]
+    assert same["forecast"]["stages"]["ask"]["models"] == {"0": "cheap"}, "the same declaration asked for cheap"
+    assert forecast["tokens"] == pytest.approx(4 * 80), "the tokens are still forecast from the measure"
+
+
+def test_the_wall_time_is_held_to_the_models_quota_and_to_the_measured_latency() -> None:
+    pipe = Pipeline("quota", limits={"m": RateLimit(tpm=100_000)})
+
+    @pipe.stage(version="1", concurrency=4, config={"model": "m", "max_tokens": 100})
+    async def ask(ctx: Any, text: str) -> str:
+        return text
+
+    measured = StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * 1000.0**2, 0.05, 0.0, 100.0, 200.0, 50, 0),
+                               {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)])
+    past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
+    # 1,000 items of 1,000 tokens against 100,000 tokens a minute: the quota paces the run, ten minutes.
+    held = forecast(pipe, past, {"ask": 1000}, workers=2, prices=[])
+    assert held["seconds"] == pytest.approx(3.0 + 600 + 2.0) and "m's quota paces it" in held["basis"]
+    # Without the limit, the measured 2 s a call over 2 workers x 4 calls at once: 250 s.
+    free = forecast(pipe, past, {"ask": 1000}, workers=2, limits={}, prices=[])
+    assert free["seconds"] == pytest.approx(3.0 + 250 + 2.0)
+    # A run that fits in one minute's tokens is not held by the quota: a sliding minute lets it through.
+    small = forecast(pipe, past, {"ask": 40}, workers=2, prices=[])
+    assert small["seconds"] == pytest.approx(3.0 + 40 * 2.0 / 8 + 2.0)
+
+
+SLOW = """
+    import asyncio
+    from conveyor import Pipeline
+
+    pipe = Pipeline("slow")
+
+    @pipe.stage(version="1", concurrency=8)
+    async def one(ctx, source: bytes) -> str:
+        await asyncio.sleep(0.3)
+        return source.decode()
+
+    @pipe.stage(after=one, version="1", concurrency=8)
+    async def two(ctx, text: str) -> str:
+        await asyncio.sleep(0.3)
+        return text
+
+    @pipe.stage(after=two, version="1", concurrency=8)
+    async def three(ctx, text: str) -> str:
+        await asyncio.sleep(0.3)
+        return text
+"""
+
+
+def test_a_first_run_forecast_from_a_sample_gives_the_time_an_item_takes_through_its_stages(
+        tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, SLOW, name="slow.py")
+    plan = _plan(target, make_docs(tmp_path / "docs", 4), store_url, tmp_path / "blobs", sample=2)
+    assert plan["sampled"]["items"] == 2
+    # Each item passes through three stages of 0.3 s one after the other: no run of it takes less than 0.9 s,
+    # however many calls run at once.
+    assert plan["forecast"]["seconds"] >= 0.9
+
+
+def test_a_sample_is_drawn_over_the_whole_input_not_its_first_items() -> None:
+    from conveyor.service.dryrun import Reservoir
+    from conveyor.service.inputs import SourceItem
+
+    def items(n: int) -> list[SourceItem]:
+        return [SourceItem(key=f"k{i:04d}", path=Path(f"/k{i}")) for i in range(n)]
+
+    drawn = Reservoir(10)
+    for start in range(0, 1000, 100):  # offered in batches, as the dry run reads the input
+        drawn.offer(items(1000)[start:start + 100])
+    keys = sorted(int(i.key[1:]) for i in drawn.items)
+    assert len(keys) == 10 and keys[-1] >= 500, "a sorted input's later half is sampled too"
+    again = Reservoir(10)
+    again.offer(items(1000))
+    assert [i.key for i in again.items] == [i.key for i in drawn.items], "the same input gives the same sample"
+
+
+def test_an_escalation_the_sample_never_saw_widens_the_cost_margin() -> None:
+    from conveyor.acceptance import Accept
+
+    pipe = Pipeline("escalating")
+
+    @pipe.stage(version="1", config={"model": "cheap"}, accept=Accept(escalate=[{"model": "dear"}]))
+    async def ask(ctx: Any, text: str) -> str:
+        return text
+
+    prices = [PriceTable.from_dict({"cheap": [1.0, 4.0], "dear": [20.0, 80.0]})]
+    # Ten first tries, none escalated: 900 tokens in and 100 out each, $0.0013 at the cheap model's price.
+    seen = StageHistory.of(StageCosts("ask", 10, 10, 10_000, 10 * 1000.0**2, 0.013, 10 * 0.0013**2, 1.0, 0.1, 10, 0),
+                           {}, [ModelUse("ask", 0, "cheap", 10, 9_000, 1_000, 0.013, 10, 0)])
+    plan = forecast(pipe, History({"ask": seen}, ("sample",), "sample", {}), {"ask": 100}, workers=1, prices=prices)
+    assert plan["cost"] == pytest.approx(100 * 0.0013)
+    # Had one in ten escalated, each at $0.026 more: 100 x 0.1 x 0.026 = $0.26 more. A margin of the cheap calls'
+    # spread alone ($0.0000) would hide that; it must reach a good part of it.
+    assert plan["cost_margin"] >= 0.1, plan["cost_margin"]

@@ -4,15 +4,17 @@ The input is read and hashed as a submission would (nothing is stored), each ite
 in the memo and followed through its answers as the planner does, so the counts of what the memo answers are
 exact; what lies after a task that would run is estimated (one task per stage, a fan-out's children at the
 ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py) or, for a stage
-with none, from a sample of ``sample`` items run for real in a scratch store that is thrown away (those calls
-are paid for, and say so; publish stages are left out of the sample: nothing is published).
+with none, from a sample of ``sample`` items (drawn evenly over the input) run for real in a scratch store that
+is thrown away (those calls are paid for, and say so; publish stages are left out of the sample: nothing is
+published).
 """
 
 from __future__ import annotations
 
+import random
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
     expander.set_params(DRY_RUN_ID, run_params(pipeline, sets))
     stages: dict[str, Counter[str]] = {s.name: Counter() for s in pipeline}
     items = bad = 0
-    samples: list[SourceItem] = []
+    samples = Reservoir(sample)
     for batch in batched(iter_items(input_path, skip_bad_lines=skip_bad_lines, own=_own(store, blobs)), BATCH):
         good: list[tuple[SourceItem, Ref]] = []
         for item in batch:
@@ -59,15 +61,15 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
         for stage, count in running.items():
             stages[stage]["run"] += count
         starts = {row[3] for row in tasks.queued if row[2] in {s.name for s in pipeline.roots}}
-        samples += [item for item, _ in good if item.key in starts][: max(0, sample - len(samples))]
+        samples.offer(item for item, _ in good if item.key in starts)
     past = history(store, pipeline)
     _estimate_below(pipeline, stages, past)
     to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
     sampled = None
     missing = [name for name, count in to_run.items() if count and name not in past.stages
                and pipeline[name].kind != "publish"]
-    if missing and sample > 0 and samples:
-        measured, sampled = _sample(pipeline, target, samples)
+    if missing and sample > 0 and samples.items:
+        measured, sampled = _sample(pipeline, target, samples.items)
         past = _merged(past, measured)
         _estimate_below(pipeline, stages, past)
         to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
@@ -79,6 +81,28 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
         "forecast": forecast(pipeline, past, to_run, workers, limits_of(pipeline)),
         "sampled": sampled,
     }
+
+
+class Reservoir:
+    """``size`` items drawn evenly from a stream of unknown length (reservoir sampling, seeded: the same input
+    gives the same sample). The first items of an input are often not like the rest (sorted by section, size or
+    date), so a sample of them measures a run badly."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size = max(0, size)
+        self.items: list[SourceItem] = []
+        self._seen = 0
+        self._rng = random.Random(seed)
+
+    def offer(self, items: Iterable[SourceItem]) -> None:
+        for item in items:
+            self._seen += 1
+            if len(self.items) < self.size:
+                self.items.append(item)
+                continue
+            slot = self._rng.randrange(self._seen)
+            if slot < self.size:
+                self.items[slot] = item
 
 
 def _ref(item: SourceItem) -> Ref | str:
@@ -131,4 +155,4 @@ def _merged(past: History, measured: History) -> History:
     stages = {**measured.stages, **past.stages}
     fanout = {**measured.fanout, **past.fanout}
     basis = "sample" if not past.stages else "history"
-    return History(stages, past.runs or measured.runs, basis, fanout)
+    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup)

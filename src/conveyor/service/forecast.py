@@ -5,25 +5,49 @@ invoked attempt: retries and escalation tiers included, so a stage whose answers
 it really costs), or, before a first run, from a small sample of items run for real in a scratch store. The
 uncertainty is stated: a 95% margin from the spread of the attempts and from how many there were.
 
-Wall time is paced by the slowest stage (stages overlap): the larger of what its model's declared quota allows
-(tokens and requests per minute) and what its concurrency allows (``workers`` x ``concurrency`` calls at once,
-each taking the measured mean).
+Tokens come from the measure; dollars are priced for the model each escalation tier of the stage will call
+(its declared ``config["model"]``, else what its past tasks under the same version and config asked for) from
+the provider's price table, or from what that same model's past calls cost. A stage whose model cannot be known
+is not priced as another model: the forecast says so (``unpriced_stages``), since a switch to a dearer model
+would otherwise be forecast at the cheaper one's price.
+
+Wall time: the measured start-up (run created to first attempt), plus the slowest stage or model quota (stages
+overlap), plus one attempt of each stage (the last item still has to pass through them). A stage's own time is
+its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean).
+A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
+age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
+limit: T / L minutes). Near a multiple of L a small error in the tokens moves that by a minute.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.pipeline import Pipeline, RateLimit, find_limit, parse_limits
+from conveyor.pipeline import Pipeline, RateLimit, Stage, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
+from conveyor.providers.base import PriceTable
 from conveyor.store import SqlStore
-from conveyor.store.forecast import StageCosts
+from conveyor.store.forecast import ModelUse, StageCosts
 
 Z95 = 1.96
+WINDOW_S = 60.0  # providers count per minute
+DEFAULT_MAX_TOKENS = 512  # what a chat call reserves for its answer when the stage does not say (runtime/services)
+
+
+@dataclass(frozen=True)
+class TierUse:
+    """One escalation tier of a stage, as measured: its share of the stage's attempts and their mean tokens."""
+
+    share: float
+    prompt: float
+    completion: float
+    calls: float
 
 
 @dataclass(frozen=True)
@@ -41,13 +65,31 @@ class StageHistory:
     calls: float  # provider calls per attempt
     unpriced: bool  # every call of it was to a model without a price
     models: tuple[str, ...] = ()
+    tiers: Mapping[int, TierUse] = field(default_factory=dict)
+    paid: tuple[ModelUse, ...] = ()  # what each model's calls cost: a price for a model the table lacks
+    asked: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)  # (version, config) -> models
 
     @classmethod
-    def of(cls, c: StageCosts, models: Mapping[str, int]) -> StageHistory:
+    def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
+           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> StageHistory:
         n = max(c.attempts, 1)
         return cls(c.attempts, c.attempts / max(c.tasks, 1), c.tokens / n, _sd(c.tokens, c.tokens_sq, n), c.cost / n,
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
-                   bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])))
+                   bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
+                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}))
+
+
+def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
+    """Each tier's share of the attempts and mean tokens per attempt at it."""
+    tiers: dict[int, list[float]] = {}
+    for u in uses:
+        t = tiers.setdefault(u.tier, [0.0, 0.0, 0.0, 0.0])
+        t[0] += u.attempts
+        t[1] += u.prompt
+        t[2] += u.completion
+        t[3] += u.calls
+    return {tier: TierUse(n / attempts, p / max(n, 1), c / max(n, 1), k / max(n, 1))
+            for tier, (n, p, c, k) in tiers.items()}
 
 
 def _sd(total: float, squares: float, n: int) -> float:
@@ -63,17 +105,26 @@ class History:
     runs: tuple[str, ...]
     basis: str  # "history" or "sample"
     fanout: dict[str, float]  # stage -> its tasks per task of the stage it comes after (fan-outs: children)
+    startup: float = 0.0  # seconds from a run's creation to its first attempt (submission, workers starting)
 
 
 def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "history") -> History:
     """The measured averages of ``pipeline``'s stages over its latest ``runs`` runs."""
     run_ids = store.recent_runs(pipeline.name, runs)
     models = store.stage_models(run_ids)
-    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {})) for c in store.stage_costs(run_ids)}
+    uses: dict[str, list[ModelUse]] = {}
+    for use in store.model_use(run_ids):
+        uses.setdefault(use.stage, []).append(use)
+    asked: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
+    for (stage, version, config), by_model in store.declared_models(run_ids).items():
+        asked.setdefault(stage, {})[(version, config)] = by_model
+    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage))
+              for c in store.stage_costs(run_ids)}
     counts = store.stage_task_counts(run_ids)
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
               if s.after is not None and counts.get(s.after) and s.name in counts}
-    return History(stages, tuple(run_ids), basis, fanout)
+    startups = store.run_startups(run_ids)
+    return History(stages, tuple(run_ids), basis, fanout, statistics.median(startups) if startups else 0.0)
 
 
 def limits_of(pipeline: Pipeline) -> dict[str, RateLimit]:
@@ -81,16 +132,65 @@ def limits_of(pipeline: Pipeline) -> dict[str, RateLimit]:
     return {**pipeline.limits, **parse_limits(os.environ.get(LIMITS_ENV))}
 
 
+def price_tables(pipeline: Pipeline) -> list[PriceTable]:
+    """The price tables of the provider the pipeline's workers would make (its chat side, then its embeddings
+    side); none when it cannot be made here (not configured): the forecast then prices from past calls."""
+    try:
+        if pipeline.provider_factory is not None:
+            provider = pipeline.provider_factory()
+        else:
+            from conveyor.providers.factory import provider_from_env
+
+            provider = provider_from_env()
+    except Exception:  # any failure only means no table: say "unpriced", never fail a dry run
+        return []
+    tables: list[PriceTable] = []
+    for backend in (getattr(provider, "chat_provider", provider), getattr(provider, "embed_provider", provider)):
+        table = getattr(backend, "prices", None)
+        if isinstance(table, PriceTable) and all(table is not t for t in tables):
+            tables.append(table)
+    _close(provider)
+    return tables
+
+
+def _close(provider: Any) -> None:
+    close = getattr(provider, "aclose", None)
+    if close is None:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop here: close it in one of its own
+        try:
+            asyncio.run(close())
+        except Exception:  # a provider that fails to close holds nothing the forecast needs
+            pass
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """One stage's forecast price per attempt, the models it will call by tier, and its tokens by model."""
+
+    cost: float | None  # USD per attempt; None when a model it calls is not known or has no price
+    models: dict[int, str | None]
+    tokens: dict[str, float]  # model -> tokens per attempt (for the model's quota)
+    calls: dict[str, float]  # model -> calls per attempt
+    reserve: dict[str, float]  # model -> tokens a call in flight holds beyond what it will use, until settled
+    mix_var: float = 0.0  # the variance of the price per attempt from how few attempts measured each tier's share
+
+
 def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], workers: int,
-             limits: Mapping[str, RateLimit] | None = None) -> dict[str, Any]:
+             limits: Mapping[str, RateLimit] | None = None,
+             prices: Sequence[PriceTable] | None = None) -> dict[str, Any]:
     """Tokens, cost and wall time of running ``to_run`` tasks per stage, with 95% margins."""
     limits = pipeline.limits if limits is None else limits
+    prices = price_tables(pipeline) if prices is None else prices
     stages: dict[str, Any] = {}
     tokens = cost = 0.0
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
-    unpriced = False
-    slowest = 0.0
+    unpriced: list[str] = []
+    slowest = fill = by_slots = 0.0
+    by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight]
     for name, count in to_run.items():
         if count <= 0:
             continue
@@ -99,28 +199,185 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
             unknown.append(name)
             stages[name] = {"tasks": count, "basis": "none"}
             continue
+        stage = _stage(pipeline, name)
         attempts = count * h.per_task
-        t_var, c_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens), _variance(
-            h.cost_sd, attempts, h.attempts, h.cost)
-        seconds = _stage_seconds(pipeline, name, h, attempts, workers, limits)
+        priced = _price(stage, h, prices)
+        t_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens)
+        per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
+        slots = _slots(stage, workers)
+        seconds = attempts * h.seconds / slots
+        by_slots = max(by_slots, seconds)
+        for model, per_attempt in priced.tokens.items():
+            own = (attempts * per_attempt, attempts * priced.calls[model], slots * priced.reserve[model])
+            use = by_model.setdefault(model, [0.0, 0.0, 0.0])
+            use[0], use[1], use[2] = use[0] + own[0], use[1] + own[1], max(use[2], own[2])
+            seconds = max(seconds, _quota_seconds(limits, model, *own))
+        stage_cost = None if priced.cost is None else attempts * priced.cost
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
-                        "cost": None if h.unpriced else attempts * h.cost, "seconds": seconds,
-                        "attempts_seen": h.attempts, "basis": past.basis}
+                        "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
+                        "models": {str(t): m for t, m in sorted(priced.models.items())},
+                        "attempt_seconds": h.seconds}
+        if priced.cost is None and h.calls:
+            unpriced.append(name)
         tokens += attempts * h.tokens
-        cost += attempts * h.cost
+        cost += stage_cost or 0.0
         tokens_var += t_var
-        cost_var += c_var
-        unpriced = unpriced or h.unpriced
+        cost_var += t_var * per_token * per_token + attempts * attempts * priced.mix_var
         slowest = max(slowest, seconds)
+        fill += h.seconds
+    quota, pacer = max(((_quota_seconds(limits, m, *use), m) for m, use in by_model.items()), default=(0.0, ""))
+    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None)
+    busy = max(slowest, quota)
+    seconds = past.startup + busy + fill if busy else 0.0
+    return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
+            "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
+            "seconds": seconds, "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
+            "unpriced_stages": unpriced, "startup_seconds": past.startup if busy else 0.0, "stages": stages}
+
+
+def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None) -> str:
+    """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
              f"{seen:,} attempt(s)" if past.stages else "no history")
     if unknown:
         basis += f"; no measure for {', '.join(unknown)}"
-    return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
-            "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
-            "seconds": slowest, "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
-            "stages": stages}
+    if unpriced:
+        basis += (f"; cost leaves out {', '.join(unpriced)}: the model it will call is not known or has no price "
+                  "(declare it: config={'model': ...}; price it: CONVEYOR_PRICES)")
+    if pacer:
+        basis += f"; {pacer}'s quota paces it"
+    return basis
+
+
+def _stage(pipeline: Pipeline, name: str) -> Stage | None:
+    try:
+        return pipeline[name]
+    except Exception:  # a stage of the history the declaration no longer has
+        return None
+
+
+def _slots(stage: Stage | None, workers: int) -> int:
+    if stage is None:
+        return max(1, workers)
+    return max(1, workers) * (stage.concurrency if stage.is_async else 1)
+
+
+def stage_model(stage: Stage | None, tier: int, h: StageHistory) -> str | None:
+    """The model ``stage`` will call at escalation ``tier``: the one its config declares there, else the one its
+    past tasks asked for under the same version and config; None when neither says."""
+    config: Mapping[str, Any] = {}
+    if stage is not None:
+        config = stage.accept.config_at(stage.config, tier) if stage.accept is not None else stage.config
+        model = config.get("model")
+        if isinstance(model, str) and model:
+            return model
+        asked = h.asked.get((stage.version, stage.config_hash))
+        if asked:
+            return max(sorted(asked), key=lambda m: asked[m])
+    return None
+
+
+def _price(stage: Stage | None, h: StageHistory, prices: Sequence[PriceTable]) -> _Priced:
+    """The cost of one attempt of ``stage`` at the prices of the models it will call, tier by tier."""
+    cost: float | None = 0.0
+    models: dict[int, str | None] = {}
+    tokens: dict[str, float] = {}
+    calls: dict[str, float] = {}
+    reserve: dict[str, float] = {}
+    by_tier: dict[int, float] = {}
+    for tier, use in sorted(h.tiers.items()):
+        if not use.calls:
+            continue
+        model = models[tier] = stage_model(stage, tier, h)
+        price = None if model is None else _model_price(model, use.prompt, use.completion, prices, h.paid)
+        cost = None if cost is None or price is None else cost + use.share * price
+        if price is not None:
+            by_tier[tier] = price
+        if model is None:
+            continue
+        tokens[model] = tokens.get(model, 0.0) + use.share * (use.prompt + use.completion)
+        calls[model] = calls.get(model, 0.0) + use.share * use.calls
+        # A call holds prompt + max_tokens until it is settled to what it used: the answer's unused room.
+        reserve[model] = max(reserve.get(model, 0.0), max(0.0, _max_tokens(stage, tier) - use.completion / use.calls))
+    if not h.tiers and h.calls and stage is not None:  # history from before tiers were recorded
+        cost = h.cost if not h.unpriced else None
+    _unseen_tiers(stage, h, prices, by_tier)
+    return _Priced(cost, models, tokens, calls, reserve, _mix_variance(h, by_tier))
+
+
+def _unseen_tiers(stage: Stage | None, h: StageHistory, prices: Sequence[PriceTable],
+                  by_tier: dict[int, float]) -> None:
+    """Declared escalation tiers the measure never saw (a small sample): their price, for the margin only."""
+    first = h.tiers.get(0)
+    if stage is None or stage.accept is None or first is None or not first.calls:
+        return
+    for tier in range(1, len(stage.accept.tiers) + 1):
+        model = stage_model(stage, tier, h)
+        if tier not in by_tier and model is not None:
+            price = _model_price(model, first.prompt, first.completion, prices, h.paid)
+            if price is not None:
+                by_tier[tier] = price
+
+
+def _mix_variance(h: StageHistory, by_tier: Mapping[int, float]) -> float:
+    """How uncertain the price per attempt is because each tier's share was measured on ``h.attempts``
+    attempts: an escalation to a model many times dearer, seen in a few of them, moves the cost the most."""
+    first = by_tier.get(min(by_tier)) if by_tier else None
+    if first is None or h.attempts <= 0:
+        return 0.0
+    variance = 0.0
+    for tier, price in by_tier.items():
+        share = h.tiers[tier].share if tier in h.tiers else 0.0
+        variance += (price - first) ** 2 * max(share * (1 - share), 1 / (h.attempts + 1)) / h.attempts
+    return variance
+
+
+def _max_tokens(stage: Stage | None, tier: int) -> float:
+    if stage is None:
+        return DEFAULT_MAX_TOKENS
+    config = stage.accept.config_at(stage.config, tier) if stage.accept is not None else stage.config
+    value = config.get("max_tokens", DEFAULT_MAX_TOKENS)
+    return float(value) if isinstance(value, (int, float)) else DEFAULT_MAX_TOKENS
+
+
+def _model_price(model: str, prompt: float, completion: float, prices: Sequence[PriceTable],
+                 paid: Sequence[ModelUse]) -> float | None:
+    """USD for ``prompt`` + ``completion`` tokens of ``model``: from a price table that knows it, else at what its
+    past calls cost per token; None when neither."""
+    for table in prices:
+        found = table.find(model)
+        if found is not None:
+            return (prompt * found.input + completion * found.output) / 1_000_000
+    same = [u for u in paid if same_model(model, u.model) and u.unpriced < u.calls]
+    spent = sum(u.prompt + u.completion for u in same)
+    if not same:
+        return None
+    return sum(u.cost for u in same) / spent * (prompt + completion) if spent else 0.0
+
+
+def same_model(asked: str, reported: str) -> bool:
+    """Whether a provider's reported model is the one asked for: ``sim-1@2026-11-01`` and
+    ``gpt-4o-mini-2024-07-18`` are ``sim-1`` and ``gpt-4o-mini``."""
+    base = reported.split("@", 1)[0]
+    return asked in (reported, base) or (base.startswith(asked + "-") and not base[len(asked) + 1:][:1].isalpha())
+
+
+def _quota_seconds(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float,
+                   held: float = 0.0) -> float:
+    """How long ``model``'s quota holds ``tokens`` over ``calls`` (and ``held``, what calls in flight reserve
+    beyond their use): a sliding minute lets a minute's limit through at once, then the next when those grants
+    age out, so the last grant waits a whole minute for each limit's worth before it; a ``spread`` limit paces
+    them evenly instead."""
+    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    if limit is None:
+        return 0.0
+    seconds = 0.0
+    for used, per_minute in ((tokens + held, limit.tpm), (calls, limit.rpm)):
+        if per_minute:
+            minutes = used / per_minute if limit.spread else math.floor(used / per_minute)
+            seconds = max(seconds, minutes * WINDOW_S)
+    return seconds
 
 
 def _variance(sd: float, attempts: float, seen: int, mean: float) -> float:
@@ -131,24 +388,3 @@ def _variance(sd: float, attempts: float, seen: int, mean: float) -> float:
     of_mean = (attempts * sd / math.sqrt(seen)) ** 2
     few = (attempts * mean) ** 2 / seen if seen < 5 else 0.0  # a handful of measures: say so in the margin
     return spread + of_mean + few
-
-
-def _stage_seconds(pipeline: Pipeline, name: str, h: StageHistory, attempts: float, workers: int,
-                   limits: Mapping[str, RateLimit]) -> float:
-    """The wall time of one stage's attempts: its quota's pace or its concurrency's, whichever is slower."""
-    try:
-        stage = pipeline[name]
-    except Exception:
-        return 0.0
-    slots = max(1, workers) * (stage.concurrency if stage.is_async else 1)
-    by_concurrency = attempts * h.seconds / slots
-    by_quota = 0.0
-    for model in h.models[:1]:
-        limit = find_limit(limits, "", model)
-        if limit is None:
-            continue
-        if limit.tpm:
-            by_quota = max(by_quota, attempts * h.tokens / limit.tpm * 60.0)
-        if limit.rpm:
-            by_quota = max(by_quota, attempts * h.calls / limit.rpm * 60.0)
-    return max(by_concurrency, by_quota)

@@ -24,6 +24,20 @@ class StageCosts(NamedTuple):
     unpriced: int
 
 
+class ModelUse(NamedTuple):
+    """Sums over the invoked attempts of one stage at one escalation tier with one reported model."""
+
+    stage: str
+    tier: int
+    model: str  # as the provider reported it ("sim-1@2026-11-01"), "" for attempts that called none
+    attempts: int
+    prompt: float
+    completion: float
+    cost: float
+    calls: int
+    unpriced: int
+
+
 class ForecastQueries:
     db: Dialect
 
@@ -48,6 +62,45 @@ class ForecastQueries:
         return [StageCosts(str(r[0]), int(r[1]), int(r[2]), float(r[3] or 0), float(r[4] or 0), float(r[5] or 0),
                            float(r[6] or 0), float(r[7] or 0), float(r[8] or 0), int(r[9] or 0), int(r[10] or 0))
                 for r in rows]
+
+    def model_use(self, run_ids: Sequence[str]) -> list[ModelUse]:
+        """Per stage, escalation tier and reported model, the sums over these runs' invoked attempts."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT t.stage, COALESCE(a.tier, 0), COALESCE(a.model, ''), COUNT(*), SUM(a.prompt_tokens),
+                SUM(a.completion_tokens), SUM(a.cost), SUM(a.provider_calls), SUM(a.unpriced_calls)
+            FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id IN ({marks}) AND a.invoked = 1
+            GROUP BY t.stage, COALESCE(a.tier, 0), COALESCE(a.model, '')""",
+            list(run_ids))
+        return [ModelUse(str(r[0]), int(r[1]), str(r[2]), int(r[3]), float(r[4] or 0), float(r[5] or 0),
+                         float(r[6] or 0), int(r[7] or 0), int(r[8] or 0)) for r in rows]
+
+    def declared_models(self, run_ids: Sequence[str]) -> dict[tuple[str, str, str], dict[str, int]]:
+        """(stage, stage version, config hash) -> the models its tasks asked for under that declaration."""
+        found: dict[tuple[str, str, str], dict[str, int]] = {}
+        for run_id in run_ids:
+            for stage, version, config, model, count in self.db.execute(
+                    "SELECT p.stage, t.stage_version, t.config_hash, p.value, COUNT(*) FROM provenance p "
+                    "JOIN tasks t ON t.run_id = p.run_id AND t.root_key = p.root_key AND t.item_key = p.item_key "
+                    "AND t.stage = p.stage WHERE p.run_id = ? AND p.name = 'model' "
+                    "GROUP BY p.stage, t.stage_version, t.config_hash, p.value", (run_id,)):
+                by_model = found.setdefault((str(stage), str(version), str(config)), {})
+                by_model[str(model)] = by_model.get(str(model), 0) + int(count)
+        return found
+
+    def run_startups(self, run_ids: Sequence[str]) -> list[float]:
+        """Per run, the seconds from its creation to its first attempt (submission, workers starting)."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT MIN(a.started_at) - r.created_at FROM runs r JOIN attempts a ON a.run_id = r.run_id
+            WHERE r.run_id IN ({marks}) AND a.started_at IS NOT NULL GROUP BY r.run_id, r.created_at""",
+            list(run_ids))
+        return [max(0.0, float(r[0])) for r in rows if r[0] is not None]
 
     def stage_models(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """stage -> the models its tasks asked for, with how many tasks asked each."""
