@@ -14,6 +14,7 @@ _log = logging.getLogger("conveyor.stage")
 if TYPE_CHECKING:
     from conveyor.runtime.provider_batch import BatchCalls
     from conveyor.runtime.services import Services
+    from conveyor.store import Lease
 
 
 class Context:
@@ -25,12 +26,12 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "judged", "lane",
-                 "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
+                 "lease", "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
-                 judged: bool = False, batch: BatchCalls | None = None) -> None:
+                 judged: bool = False, batch: BatchCalls | None = None, lease: Lease | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -56,6 +57,7 @@ class Context:
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
         self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
+        self.lease = lease  # the task's lease: its model calls' budget reservations are held by it
 
     @cached_property
     def idempotency_key(self) -> str:
@@ -96,7 +98,7 @@ class Context:
             raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
 
         def direct() -> Any:
-            return services.call(method, payload, options, self.lane, self.usage, self.run_id)
+            return services.call(method, payload, options, self.lane, self.usage, self.run_id, self.lease)
 
         api = services.batch_api() if self.batch is not None and method == "chat" else None
         if api is None or self.batch is None:

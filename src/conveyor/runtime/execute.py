@@ -33,7 +33,7 @@ from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
-from conveyor.store import ClaimedTask
+from conveyor.store import ClaimedTask, Lease
 from conveyor.store.provider_batch import RequestState
 
 Finish = Callable[[Outcome], None]
@@ -134,7 +134,7 @@ class Executor:
             if ctx.batch is not None:
                 if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
                     raise Deferred()
-                await self.services.charge(task.run_id, ctx.batch.usage)
+                await self.services.charge(task.run_id, ctx.batch.usage, Lease(task.id, task.lease_token))
                 ctx.usage.merge(ctx.batch.usage)
             finish(_made_by(await asyncio.to_thread(self.settle, task, stage, value, result, started,
                                                     time.perf_counter() - t0, ctx.usage), stage, ctx.provenance))
@@ -238,4 +238,5 @@ class Executor:
                                self.clock())
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
-                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch)
+                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch,
+                       lease=Lease(task.id, task.lease_token))
