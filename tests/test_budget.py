@@ -240,3 +240,19 @@ def test_resume_with_a_higher_budget_keeps_the_reservations_of_calls_in_flight(t
         assert spent + reserved <= 1.5 + 1e-9
     finally:
         store.close()
+
+
+@pytest.mark.timeout(240)
+def test_two_of_four_workers_killed_mid_call_neither_wedge_nor_overspend_the_budget(tmp_path: Path,
+                                                                                   store_url: str) -> None:
+    from bench.budget_kill import kill_scenario
+
+    figures = kill_scenario(store_url, tmp_path, items=24, budget=1.5, latency_ms=400, exit_s=60)
+    assert figures.exit_s is not None, "the survivors paused the run and exited: no call waited for ever"
+    assert figures.status == "paused budget" and "budget would pass" in figures.note
+    assert figures.lost_calls >= 1, "the killed workers' calls in flight are counted, at their estimate"
+    ceiling = figures.budget + figures.largest_estimate
+    assert figures.spent <= ceiling and figures.paid <= ceiling, figures
+    assert figures.paid <= figures.spent + 1e-9, "what the provider charged is counted, the killed calls too"
+    assert figures.completed, f"resume --budget-usd completes every item: {figures.resumed}"
+    assert figures.final_spent == pytest.approx(figures.final_usage_cost), "usage counts what the budget counts"

@@ -320,6 +320,9 @@ class Worker:
 
     async def _claim_suspect(self) -> bool:
         """With nothing in flight, take one task that was in flight when a worker died, and run it alone."""
+        # The runs paused since the last claim first: a suspect whose call found its run paused would otherwise
+        # be claimed again at once, for ever (alone, this worker makes no other claim that would read them).
+        await self._read_backlog()
         claimed = await self._call(self.transitions.claim_suspect, self.clock(), self.lease, self.opts.run_id,
                                    self._paused)
         if claimed:
