@@ -167,6 +167,8 @@ def test_a_reservation_whose_lease_expired_is_freed_and_counted_at_its_estimate(
         store.resume_paused(run_id, 2.0, keep_budget=False)
         store.settle_budget([(held, 0.2)])  # a stalled worker comes back: what the call cost is known now
         assert store.spent(run_id) == pytest.approx((0.5, 0.0))
+        # The reclaim's attempt gives the estimate back (the stalled worker's own attempt counts the call).
+        assert reconciled(store_url, run_id)["usage"]["cost"] == pytest.approx(0.3)
     finally:
         store.close()
 

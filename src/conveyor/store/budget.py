@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import OPEN_STATES, Lease
+from conveyor.store.runtotals import RunTally, RunTotalsQueries
 from conveyor.store.tasks import chunks
 
 GRANTED, NO_BUDGET, PAUSED, EXHAUSTED, WAIT = "granted", "no_budget", "paused", "exhausted", "wait"
@@ -46,7 +47,7 @@ class Lost(NamedTuple):
     usd: float
 
 
-class BudgetQueries:
+class BudgetQueries(RunTotalsQueries):
     db: Dialect
 
     def run_budget(self, run_id: str) -> tuple[float | None, str | None]:
@@ -136,18 +137,32 @@ class BudgetQueries:
         return by_task
 
     def settle_budget(self, settled: Sequence[tuple[Reservation, float]]) -> None:
-        """(reservation, what the call cost): the reservation gives way to the cost (one counted at its estimate
-        because its lease was lost is corrected to the cost)."""
+        """(reservation, what the call cost): the reservation gives way to the cost. One counted at its estimate
+        because its lease was lost (a stalled worker's, settled late) is corrected to the cost."""
         with self.db.transaction():
             for hold, cost in settled:
-                rows = self.db.execute("DELETE FROM budget_reservations WHERE id = ? RETURNING lost", (hold.id,))
+                rows = self.db.execute("DELETE FROM budget_reservations WHERE id = ? RETURNING lost, task_id, "
+                                       "lease_token", (hold.id,))
                 if rows and rows[0][0]:
-                    self.db.execute("UPDATE runs SET spent_usd = spent_usd + ? WHERE run_id = ?",
-                                    (cost - hold.usd, hold.run_id))
+                    self._known(hold, cost, rows[0][1], rows[0][2])
                     continue
                 self.db.execute(
                     "UPDATE runs SET reserved_usd = CASE WHEN reserved_usd > ? THEN reserved_usd - ? ELSE 0 END, "
                     "spent_usd = spent_usd + ? WHERE run_id = ?", (hold.usd, hold.usd, cost, hold.run_id))
+
+    def _known(self, hold: Reservation, cost: float, task_id: int | None, token: int | None) -> None:
+        """A lost reservation's call settled after all: the run spent ``cost``, not the estimate, and the attempt
+        that counted the estimate (the lease's reclaim) gives it back; the worker's own attempt, fenced off as
+        lease_lost, counts the call with what it cost."""
+        self.db.execute("UPDATE runs SET spent_usd = spent_usd + ? WHERE run_id = ?", (cost - hold.usd, hold.run_id))
+        if task_id is None or not self.db.execute_rowcount(
+                "UPDATE attempts SET cost = cost - ?, provider_calls = provider_calls - 1 WHERE task_id = ? AND "
+                "lease_token = ? AND outcome = 'lease_expired' AND provider_calls > 0", (hold.usd, task_id, token)):
+            return
+        given_back = RunTally()
+        given_back.add(hold.run_id, "usage", "cost", value=-hold.usd)
+        given_back.add(hold.run_id, "usage", "provider_calls", value=-1)
+        self.add_run_totals(given_back)
 
     def spent(self, run_id: str) -> tuple[float, float]:
         """(spent, reserved) of a run with a budget."""
