@@ -69,8 +69,10 @@ class BudgetQueries(RunTotalsQueries):
                 return GRANTED, self._hold(run_id, usd, lease)
             if self._count_released(run_id) and self._grant(run_id, usd):
                 return GRANTED, self._hold(run_id, usd, lease)
-            rows = self.db.execute("SELECT budget_usd, paused, spent_usd, reserved_usd FROM runs WHERE run_id = ?",
-                                   (run_id,))
+            # What calls in flight hold is read from their rows: the run's running sum may keep a rounding residue.
+            rows = self.db.execute(
+                "SELECT budget_usd, paused, spent_usd, (SELECT COALESCE(SUM(usd), 0) FROM budget_reservations WHERE "
+                "run_id = runs.run_id AND lost = 0) FROM runs WHERE run_id = ?", (run_id,))
             if not rows or (rows[0][0] is None and rows[0][1] is None):
                 return NO_BUDGET, None
             budget, paused, spent, reserved = rows[0]
