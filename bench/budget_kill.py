@@ -6,7 +6,8 @@
 The scenario (issue 27 point 4), once per backend: a run of ``--items`` documents with a ``--budget`` is
 submitted; four ``conveyor worker --until-idle`` processes work it against one store and the provider
 simulator (one ``ctx.chat`` per document, ``--latency-ms`` per answer, so calls are in flight most of the
-time; leases of 2 s). As soon as two workers hold budget reservations of calls in flight, both are SIGKILLed.
+time; leases of 2 s; the tasks become runnable 8 s after the submission, so that all four workers are up and
+share them). As soon as two workers hold budget reservations of calls in flight, both are SIGKILLed.
 The budget runs out; the two survivors must pause the run and exit (a dead worker's reservations are counted
 at their estimate once its leases are reclaimed, instead of blocking every call that would fit without them).
 Then ``conveyor resume RUN --budget-usd 1000`` must complete every item.
@@ -39,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parent / "src")
 PRICES = {"sim-1": [1000.0, 4000.0]}  # USD per million tokens: a call costs about $0.1, so budgets stay small
 MAX_TOKENS = 40
+HOLD_S = 8.0  # how long after the submission its tasks become runnable: the workers start meanwhile
 EXIT_S = 60.0  # how long the survivors may take to pause the run and exit before they count as waiting for ever
 
 PIPELINE = f"""
@@ -120,7 +122,9 @@ def _query(store_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         store.close()
 
 
-def _submit(target: str, docs: Path, store_url: str, blobs: Path, budget: float) -> str:
+def _submit(target: str, docs: Path, store_url: str, blobs: Path, budget: float, hold_s: float) -> str:
+    """The run, its tasks runnable only ``hold_s`` from now: time for the four workers to start, so that they
+    share the work (the first one up would otherwise spend the whole budget alone, on a loaded host)."""
     from conveyor.blobs import FilesystemBlobs
     from conveyor.runtime.target import load_target
     from conveyor.service.submit import SubmitOptions, submit
@@ -129,7 +133,7 @@ def _submit(target: str, docs: Path, store_url: str, blobs: Path, budget: float)
     store = open_store(store_url)
     try:
         return submit(load_target(target), target, str(docs), store, FilesystemBlobs(blobs),
-                      options=SubmitOptions(budget_usd=budget)).run_id
+                      clock=lambda: store.clock() + hold_s, options=SubmitOptions(budget_usd=budget)).run_id
     finally:
         store.close()
 
@@ -185,7 +189,7 @@ def kill_scenario(store_url: str, folder: Path, backend: str = "", items: int = 
     target, blobs, log = f"{folder / 'pipe.py'}:pipe", folder / "blobs", folder / "sim.log"
     texts = _docs(folder / "docs", items)
     figures = Figures(backend, budget, largest_estimate(texts))
-    run_id = _submit(target, folder / "docs", store_url, blobs, budget)
+    run_id = _submit(target, folder / "docs", store_url, blobs, budget, HOLD_S)
     with run_simulator(SimConfig(seed=7, latency_ms=latency_ms, log_path=log)) as url:
         cmd = [sys.executable, "-m", "conveyor", "worker", target, "--until-idle", "--run", run_id, "--db", store_url,
                "--blobs", str(blobs)]

@@ -75,7 +75,8 @@ def _guarded_failure(stage: Stage, failure: Failure | None) -> Failure:
 
 class Executor:
     def __init__(self, pipeline: Pipeline, target: str, blobs: Blobs, guarded_processes: int,
-                 clock: Callable[[], float], store_url: str | None = None, worker: str = "") -> None:
+                 clock: Callable[[], float], store_url: str | None = None, worker: str = "",
+                 lease_seconds: float | None = None) -> None:
         self.pipeline = pipeline
         self.target = target
         self.blobs = blobs
@@ -87,7 +88,7 @@ class Executor:
         self._semaphores = {(s.name, rank): asyncio.Semaphore(s.concurrency)
                             for s in pipeline if s.is_async for rank in (0, 1)}
         self._pool: GuardedPool | None = None
-        self.services = Services(pipeline, store_url, worker)
+        self.services = Services(pipeline, store_url, worker, lease_seconds)
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}

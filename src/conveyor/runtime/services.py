@@ -31,13 +31,14 @@ class Services:
     from ``CONVEYOR_LIMITS``; a bad ``CONVEYOR_LIMITS`` fails when the worker starts.
     """
 
-    def __init__(self, pipeline: Pipeline, store_url: str | None = None, worker: str = "") -> None:
+    def __init__(self, pipeline: Pipeline, store_url: str | None = None, worker: str = "",
+                 lease_seconds: float | None = None) -> None:
         self._factory: Callable[[], Any] | None = pipeline.provider_factory
         self._provider: Any = None
         self.limits = {**pipeline.limits, **parse_limits(os.environ.get(LIMITS_ENV))}
         self.gate = QuotaGate(store_url, self.limits, worker) if store_url else None
-        self.budgets = (BudgetKeeper(self.gate.on_store, patience=PATIENCE_LEASES * pipeline.lease_seconds)
-                        if self.gate is not None else None)
+        patience = PATIENCE_LEASES * (lease_seconds or pipeline.lease_seconds)  # the worker's leases
+        self.budgets = BudgetKeeper(self.gate.on_store, patience=patience) if self.gate is not None else None
         self.breaker = BreakerWatch(pipeline.breaker)
         self._tripped: dict[str, str] = {}  # run -> why its breaker tripped here
         self._batch_api: Any = None  # made on first use; False: the provider has none

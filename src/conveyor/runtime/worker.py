@@ -88,7 +88,7 @@ class Worker:
         self.lease = self.opts.lease_seconds or pipeline.lease_seconds
         self.stats: Counter[str] = Counter()
         self.executor = Executor(pipeline, absolute_target(target), blobs, self.opts.guarded_processes,
-                                 self.clock, store_url, self.id)
+                                 self.clock, store_url, self.id, self.lease)
         self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
         self._leases: dict[int, int] = {}
