@@ -3,11 +3,23 @@ with what it spent, loses nothing, and carries on with `conveyor resume RUN --bu
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conveyor import Pipeline
+from conveyor.blobs import FilesystemBlobs
+from conveyor.errors import UserError
+from conveyor.runtime.budget import BudgetKeeper, RunPaused
+from conveyor.runtime.transitions import Transitions
+from conveyor.service.inputs import SourceItem
+from conveyor.service.runs import carry_on
+from conveyor.service.submit import SubmitOptions, submit
+from conveyor.store import Lease, SqlStore, open_store
+from conveyor.store.budget import EXHAUSTED, GRANTED, WAIT
 from tests.helpers import cli, query, reconciled, submit_and_work, write_pipeline
 
 pytest.importorskip("openai")
@@ -114,3 +126,139 @@ def test_the_breaker_pauses_a_run_whose_calls_all_fail_and_resume_retries_them(
                cwd=tmp_path, env={"KEY_FIXED": "1"}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["outcomes"] == {"completed": 30}, "the calls that failed before it tripped too"
+
+
+# --- reservations belong to leases (store and keeper, both backends) -------------------------------------------
+
+LEASED = Pipeline("leased", lease_seconds=5)
+
+
+@LEASED.stage
+async def call(ctx: Any, source: bytes) -> str:
+    return source.decode()
+
+
+T0 = 1_700_000_000.0
+
+
+def _leased_run(store_url: str, tmp_path: Path, budget: float, items: int = 3) -> tuple[SqlStore, str, list[Lease]]:
+    """A run of ``items`` with a ``budget``, every task claimed by worker A under a 5 s lease from T0."""
+    store = open_store(store_url)
+    sources = [SourceItem(f"doc{i}", text=b"hello") for i in range(items)]
+    run_id = submit(LEASED, "leased", "inline", store, FilesystemBlobs(tmp_path / "blobs"), clock=lambda: T0,
+                    items=sources, options=SubmitOptions(budget_usd=budget)).run_id
+    claimed = store.claim("leased", ["call"], 10, "A", T0, 5, run_id)
+    return store, run_id, [Lease(t.id, t.lease_token) for t in claimed]
+
+
+def test_a_reservation_whose_lease_expired_is_freed_and_counted_at_its_estimate(tmp_path: Path,
+                                                                               store_url: str) -> None:
+    store, run_id, (a, b, c) = _leased_run(store_url, tmp_path, 1.0)
+    try:
+        answer, held = store.reserve_budget(run_id, 0.6, "a", a)
+        assert answer == GRANTED and held is not None
+        assert store.reserve_budget(run_id, 0.3, "b", b)[0] == GRANTED
+        assert store.reserve_budget(run_id, 0.3, "c", c)[0] == WAIT, "fits only once the calls in flight settle"
+        # A's worker dies mid-call; whoever notices reclaims its leases. Its calls were probably paid.
+        assert Transitions(LEASED, store, "reaper").reclaim_expired(T0 + 10)["requeued"] == 3
+        assert store.spent(run_id) == pytest.approx((0.9, 0.0)), "counted at their estimate, not reserved for ever"
+        report = reconciled(store_url, run_id)
+        assert report["usage"]["cost"] == pytest.approx(0.9) and report["usage"]["provider_calls"] == 2
+        [message] = [m for (m,) in store.db.execute(
+            "SELECT message FROM attempts WHERE task_id = ? AND outcome = 'lease_expired'", (a.task_id,))]
+        assert "counted at their estimate, $0.6000" in message
+        assert store.reserve_budget(run_id, 0.3, "c", c)[0] == EXHAUSTED, "0.9 + 0.3 does not fit: no wait"
+        store.resume_paused(run_id, 2.0, keep_budget=False)
+        store.settle_budget([(held, 0.2)])  # a stalled worker comes back: what the call cost is known now
+        assert store.spent(run_id) == pytest.approx((0.5, 0.0))
+        # The reclaim's attempt gives the estimate back (the stalled worker's own attempt counts the call).
+        assert reconciled(store_url, run_id)["usage"]["cost"] == pytest.approx(0.3)
+    finally:
+        store.close()
+
+
+def test_a_released_lease_frees_its_reservation(tmp_path: Path, store_url: str) -> None:
+    store, run_id, (a, b, _) = _leased_run(store_url, tmp_path, 1.0)
+    try:
+        assert store.reserve_budget(run_id, 0.5, "a", a)[0] == GRANTED
+        Transitions(LEASED, store, "A").release([a])  # given back without the call settling
+        assert store.reserve_budget(run_id, 0.6, "b", b)[0] == EXHAUSTED, "no wait for a call nobody holds"
+        assert store.spent(run_id) == pytest.approx((0.5, 0.0)), "counted at its estimate"
+    finally:
+        store.close()
+
+
+class _Ticks:
+    """A clock that moves a second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_for_calls_in_flight_ends_within_its_bound_and_pauses_the_run(tmp_path: Path,
+                                                                             store_url: str) -> None:
+    store, run_id, (a, b, _) = _leased_run(store_url, tmp_path, 1.0)
+    try:
+        assert store.reserve_budget(run_id, 0.6, "a", a)[0] == GRANTED  # a call that never settles, lease held
+        waits: list[float] = []
+
+        async def db(fn: Any) -> Any:
+            return fn(store)
+
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+
+        keeper = BudgetKeeper(db, clock=_Ticks(), patience=10.0, sleep=sleep)
+        with pytest.raises(RunPaused):
+            asyncio.run(keeper.reserve(run_id, 0.5, "sim-1", b))
+        assert 0 < len(waits) <= 10, "it waited, and not for ever"
+        run = store.get_run(run_id)
+        assert run is not None and run.paused == "budget"
+        assert run.note is not None and "did not settle within 10s" in run.note and "$0.6000" in run.note
+        assert store.spent(run_id) == pytest.approx((0.0, 0.6)), "the call in flight keeps its reservation"
+    finally:
+        store.close()
+
+
+def test_resume_with_a_higher_budget_keeps_the_reservations_of_calls_in_flight(tmp_path: Path,
+                                                                               store_url: str) -> None:
+    store, run_id, (a, b, c) = _leased_run(store_url, tmp_path, 1.0)
+    try:
+        answer, first = store.reserve_budget(run_id, 0.6, "a", a)
+        assert answer == GRANTED and first is not None
+        assert store.reserve_budget(run_id, 0.6, "b", b, waited=1.0, patience=1.0)[0] == EXHAUSTED
+        run = store.get_run(run_id)
+        assert run is not None and run.paused == "budget"
+        with pytest.raises(UserError, match="not more than"):  # 0.6 is still reserved by the call in flight
+            carry_on(store, FilesystemBlobs(tmp_path / "blobs"), run, LEASED, 0.5)
+        carry_on(store, FilesystemBlobs(tmp_path / "blobs"), run, LEASED, 1.5)
+        assert store.spent(run_id) == pytest.approx((0.0, 0.6)), "resume only raises the ceiling"
+        answer, second = store.reserve_budget(run_id, 0.6, "b", b)
+        assert answer == GRANTED and second is not None
+        assert store.reserve_budget(run_id, 0.6, "c", c)[0] != GRANTED, "0.6 + 0.6 in flight: no room for 0.6"
+        store.settle_budget([(first, 0.6), (second, 0.6)])
+        spent, reserved = store.spent(run_id)
+        assert spent + reserved <= 1.5 + 1e-9
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(240)
+def test_two_of_four_workers_killed_mid_call_neither_wedge_nor_overspend_the_budget(tmp_path: Path,
+                                                                                   store_url: str) -> None:
+    from bench.budget_kill import kill_scenario
+
+    figures = kill_scenario(store_url, tmp_path, items=24, budget=1.5, latency_ms=400, exit_s=60)
+    assert figures.exit_s is not None, "the survivors paused the run and exited: no call waited for ever"
+    assert figures.status == "paused budget" and "budget would pass" in figures.note
+    assert figures.lost_calls >= 1, "the killed workers' calls in flight are counted, at their estimate"
+    ceiling = figures.budget + figures.largest_estimate
+    assert figures.spent <= ceiling and figures.paid <= ceiling, figures
+    assert figures.paid <= figures.spent + 1e-9, "what the provider charged is counted, the killed calls too"
+    assert figures.completed, f"resume --budget-usd completes every item: {figures.resumed}"
+    assert figures.final_spent == pytest.approx(figures.final_usage_cost), "usage counts what the budget counts"

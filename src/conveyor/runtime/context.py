@@ -16,6 +16,7 @@ _log = logging.getLogger("conveyor.stage")
 if TYPE_CHECKING:
     from conveyor.runtime.provider_batch import BatchCalls
     from conveyor.runtime.services import Services
+    from conveyor.store import Lease
 
 
 class Context:
@@ -27,13 +28,13 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "judged", "lane",
-                 "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
+                 "lease", "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
-                 judged: bool = False, batch: BatchCalls | None = None, params: Mapping[str, Any] | None = None,
-                 ) -> None:
+                 judged: bool = False, batch: BatchCalls | None = None, lease: Lease | None = None,
+                 params: Mapping[str, Any] | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -62,6 +63,7 @@ class Context:
         if idempotency_key is not None:
             self.__dict__["idempotency_key"] = idempotency_key
         self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
+        self.lease = lease  # the task's lease: its model calls' budget reservations are held by it
 
     @cached_property
     def idempotency_key(self) -> str:
@@ -102,7 +104,7 @@ class Context:
             raise RuntimeError("ctx.chat/ctx.embed are for async stages run by a conveyor worker")
 
         def direct() -> Any:
-            return services.call(method, payload, options, self.lane, self.usage, self.run_id)
+            return services.call(method, payload, options, self.lane, self.usage, self.run_id, self.lease)
 
         api = services.batch_api() if self.batch is not None and method == "chat" else None
         if api is None or self.batch is None:

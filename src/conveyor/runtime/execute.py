@@ -34,7 +34,7 @@ from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
-from conveyor.store import ClaimedTask
+from conveyor.store import ClaimedTask, Lease
 from conveyor.store.provider_batch import RequestState
 
 Finish = Callable[[Outcome], None]
@@ -76,7 +76,8 @@ def _guarded_failure(stage: Stage, failure: Failure | None) -> Failure:
 
 class Executor:
     def __init__(self, pipeline: Pipeline, target: str, blobs: Blobs, guarded_processes: int,
-                 clock: Callable[[], float], store_url: str | None = None, worker: str = "") -> None:
+                 clock: Callable[[], float], store_url: str | None = None, worker: str = "",
+                 lease_seconds: float | None = None) -> None:
         self.pipeline = pipeline
         self.target = target
         self.blobs = blobs
@@ -88,7 +89,7 @@ class Executor:
         self._semaphores = {(s.name, rank): asyncio.Semaphore(s.concurrency)
                             for s in pipeline if s.is_async for rank in (0, 1)}
         self._pool: GuardedPool | None = None
-        self.services = Services(pipeline, store_url, worker)
+        self.services = Services(pipeline, store_url, worker, lease_seconds)
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}
@@ -137,7 +138,7 @@ class Executor:
             if ctx.batch is not None:
                 if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
                     raise Deferred()
-                await self.services.charge(task.run_id, ctx.batch.usage)
+                await self.services.charge(task.run_id, ctx.batch.usage, Lease(task.id, task.lease_token))
                 ctx.usage.merge(ctx.batch.usage)
             finish(_made_by(await asyncio.to_thread(self.settle, task, stage, value, result, started,
                                                     time.perf_counter() - t0, ctx.usage), stage, ctx.provenance))
@@ -242,4 +243,5 @@ class Executor:
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
                        tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch,
+                       lease=Lease(task.id, task.lease_token),
                        params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})))

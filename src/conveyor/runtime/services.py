@@ -14,8 +14,10 @@ from conveyor.errors import ProviderUnavailable, UserError
 from conveyor.pipeline import Pipeline, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
 from conveyor.providers.estimate import chat_tokens, embed_tokens
-from conveyor.runtime.budget import BreakerWatch, BudgetKeeper, RunPaused
+from conveyor.runtime.budget import PATIENCE_LEASES, BreakerWatch, BudgetKeeper, RunPaused
 from conveyor.runtime.quota import QuotaGate
+from conveyor.store import Lease
+from conveyor.store.budget import Reservation
 
 LOCAL = "local"
 DEFAULT_MAX_TOKENS = 512
@@ -29,12 +31,14 @@ class Services:
     from ``CONVEYOR_LIMITS``; a bad ``CONVEYOR_LIMITS`` fails when the worker starts.
     """
 
-    def __init__(self, pipeline: Pipeline, store_url: str | None = None, worker: str = "") -> None:
+    def __init__(self, pipeline: Pipeline, store_url: str | None = None, worker: str = "",
+                 lease_seconds: float | None = None) -> None:
         self._factory: Callable[[], Any] | None = pipeline.provider_factory
         self._provider: Any = None
         self.limits = {**pipeline.limits, **parse_limits(os.environ.get(LIMITS_ENV))}
         self.gate = QuotaGate(store_url, self.limits, worker) if store_url else None
-        self.budgets = BudgetKeeper(self.gate.on_store) if self.gate is not None else None
+        patience = PATIENCE_LEASES * (lease_seconds or pipeline.lease_seconds)  # the worker's leases
+        self.budgets = BudgetKeeper(self.gate.on_store, patience=patience) if self.gate is not None else None
         self.breaker = BreakerWatch(pipeline.breaker)
         self._tripped: dict[str, str] = {}  # run -> why its breaker tripped here
         self._batch_api: Any = None  # made on first use; False: the provider has none
@@ -52,14 +56,14 @@ class Services:
                 raise ProviderUnavailable(str(exc)) from None
         return self._provider
 
-    async def charge(self, run_id: str, usage: Usage) -> None:
+    async def charge(self, run_id: str, usage: Usage, lease: Lease | None = None) -> None:
         """Count answers from the provider batch lane against the run's budget (they were paid for in a
         batch, not through ``call``): RunPaused when they would pass it."""
         if self.budgets is None or usage.cost <= 0:
             return
         model = ",".join(sorted(usage.models)) or "batch"
-        reserved = await self.budgets.reserve(run_id, usage.cost, model)
-        await self.budgets.settle(run_id, reserved, usage.cost)
+        held = await self.budgets.reserve(run_id, usage.cost, model, lease)
+        await self.budgets.settle(held, usage.cost)
 
     def batch_api(self) -> Any:
         """The chat provider's Batch API (the provider batch lane), or None when it has none."""
@@ -76,10 +80,11 @@ class Services:
             self.provider()
 
     async def call(self, method: str, payload: Any, options: dict[str, Any], lane: str, usage: Usage,
-                   run_id: str | None = None) -> Any:
-        """One provider call: within the run's budget (reserved first, settled after), admitted by the quota
-        gate and settled with what it used, and watched by the run's breaker. RunPaused when the run is
-        paused, or this call would pass its budget, or its breaker trips."""
+                   run_id: str | None = None, lease: Lease | None = None) -> Any:
+        """One provider call: within the run's budget (reserved first, under the ``lease`` of the task that
+        makes it, settled after), admitted by the quota gate and settled with what it used, and watched by
+        the run's breaker. RunPaused when the run is paused, or this call would pass its budget, or its
+        breaker trips."""
         provider = self.provider()
         backend = _backend(provider, method)
         name = str(getattr(backend, "name", type(backend).__name__))
@@ -90,28 +95,28 @@ class Services:
         model = str(options.get("model") or getattr(backend, "model_name", None) or "default")
         max_tokens = int(options.get("max_tokens", DEFAULT_MAX_TOKENS))
         estimate = chat_tokens(payload, max_tokens) if method == "chat" else embed_tokens(payload)
-        reserved = 0.0
+        held = None
         if run_id is not None and self.budgets is not None:
             completion = max_tokens if method == "chat" else 0
-            reserved = await self.budgets.reserve(run_id, _price(backend, model, estimate - completion, completion),
-                                                  model)
+            held = await self.budgets.reserve(run_id, _price(backend, model, estimate - completion, completion),
+                                              model, lease)
         ticket = await self.gate.acquire(f"{name}/{model}", find_limit(self.limits, name, model), estimate, lane)
         try:
             result = await self._counted(provider, method, payload, options, usage)
         except BaseException as exc:
             await self.gate.release(ticket, _charged(exc), exc)
-            await self._after(run_id, reserved, exc)
+            await self._after(run_id, held, exc)
             raise
         await self.gate.release(ticket, _charged(result))
-        await self._after(run_id, reserved, result)
+        await self._after(run_id, held, result)
         return result
 
-    async def _after(self, run_id: str | None, reserved: float, outcome: Any) -> None:
+    async def _after(self, run_id: str | None, held: Reservation | None, outcome: Any) -> None:
         """Settle the call's reservation and tell the breaker; trip it when the run's calls fail systemically."""
         if run_id is None:
             return
         if self.budgets is not None:
-            await self.budgets.settle(run_id, reserved, float(getattr(outcome, "cost", 0.0) or 0.0))
+            await self.budgets.settle(held, float(getattr(outcome, "cost", 0.0) or 0.0))
         if isinstance(outcome, BaseException) and getattr(outcome, "error_class", None) is None:
             return  # cancelled, or not the provider's answer: nothing the breaker counts
         why = self.breaker.record(run_id, getattr(outcome, "error_class", None))

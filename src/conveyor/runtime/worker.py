@@ -89,7 +89,7 @@ class Worker:
         self.lease = self.opts.lease_seconds or pipeline.lease_seconds
         self.stats: Counter[str] = Counter()
         self.executor = Executor(pipeline, absolute_target(target), blobs, self.opts.guarded_processes,
-                                 self.clock, store_url, self.id)
+                                 self.clock, store_url, self.id, self.lease)
         self.pacing = Pacing(pipeline, self.lease, self.opts.batch_size, self.opts.guarded_processes)
         self._stages = sorted((s.name for s in pipeline), key=pipeline.depth, reverse=True)
         self._leases: dict[int, int] = {}
@@ -327,6 +327,9 @@ class Worker:
 
     async def _claim_suspect(self) -> bool:
         """With nothing in flight, take one task that was in flight when a worker died, and run it alone."""
+        # The runs paused since the last claim first: a suspect whose call found its run paused would otherwise
+        # be claimed again at once, for ever (alone, this worker makes no other claim that would read them).
+        await self._read_backlog()
         claimed = await self._call(self.transitions.claim_suspect, self.clock(), self.lease, self.opts.run_id,
                                    self._paused)
         if claimed:

@@ -110,13 +110,13 @@ def carry_on(store: SqlStore, blobs: Blobs, run: RunRecord, pipeline: Pipeline, 
         if budget is not None:
             store.resume_paused(run.run_id, budget, keep_budget=False)
         return
-    spent, _ = store.spent(run.run_id)
+    spent, reserved = store.spent(run.run_id)
     if run.paused == "budget" and budget is None and run.budget_usd is not None:
         raise UserError(f"run {run.run_id} is paused: it spent ${spent:.4f} of its ${run.budget_usd:.4f} budget; "
                         f"carry on with `conveyor resume {run.run_id} --budget-usd MORE`")
-    if budget is not None and budget <= spent:
-        raise UserError(f"--budget-usd {budget:g} is not more than the ${spent:.4f} run {run.run_id} has spent; "
-                        "give a larger budget")
+    if budget is not None and budget <= spent + reserved:  # calls still in flight keep their reservations
+        raise UserError(f"--budget-usd {budget:g} is not more than the ${spent + reserved:.4f} run {run.run_id} has "
+                        "spent and reserved for calls in flight; give a larger budget")
     store.resume_paused(run.run_id, budget, keep_budget=budget is None)
     if run.paused.startswith("breaker:"):
         from conveyor.service.replay import ReplayOptions, replay

@@ -676,4 +676,25 @@ CREATE TABLE stage_declarations (
 CREATE INDEX events_pending_job ON events (job_id, id) WHERE delivery = 'pending';
 """,
     ),
+    (
+        21,
+        "budget reservations held by the lease of the task that made them",
+        """
+-- One row per provider call in flight of a run with a budget: its reservation (usd, an estimate), held by the lease
+-- of the task that made it (task_id, lease_token). runs.reserved_usd is their sum; settling the call deletes the
+-- row. When the lease ends without the call settling (its worker died, or stalled past its lease), the
+-- reservation is lost (lost = 1): counted as spent at its estimate, since the provider was probably paid, until a
+-- late settlement says what the call cost.
+CREATE TABLE budget_reservations (
+    id {id},
+    run_id TEXT NOT NULL,
+    task_id BIGINT,
+    lease_token INTEGER,
+    usd {real} NOT NULL,
+    lost INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX budget_reservations_run ON budget_reservations (run_id) WHERE lost = 0;
+CREATE INDEX budget_reservations_task ON budget_reservations (task_id) WHERE lost = 0;
+""",
+    ),
 ]

@@ -134,19 +134,24 @@ class Leases(JobEvents):
             if not expired:
                 return counts
             held = self.store.note_lost_workers(sorted({str(lease.lease_owner) for lease in expired}), now)
+            # Calls in flight under these leases were probably paid: counted at their estimate, in the budget
+            # and in the attempt, until a late settlement (a stalled worker's) says what they cost.
+            lost = self.store.lose_reservations([Lease(lease.id, lease.lease_token) for lease in expired])
             requeue: list[Crashed] = []
             w, tally = Writes(), Tally(self.pipeline)
             for lease in expired:
                 others = held.get(str(lease.lease_owner), 1) - 1
                 company = f" with {others:,} other task(s) in flight" if others > 0 else ""
+                calls, usd = lost.get(lease.id, (0, 0.0))
                 message = (f"worker {lease.lease_owner} stopped renewing its lease during attempt {lease.attempts} "
-                           f"(it died or stalled){company}")
+                           f"(it died or stalled){company}{_lost_calls(calls, usd)}")
                 log.info("reclaimed %s at %s from worker %s", lease.item_key, lease.stage, lease.lease_owner,
                          extra={"event": "lease_reclaimed", "run": lease.run_id, "stage": lease.stage,
                                 "item": lease.item_key, "attempt": lease.attempts})
                 w.attempts.append(AttemptRecord(
                     lease.id, lease.run_id, lease.attempts, "lease_expired", 0, "lease_expired", message,
-                    lease.lease_owner, lease.lease_token, None, self._code(lease.stage), None, None))
+                    lease.lease_owner, lease.lease_token, None, self._code(lease.stage), None, None,
+                    provider_calls=calls, cost=usd))
                 if lease.attempts >= self._lease_budget(lease.stage, lease.max_attempts):
                     w.ended.append(Ended(TaskStatus.DEAD_LETTERED, "lease_expired", message, now, 0, lease.id,
                                          lease.lease_token))
@@ -181,6 +186,12 @@ class Leases(JobEvents):
             return self.pipeline[stage].retry.attempts_for("lease_expired")
         except PipelineError:  # a stage this version of the pipeline no longer declares
             return recorded
+
+
+def _lost_calls(calls: int, usd: float) -> str:
+    if not calls:
+        return ""
+    return f"; its {calls} provider call(s) in flight are counted at their estimate, ${usd:.4f}"
 
 
 def _run_totals(expired: Sequence[Any], w: Writes) -> RunTally:
