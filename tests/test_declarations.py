@@ -152,7 +152,7 @@ def test_resume_under_another_declaration_is_one_line_naming_the_difference(tmp_
     refused = cli("resume", run_id, cwd=tmp_path, env={"MULT": "2"})
     assert refused.returncode == 2
     [line] = refused.stderr.strip().splitlines()
-    assert f"run {run_id} was made under another declaration" in line
+    assert f"run {run_id}'s open tasks were made under another declaration" in line
     assert "stage double: config mult=3 (run) / 2 (here)" in line
     assert cli_json("resume", run_id, cwd=tmp_path, env={"MULT": "3"})["outcomes"] == {"completed": 3}
 

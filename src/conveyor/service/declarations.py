@@ -25,24 +25,25 @@ def recorded(run: RunRecord) -> dict[str, tuple[str, str]]:
 
 
 def check_same(store: SqlStore, run: RunRecord, pipeline: Pipeline) -> None:
-    """UserError, naming the difference, unless ``pipeline`` declares every stage as ``run`` was made under:
-    its tasks could not be claimed here, and an output under another declaration would answer for theirs."""
-    mine, theirs = pipeline.declared(), recorded(run)
-    differences = []
-    for stage in sorted({*mine, *theirs}):
-        if stage not in mine:
-            differences.append(f"stage {stage}: declared by the run, not by {pipeline.name!r} here")
-        elif stage not in theirs:
-            differences.append(f"stage {stage}: declared here, not in the run")
-        elif mine[stage] != theirs[stage]:
-            text = _texts(store, run.pipeline, stage)
-            differences.append(difference(stage, (theirs[stage][0], text.get(theirs[stage])),
-                                          (mine[stage][0], pipeline[stage].config_text), "here"))
-    if differences:
-        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-        raise UserError(f"run {run.run_id} was made under another declaration than this process has: "
-                        f"{differences[0]}{more}; resume it with the code and config it was made with (its run "
-                        "parameters are recorded), or start a new run")
+    """UserError, naming the difference, unless ``pipeline`` declares every stage as ``run``'s open tasks were
+    made under: they could not be claimed here, and an output under another declaration would answer for theirs.
+    (A replay under a fixed pipeline makes its tasks under the new declaration: those are the ones that count.)"""
+    mine = pipeline.declared()
+    foreign = [(stage, version, config_hash, n) for stage, version, config_hash, n in
+               store.open_task_declarations(run.run_id) if mine.get(stage) != (version, config_hash)]
+    if not foreign:
+        return
+    stage, version, config_hash, count = foreign[0]
+    if stage not in mine:
+        said = f"stage {stage}: {count:,} open task(s) of it, a stage {pipeline.name!r} does not declare here"
+    else:
+        text = _texts(store, run.pipeline, stage)
+        said = difference(stage, (version, text.get((version, config_hash))),
+                          (mine[stage][0], pipeline[stage].config_text), "here")
+    more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+    raise UserError(f"run {run.run_id}'s open tasks were made under another declaration than this process has: "
+                    f"{said}{more}; resume it with the code and config they were made with (its run parameters "
+                    "are recorded), or start a new run")
 
 
 def waiting(store: SqlStore, run: RunRecord, queued: dict[str, int]) -> list[dict[str, Any]]:

@@ -87,3 +87,12 @@ class WorkerQueries:
         rows = self.db.execute("SELECT pipeline, stage, version, config_hash, config FROM stage_declarations "
                                "WHERE pipeline = ? AND stage = ? ORDER BY seen_at DESC", (pipeline, stage))
         return [Declaration(*r) for r in rows]
+
+    def open_task_declarations(self, run_id: str) -> list[tuple[str, str, str, int]]:
+        """(stage, version, config hash, tasks) of the run's open tasks (queued or running): the declarations a
+        process must have to finish the run (a replay may have made some under another than its submission's)."""
+        rows = self.db.execute(
+            "SELECT stage, stage_version, config_hash, COUNT(*) FROM tasks WHERE run_id = ? "
+            "AND status IN ('queued', 'running') GROUP BY stage, stage_version, config_hash ORDER BY stage",
+            (run_id,))
+        return [(str(a), str(b), str(c), int(n)) for a, b, c, n in rows]
