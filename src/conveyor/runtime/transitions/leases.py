@@ -73,7 +73,17 @@ class Leases(JobEvents):
                 to_run.append(task)
             else:
                 answered.append(outcome)
-        return answered, to_run
+        waits = self._waiting(to_run, now)
+        return answered + waits, [t for t in to_run if t.id not in {o.task.id for o in waits}]
+
+    def _waiting(self, tasks: Sequence[ClaimedTask], now: float) -> list[Outcome]:
+        """Tasks whose key has an answer waiting for review (another run's, or a re-run's of this item): they
+        wait on it, with no call and no second entry; its decision settles them all (Reviews.decide)."""
+        reviewed = [t for t in tasks if (accept := self.pipeline[t.stage].accept) is not None
+                    and accept.review is not None]
+        waiting = self.store.waiting_answers([t.task_key for t in reviewed]) if reviewed else {}
+        return [Outcome(task, now, 0.0, False, waits=waiting[task.task_key]) for task in reviewed
+                if task.task_key in waiting]
 
     def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
         memo, stage = self.memos[task.stage], self.pipeline[task.stage]
