@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from conveyor.blobs import FilesystemBlobs
+from conveyor.runtime.target import load_target
+from conveyor.runtime.transitions import Transitions
 from conveyor.service import review
 from conveyor.store import open_store
-from tests.helpers import cli, query, reconciled, submit_and_work, work, write_pipeline
+from tests.helpers import cli, query, reconciled, submit_and_work, submit_run, work, write_pipeline
 
 UNSURE = """
     import json, os
@@ -82,6 +84,29 @@ def test_a_rerun_waits_on_the_answer_under_review(unsure: dict[str, Any], store_
         assert _statuses(store_url, run.run_id, "guess")["k1"] == "rejected"
         outcomes = reconciled(store_url, run.run_id)["outcomes"]
         assert outcomes["completed"] == 1 and outcomes["rejected"] == 1 and outcomes["awaiting_review"] == 4
+    assert _calls(unsure) == 6
+
+
+def test_a_decision_taken_while_a_rerun_joins_the_wait_is_not_lost(unsure: dict[str, Any], store_url: str) -> None:
+    first = submit_and_work(unsure["target"], unsure["input"], store_url, unsure["blobs"])
+    second = submit_run(unsure["target"], unsure["input"], store_url, unsure["blobs"])
+    store = open_store(store_url)
+    try:
+        transitions = Transitions(load_target(unsure["target"]), store, "w")
+        now = store.clock()
+        claimed = transitions.claim(["guess"], 10, now, 60, second)
+        waiting, to_run = transitions.answers(claimed, [], now)
+        assert len(waiting) == 6 and to_run == [] and all(o.waits is not None for o in waiting)
+        # the entry is decided after the re-run's tasks were found waiting on it, before they commit
+        entry = next(e for e in review.review_list(store)["reviews"] if e["item_key"] == "k0")
+        review.approve(store, FilesystemBlobs(unsure["blobs"]), [entry["id"]], by="ann")
+        counts = transitions.commit(waiting, store.clock())
+        assert counts["awaiting_review"] == 5 and counts["paused"] == 1, "k0 is given back, not left waiting"
+    finally:
+        store.close()
+    for run_id in (first.run_id, second):
+        work(unsure["target"], store_url, unsure["blobs"], run_id=run_id)
+        assert _statuses(store_url, run_id, "keep") == {"k0": "succeeded"}
     assert _calls(unsure) == 6
 
 

@@ -166,6 +166,8 @@ class Leases(JobEvents):
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
+            if w.dead:  # they ended: their call journal goes (runtime/journal.py)
+                self.store.forget_call_answers([d.task_id for d in w.dead])
             self.store.insert_attempts(w.attempts)
             self.store.add_metric_totals(tally.rows())
             self.store.add_run_totals(_run_totals(expired, w))
