@@ -110,6 +110,33 @@ def test_a_decision_taken_while_a_rerun_joins_the_wait_is_not_lost(unsure: dict[
     assert _calls(unsure) == 6
 
 
+def test_a_tenant_waits_only_on_its_own_review(unsure: dict[str, Any], store_url: str) -> None:
+    """The review entry is its tenant's to see and decide: another tenant's job with the same document asks
+    the model and gets its own entry; the same tenant's second job waits on the first one's."""
+    import hashlib
+
+    from conveyor.service.jobs import JobRequest, create_job, source_ref
+
+    data = b"item 0"
+    source = source_ref(data, hashlib.sha256(data).hexdigest(), len(data))
+    pipeline = load_target(unsure["target"])
+    store = open_store(store_url)
+    try:
+        jobs = {}
+        for name, tenant in (("a1", "acme"), ("a2", "acme"), ("b1", "globex")):
+            jobs[name] = create_job(store, pipeline, unsure["target"], tenant, source, JobRequest("unsure")).job_id
+            work(unsure["target"], store_url, unsure["blobs"])
+        assert _calls(unsure) == 2, "acme's second job waits on its first; globex asks for itself"
+        entries = {e["run_id"]: e["id"] for e in review.review_list(store)["reviews"]}
+        assert set(entries) == {jobs["a1"], jobs["b1"]}
+        review.approve(store, FilesystemBlobs(unsure["blobs"]), [entries[jobs["a1"]]], by="ann", tenant="acme")
+    finally:
+        store.close()
+    work(unsure["target"], store_url, unsure["blobs"])
+    status = {name: _statuses(store_url, job, "guess")[job] for name, job in jobs.items()}
+    assert status == {"a1": "succeeded", "a2": "succeeded", "b1": "awaiting_review"}
+
+
 # --- the call journal ------------------------------------------------------------------------------------
 
 TWO_CALLS = """

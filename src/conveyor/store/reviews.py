@@ -139,17 +139,17 @@ class ReviewQueries:
     def insert_reviews(self, rows: Sequence[NewReview]) -> None:
         self.db.executemany(INSERT_REVIEW, rows)
 
-    def waiting_answers(self, task_keys: Sequence[str]) -> dict[str, Waiting]:
-        """The answers waiting for review under any of ``task_keys`` (one per key): a task with such a key
-        waits on it instead of asking the model again."""
-        found: dict[str, Waiting] = {}
+    def waiting_answers(self, task_keys: Sequence[str]) -> dict[str, list[tuple[str, Waiting]]]:
+        """The answers waiting for review under any of ``task_keys``, with the run of each waiting task, oldest
+        first: a task with such a key waits on one instead of asking the model again."""
+        found: dict[str, list[tuple[str, Waiting]]] = {}
         keys = list(dict.fromkeys(task_keys))
         for i in range(0, len(keys), self.db.in_chunk):
             condition, params = self.db.one_of("task_key", keys[i:i + self.db.in_chunk], "text")
-            for key, *rest in self.db.execute(
-                    "SELECT task_key, error_class, last_error, output_digest, output_kind FROM tasks "
+            for key, run_id, *rest in self.db.execute(
+                    "SELECT task_key, run_id, error_class, last_error, output_digest, output_kind FROM tasks "
                     f"WHERE status = 'awaiting_review' AND {condition} ORDER BY id", params):
-                found.setdefault(str(key), Waiting(*rest))
+                found.setdefault(str(key), []).append((str(run_id), Waiting(*rest)))
         return found
 
     def hold_open_reviews(self, task_keys: Sequence[str]) -> set[str]:

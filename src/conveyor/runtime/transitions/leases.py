@@ -82,8 +82,17 @@ class Leases(JobEvents):
         reviewed = [t for t in tasks if (accept := self.pipeline[t.stage].accept) is not None
                     and accept.review is not None]
         waiting = self.store.waiting_answers([t.task_key for t in reviewed]) if reviewed else {}
-        return [Outcome(task, now, 0.0, False, waits=waiting[task.task_key]) for task in reviewed
-                if task.task_key in waiting]
+        if not waiting:
+            return []
+        owners = self.owners([*(t.run_id for t in reviewed), *(r for w in waiting.values() for r, _ in w)])
+        outcomes = []
+        for task in reviewed:
+            # only an answer its own tenant waits on: the entry is that tenant's to see and decide
+            answer = next((a for run_id, a in waiting.get(task.task_key, ())
+                           if owners[run_id] == owners[task.run_id]), None)
+            if answer is not None:
+                outcomes.append(Outcome(task, now, 0.0, False, waits=answer))
+        return outcomes
 
     def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
         memo, stage = self.memos[task.stage], self.pipeline[task.stage]

@@ -44,6 +44,8 @@ class Reviews(JobEvents):
                 raise ReviewTaken(entry.id)
             # Read with the entry held: a task that joined the wait has committed by now (store: hold_open_reviews).
             others = [t for t in self.store.awaiting_under(task.task_key) if t.id != task.id]
+            owners = self.owners([task.run_id, *(t.run_id for t in others)])
+            others = [t for t in others if owners[t.run_id] == owners[task.run_id]]  # its tenant's waits only
             self.store.decide_reviews_of([t.id for t in others], decision, by, why, edits, now)
             totals, opened = RunTally(), OpenTally()
             done, queued = self._settle(task, stage.accept, decision, by, why, now, output, totals, opened, True)
