@@ -152,16 +152,18 @@ class ReviewQueries:
                 found.setdefault(str(key), []).append((str(run_id), Waiting(*rest)))
         return found
 
-    def hold_open_reviews(self, task_keys: Sequence[str]) -> set[str]:
-        """Of ``task_keys``, those still under an undecided entry, the entries held until the transaction ends: a
-        decision taken meanwhile waits for it, and then finds the tasks that joined the wait (Reviews.decide)."""
+    def hold_open_reviews(self, task_keys: Sequence[str]) -> dict[str, set[str]]:
+        """Of ``task_keys``, those still under an undecided entry, with the runs of those entries, the entries
+        held until the transaction ends: a decision taken meanwhile waits for it, and then finds the tasks that
+        joined the wait (Reviews.decide)."""
         keys = sorted(set(task_keys))
-        held: set[str] = set()
+        held: dict[str, set[str]] = {}
         for i in range(0, len(keys), self.db.in_chunk):
             condition, params = self.db.one_of("t.task_key", keys[i:i + self.db.in_chunk], "text")
-            held.update(str(r[0]) for r in self.db.execute(
-                "SELECT t.task_key FROM reviews r JOIN tasks t ON t.id = r.task_id WHERE r.decided_at IS NULL "
-                f"AND t.status = 'awaiting_review' AND {condition}{self.db.row_lock}", params))
+            for key, run_id in self.db.execute(
+                    "SELECT t.task_key, t.run_id FROM reviews r JOIN tasks t ON t.id = r.task_id WHERE r.decided_at "
+                    f"IS NULL AND t.status = 'awaiting_review' AND {condition}{self.db.row_lock}", params):
+                held.setdefault(str(key), set()).add(str(run_id))
         return held
 
     def awaiting_under(self, task_key: str) -> list[ClaimedTask]:

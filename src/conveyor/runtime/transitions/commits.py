@@ -118,12 +118,20 @@ class Commits(JobEvents):
     def _rejoin(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Tasks that were to wait on an answer whose review was decided meanwhile are given back (the attempt
         refunded): claimed again, they find the decision in the memo (or run, after an escalation)."""
-        keys = [o.task.task_key for o in outcomes if o.waits is not None]
-        held = self.store.hold_open_reviews(keys) if keys else set()
-        return [o if o.waits is None or o.task.task_key in held else Outcome(
+        held = self._still_waiting([(o.task.task_key, o.task.run_id) for o in outcomes if o.waits is not None])
+        return [o if o.waits is None or (o.task.task_key, o.task.run_id) in held else Outcome(
             o.task, o.started, o.duration, False, failure=Failure(
                 "review_decided", True, "the review it was to wait on was decided meanwhile: it is claimed again"),
             released=True) for o in outcomes]
+
+    def _still_waiting(self, joined: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of the (key, run) of tasks joining a waiting answer, those whose key still has an undecided entry of
+        the run's tenant, the entries held until the transaction ends (store: hold_open_reviews)."""
+        if not joined:
+            return set()
+        held = self.store.hold_open_reviews([key for key, _ in joined])
+        owners = self.owners([*(run for _, run in joined), *(run for runs in held.values() for run in runs)])
+        return {(key, run) for key, run in joined if any(owners[r] == owners[run] for r in held.get(key, ()))}
 
     def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
         """Claim new tasks as they are created, within the claim's room and per-stage caps: the
@@ -164,7 +172,7 @@ class Commits(JobEvents):
             changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
         if changed != w.fenced:
             raise LeaseLost
-        if w.joined and memo_checked and len(self.store.hold_open_reviews(w.joined)) != len(set(w.joined)):
+        if w.joined and memo_checked and len(self._still_waiting(w.joined)) != len(set(w.joined)):
             raise MemoTaken  # a review they were to wait on was decided since they were claimed: see _rejoin
         if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
@@ -305,7 +313,7 @@ class Commits(JobEvents):
             assert answer is not None
             w.awaiting.append(AwaitingReview(answer.error_class, answer.message, answer.output_digest,
                                              answer.output_kind, task.id, task.lease_token))
-            w.joined.append(task.task_key)
+            w.joined.append((task.task_key, task.run_id))
             w.attempts.append(self._attempt(o, "awaiting_review", Failure(answer.error_class, False, answer.message)))
         if waiting:
             w.counts["awaiting_review"] += len(waiting)

@@ -92,7 +92,7 @@ class Writes:
     batch_requests: list[BatchRequest] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
     direct_answers: list[tuple[str, str]] = field(default_factory=list)
-    joined: list[str] = field(default_factory=list)  # the keys whose waiting answer tasks joined (held open)
+    joined: list[tuple[str, str]] = field(default_factory=list)  # (key, run) of tasks that joined a waiting answer
     reviewed_keys: set[str] = field(default_factory=set)  # keys whose answer this commit sends to review
     call_answers: list[CallAnswer] = field(default_factory=list)  # kept for the tasks' next attempts
     forget_calls: list[int] = field(default_factory=list)  # tasks that ended: their journal goes
