@@ -14,6 +14,7 @@ from conveyor.blobs import FilesystemBlobs
 from conveyor.runtime.target import load_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.service import review
+from conveyor.service.report import find_run, run_status
 from conveyor.store import open_store
 from tests.helpers import cli, query, reconciled, submit_and_work, submit_run, work, write_pipeline
 
@@ -49,6 +50,22 @@ def _calls(p: dict[str, Any]) -> int:
     return len(p["calls"].read_text().splitlines()) if p["calls"].exists() else 0
 
 
+def _status_counts(store_url: str, run_id: str) -> dict[str, dict[str, int]]:
+    """``conveyor status``'s per-stage counts (from the run's running totals), checked against the task rows."""
+    store = open_store(store_url)
+    try:
+        stages = run_status(store, find_run(store, run_id))["stages"]
+    finally:
+        store.close()
+    rows = query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? GROUP BY stage, status",
+                 run_id)
+    counted: dict[str, dict[str, int]] = {}
+    for stage, status, count in rows:
+        counted.setdefault(str(stage), {})[str(status)] = int(count)
+    assert {k: v for k, v in stages.items() if v} == counted
+    return counted
+
+
 def _statuses(store_url: str, run_id: str, stage: str) -> dict[str, str]:
     rows = query(store_url, "SELECT item_key, status FROM tasks WHERE run_id = ? AND stage = ?", run_id, stage)
     return {str(r[0]): str(r[1]) for r in rows}
@@ -66,6 +83,7 @@ def test_a_rerun_waits_on_the_answer_under_review(unsure: dict[str, Any], store_
     for run in runs:
         assert _statuses(store_url, run.run_id, "guess") == {f"k{i}": "awaiting_review" for i in range(6)}
         assert reconciled(store_url, run.run_id)["outcomes"] == {"awaiting_review": 6}
+        assert _status_counts(store_url, run.run_id) == {"guess": {"awaiting_review": 6}}
 
     # one decision settles the item in every run waiting on it, successors and all
     store = open_store(store_url)
@@ -84,7 +102,23 @@ def test_a_rerun_waits_on_the_answer_under_review(unsure: dict[str, Any], store_
         assert _statuses(store_url, run.run_id, "guess")["k1"] == "rejected"
         outcomes = reconciled(store_url, run.run_id)["outcomes"]
         assert outcomes["completed"] == 1 and outcomes["rejected"] == 1 and outcomes["awaiting_review"] == 4
+        assert _status_counts(store_url, run.run_id) == {
+            "guess": {"awaiting_review": 4, "succeeded": 1, "rejected": 1}, "keep": {"succeeded": 1}}
     assert _calls(unsure) == 6
+
+
+def test_items_of_one_run_with_the_same_answer_share_one_entry(unsure: dict[str, Any], store_url: str) -> None:
+    unsure["input"].write_text("".join(json.dumps({"key": k, "text": "same"}) + "\n" for k in ("x", "y", "z")))
+    run = submit_and_work(unsure["target"], unsure["input"], store_url, unsure["blobs"])
+    assert _calls(unsure) == 1
+    store = open_store(store_url)
+    try:
+        [entry] = review.review_list(store)["reviews"]
+        review.approve(store, FilesystemBlobs(unsure["blobs"]), [entry["id"]], by="ann")
+    finally:
+        store.close()
+    work(unsure["target"], store_url, unsure["blobs"], run_id=run.run_id)
+    assert _statuses(store_url, run.run_id, "keep") == {"x": "succeeded", "y": "succeeded", "z": "succeeded"}
 
 
 def test_a_decision_taken_while_a_rerun_joins_the_wait_is_not_lost(unsure: dict[str, Any], store_url: str) -> None:
