@@ -456,10 +456,12 @@ class Worker:
             if task.task_key in self._followers:
                 # The same work is already running here: wait for it instead of paying twice.
                 self._followers[task.task_key].append(task)
+                self.executor.call_answers.pop(task.id, None)  # it makes no call here
                 continue
             done = self._answered.get(task.task_key)
             if done is not None:  # ... or it finished here and is not committed yet
                 self._results.append(_answer(task, done, self.clock()))
+                self.executor.call_answers.pop(task.id, None)
                 continue
             self._followers[task.task_key] = []
             if stage.is_async:
