@@ -121,6 +121,29 @@ def test_items_of_one_run_with_the_same_answer_share_one_entry(unsure: dict[str,
     assert _statuses(store_url, run.run_id, "keep") == {"x": "succeeded", "y": "succeeded", "z": "succeeded"}
 
 
+def test_a_replayed_entry_is_asked_again_and_its_new_entry_settles_the_waits(
+        unsure: dict[str, Any], store_url: str, tmp_path: Path) -> None:
+    """A replay closes the entry of the task it re-opens: that task asks the model again (nobody else's entry is
+    left to wait on), and the new entry's decision settles the runs that waited on the old one."""
+    first = submit_and_work(unsure["target"], unsure["input"], store_url, unsure["blobs"])
+    second = submit_and_work(unsure["target"], unsure["input"], store_url, unsure["blobs"])
+    assert _calls(unsure) == 6
+    common = ("--db", store_url, "--blobs", str(unsure["blobs"]))
+    replayed = cli("replay", "--run", first.run_id, "--stage", "guess", "--item", "k0", "--reason", "reprocess",
+                   "--process", "--workers", "0", *common, cwd=tmp_path)
+    assert replayed.returncode == 5, replayed.stderr  # ended, some awaiting review
+    assert _calls(unsure) == 7
+    store = open_store(store_url)
+    try:
+        [entry] = [e for e in review.review_list(store)["reviews"] if e["item_key"] == "k0"]
+        review.approve(store, FilesystemBlobs(unsure["blobs"]), [entry["id"]], by="ann")
+    finally:
+        store.close()
+    for run_id in (first.run_id, second.run_id):
+        work(unsure["target"], store_url, unsure["blobs"], run_id=run_id)
+        assert _statuses(store_url, run_id, "keep") == {"k0": "succeeded"}
+
+
 def test_a_decision_taken_while_a_rerun_joins_the_wait_is_not_lost(unsure: dict[str, Any], store_url: str) -> None:
     first = submit_and_work(unsure["target"], unsure["input"], store_url, unsure["blobs"])
     second = submit_run(unsure["target"], unsure["input"], store_url, unsure["blobs"])

@@ -140,15 +140,18 @@ class ReviewQueries:
         self.db.executemany(INSERT_REVIEW, rows)
 
     def waiting_answers(self, task_keys: Sequence[str]) -> dict[str, list[tuple[str, Waiting]]]:
-        """The answers waiting for review under any of ``task_keys``, with the run of each waiting task, oldest
-        first: a task with such a key waits on one instead of asking the model again."""
+        """The answers waiting for review under an undecided entry, for any of ``task_keys``, with the run of each
+        entry's task, oldest first: a task with such a key waits on one instead of asking the model again. (Tasks
+        that wait with no entry of their own are not waited on: a replay that closed the entry they waited on runs
+        the task again, and its new entry's decision settles them too.)"""
         found: dict[str, list[tuple[str, Waiting]]] = {}
         keys = list(dict.fromkeys(task_keys))
         for i in range(0, len(keys), self.db.in_chunk):
-            condition, params = self.db.one_of("task_key", keys[i:i + self.db.in_chunk], "text")
+            condition, params = self.db.one_of("t.task_key", keys[i:i + self.db.in_chunk], "text")
             for key, run_id, *rest in self.db.execute(
-                    "SELECT task_key, run_id, error_class, last_error, output_digest, output_kind FROM tasks "
-                    f"WHERE status = 'awaiting_review' AND {condition} ORDER BY id", params):
+                    "SELECT t.task_key, t.run_id, t.error_class, t.last_error, t.output_digest, t.output_kind "
+                    "FROM tasks t JOIN reviews r ON r.task_id = t.id WHERE r.decided_at IS NULL AND "
+                    f"t.status = 'awaiting_review' AND {condition} ORDER BY t.id", params):
                 found.setdefault(str(key), []).append((str(run_id), Waiting(*rest)))
         return found
 
