@@ -14,6 +14,7 @@ from conveyor.runtime.services import Usage
 _log = logging.getLogger("conveyor.stage")
 
 if TYPE_CHECKING:
+    from conveyor.runtime.journal import CallJournal
     from conveyor.runtime.provider_batch import BatchCalls
     from conveyor.runtime.services import Services
     from conveyor.store import Lease
@@ -27,14 +28,15 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "judged", "lane",
-                 "lease", "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier", "usage")
+    __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "journal",
+                 "judged", "lane", "lease", "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier",
+                 "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
                  judged: bool = False, batch: BatchCalls | None = None, lease: Lease | None = None,
-                 params: Mapping[str, Any] | None = None) -> None:
+                 params: Mapping[str, Any] | None = None, journal: CallJournal | None = None) -> None:
         self.run_id = run_id
         self.item_key = item_key
         self.stage = stage
@@ -64,6 +66,7 @@ class Context:
             self.__dict__["idempotency_key"] = idempotency_key
         self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
         self.lease = lease  # the task's lease: its model calls' budget reservations are held by it
+        self.journal = journal  # the task's answered calls (runtime/journal.py): none is paid for twice
 
     @cached_property
     def idempotency_key(self) -> str:
@@ -107,9 +110,18 @@ class Context:
             return services.call(method, payload, options, self.lane, self.usage, self.run_id, self.lease)
 
         api = services.batch_api() if self.batch is not None and method == "chat" else None
-        if api is None or self.batch is None:
+        if api is not None and self.batch is not None:
+            return await self.batch.chat(api, payload, options, direct)
+        if self.journal is None:
             return await direct()
-        return await self.batch.chat(api, payload, options, direct)
+        key = self.journal.key(method, payload, options)
+        kept = self.journal.answer(key)
+        if kept is not None:  # an earlier attempt of this task was answered, and charged: not paid again
+            self.usage.recall(kept, options.get("prompt_version"), options.get("model"))
+            return kept
+        result = await direct()
+        self.journal.keep(key, method, result)
+        return result
 
     def fields(self) -> dict[str, Any]:
         """The picklable part, to rebuild the context in a child process."""

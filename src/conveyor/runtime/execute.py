@@ -29,6 +29,7 @@ from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context
 from conveyor.runtime.guard import GuardedPool
+from conveyor.runtime.journal import CallJournal
 from conveyor.runtime.provenance import document
 from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
@@ -100,6 +101,9 @@ class Executor:
         # (by task id, filled by the worker before it starts them).
         self.batch_stages: frozenset[str] = frozenset()
         self.batch_states: dict[int, list[RequestState]] = {}
+        # The call journals of the async tasks about to run (by task id, filled by the worker before it starts them).
+        self.call_answers: dict[int, dict[str, str]] = {}
+        self.journaled_stages: frozenset[str] = frozenset()
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -128,6 +132,7 @@ class Executor:
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0, invoked = self.clock(), time.perf_counter(), False
         ctx = self.context(task, self.services)
+        finish = _journaled(finish, ctx.journal)
         try:
             value = self.load(task) if task.input_inline is not None else await asyncio.to_thread(self.load, task)
             async with self._semaphores[stage.name, 0 if task.lane_rank == 0 else 1]:
@@ -240,8 +245,24 @@ class Executor:
         if services is not None and task.stage in self.batch_stages:
             batch = BatchCalls(stage, self.pipeline.name, task.task_key, self.batch_states.pop(task.id, ()),
                                self.clock())
+        journal = None
+        if services is not None and task.stage in self.journaled_stages:
+            journal = CallJournal(task.id, self.call_answers.pop(task.id, {}), self.clock)
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
                        task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
                        tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch,
                        lease=Lease(task.id, task.lease_token),
-                       params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})))
+                       params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})),
+                       journal=journal)
+
+
+def _journaled(finish: Finish, journal: CallJournal | None) -> Finish:
+    """``finish`` of an outcome that carries the attempt's journaled answers, whatever the attempt came to."""
+    if journal is None:
+        return finish
+
+    def done(outcome: Outcome) -> None:
+        outcome.answers, outcome.journaled = journal.new, bool(journal.kept)
+        finish(outcome)
+
+    return done

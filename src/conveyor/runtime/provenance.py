@@ -26,7 +26,7 @@ MAX_VALUE = 200  # characters of one value: versions and names, not documents
 
 def document(stage: Stage, runtime: Mapping[str, Any] | None, usage: Usage | None) -> Document | None:
     """The provenance of one attempt's output; None when there is nothing beyond the task's columns."""
-    if not stage.provenance and not runtime and (usage is None or not usage.calls):
+    if not stage.provenance and not runtime and (usage is None or not (usage.calls or usage.recalled)):
         return None  # the common case, on the hot path
     doc: Document = {name: [value] for name, value in stage.provenance.items()}
     for name, value in (runtime or {}).items():
@@ -36,7 +36,7 @@ def document(stage: Stage, runtime: Mapping[str, Any] | None, usage: Usage | Non
             continue
         values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
         doc[name] = sorted({str(v)[:MAX_VALUE] for v in values if v is not None and str(v)})
-    if usage is not None and usage.calls:
+    if usage is not None and (usage.calls or usage.recalled):
         for name, values in (("model", usage.requested), ("revision", usage.revisions),
                              ("prompt_version", usage.prompt_versions)):
             if values:

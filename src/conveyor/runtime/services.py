@@ -223,6 +223,7 @@ class Usage:
     prompt_versions: set[str] = field(default_factory=set)
     unpriced_calls: int = 0
     requested: set[str] = field(default_factory=set)  # the models the stage asked for (their names in its code)
+    recalled: int = 0  # calls answered from the task's call journal (runtime/journal.py): paid by an earlier attempt
     revisions: set[str] = field(default_factory=set)  # what the provider said answered: model, and fingerprint
 
     def merge(self, other: Usage) -> None:
@@ -232,6 +233,7 @@ class Usage:
         self.completion_tokens += other.completion_tokens
         self.cost += other.cost
         self.unpriced_calls += other.unpriced_calls
+        self.recalled += other.recalled
         for name in ("models", "prompt_versions", "requested", "revisions"):
             getattr(self, name).update(getattr(other, name))
 
@@ -242,6 +244,15 @@ class Usage:
         self.cost += float(getattr(result, "cost", 0.0) or 0.0)
         if not getattr(result, "priced", True):
             self.unpriced_calls += 1
+        self._made_by(result, prompt_version, requested)
+
+    def recall(self, result: Any, prompt_version: str | None = None, requested: Any = None) -> None:
+        """An answer from the task's call journal: what made it counts for the output's provenance; its tokens and
+        cost were counted by the attempt that paid for it."""
+        self.recalled += 1
+        self._made_by(result, prompt_version, requested)
+
+    def _made_by(self, result: Any, prompt_version: str | None, requested: Any) -> None:
         model = getattr(result, "model", None)
         if model:
             self.models.add(str(model))

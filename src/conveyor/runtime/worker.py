@@ -126,6 +126,9 @@ class Worker:
         # The provider batch lane (runtime/provider_batch.py): its stages, and the keeper of the batches.
         self._batch_stages = batch_stages(pipeline, self.opts.provider_batch or lane_from_env())
         self.executor.batch_stages = self._batch_stages
+        # The stages whose model calls are journaled (runtime/journal.py): async ones that call models, off the lane.
+        self._journaled_stages = frozenset(s for s in self._model_stages if pipeline[s].is_async) - self._batch_stages
+        self.executor.journaled_stages = self._journaled_stages
         self.batch_keeper: BatchKeeper | None = None
         if self._batch_stages:
             self.batch_keeper = BatchKeeper(pipeline.name, self.id, BatchSettings.from_env(), self._store_call,
@@ -439,6 +442,9 @@ class Worker:
         on_lane = [t.id for t in to_run if t.stage in self._batch_stages]
         if on_lane:  # what became of the model requests these tasks left to the provider batch lane
             self.executor.batch_states.update(await self._call(self.store.batch_answers, on_lane))
+        journaled = [t.id for t in to_run if t.stage in self._journaled_stages]
+        if journaled:  # the answers earlier attempts of these tasks were given (runtime/journal.py)
+            self.executor.call_answers.update(await self._call(self.store.call_answers, journaled))
         if self._judged_with_checks:
             self.executor.metas.update(await self._call(self.transitions.metas, to_run))
         if self._reads_params:
@@ -453,10 +459,12 @@ class Worker:
             if task.task_key in self._followers:
                 # The same work is already running here: wait for it instead of paying twice.
                 self._followers[task.task_key].append(task)
+                self.executor.call_answers.pop(task.id, None)  # it makes no call here
                 continue
             done = self._answered.get(task.task_key)
             if done is not None:  # ... or it finished here and is not committed yet
                 self._results.append(_answer(task, done, self.clock()))
+                self.executor.call_answers.pop(task.id, None)
                 continue
             self._followers[task.task_key] = []
             if stage.is_async:

@@ -45,6 +45,15 @@ class Escalated(NamedTuple):
     lease_token: int
 
 
+class Waiting(NamedTuple):
+    """An answer waiting for review under a task key: what another task with that key waits on."""
+
+    error_class: str
+    message: str
+    output_digest: str
+    output_kind: str
+
+
 class NewReview(NamedTuple):
     task_id: int
     run_id: str
@@ -130,6 +139,42 @@ class ReviewQueries:
     def insert_reviews(self, rows: Sequence[NewReview]) -> None:
         self.db.executemany(INSERT_REVIEW, rows)
 
+    def waiting_answers(self, task_keys: Sequence[str]) -> dict[str, list[tuple[str, Waiting]]]:
+        """The answers waiting for review under an undecided entry, for any of ``task_keys``, with the run of each
+        entry's task, oldest first: a task with such a key waits on one instead of asking the model again. (Tasks
+        that wait with no entry of their own are not waited on: a replay that closed the entry they waited on runs
+        the task again, and its new entry's decision settles them too.)"""
+        found: dict[str, list[tuple[str, Waiting]]] = {}
+        keys = list(dict.fromkeys(task_keys))
+        for i in range(0, len(keys), self.db.in_chunk):
+            condition, params = self.db.one_of("t.task_key", keys[i:i + self.db.in_chunk], "text")
+            for key, run_id, *rest in self.db.execute(
+                    "SELECT t.task_key, t.run_id, t.error_class, t.last_error, t.output_digest, t.output_kind "
+                    "FROM tasks t JOIN reviews r ON r.task_id = t.id WHERE r.decided_at IS NULL AND "
+                    f"t.status = 'awaiting_review' AND {condition} ORDER BY t.id", params):
+                found.setdefault(str(key), []).append((str(run_id), Waiting(*rest)))
+        return found
+
+    def hold_open_reviews(self, task_keys: Sequence[str]) -> dict[str, set[str]]:
+        """Of ``task_keys``, those still under an undecided entry, with the runs of those entries, the entries
+        held until the transaction ends: a decision taken meanwhile waits for it, and then finds the tasks that
+        joined the wait (Reviews.decide)."""
+        keys = sorted(set(task_keys))
+        held: dict[str, set[str]] = {}
+        for i in range(0, len(keys), self.db.in_chunk):
+            condition, params = self.db.one_of("t.task_key", keys[i:i + self.db.in_chunk], "text")
+            for key, run_id in self.db.execute(
+                    "SELECT t.task_key, t.run_id FROM reviews r JOIN tasks t ON t.id = r.task_id WHERE r.decided_at "
+                    f"IS NULL AND t.status = 'awaiting_review' AND {condition}{self.db.row_lock}", params):
+                held.setdefault(str(key), set()).add(str(run_id))
+        return held
+
+    def awaiting_under(self, task_key: str) -> list[ClaimedTask]:
+        """Every task awaiting review under ``task_key`` (of any run), oldest first."""
+        rows = self.db.execute(f"SELECT {CLAIM_COLUMNS} FROM tasks WHERE task_key = ? AND status = "
+                               "'awaiting_review' ORDER BY id", (task_key,))
+        return [ClaimedTask(*r) for r in rows]
+
     # --- reading the queue ----------------------------------------------------------------------------
 
     def reviews(self, run_id: str | None = None, stage: str | None = None, include_decided: bool = False,
@@ -184,6 +229,13 @@ class ReviewQueries:
         return self.db.execute_rowcount(
             "UPDATE reviews SET decided_at = ?, decision = ?, decided_by = ?, why = ?, edits = ? "
             "WHERE id = ? AND decided_at IS NULL", (now, decision, by, why, edits, review_id)) == 1
+
+    def decide_reviews_of(self, task_ids: Sequence[int], decision: str, by: str, why: str | None,
+                          edits: str | None, now: float) -> None:
+        """The undecided entries of ``task_ids`` take a decision taken on another entry of their task key."""
+        for task_id in task_ids:
+            self.db.execute("UPDATE reviews SET decided_at = ?, decision = ?, decided_by = ?, why = ?, edits = ? "
+                            "WHERE task_id = ? AND decided_at IS NULL", (now, decision, by, why, edits, task_id))
 
     def accept_reviewed(self, task_id: int, output_digest: str, output_kind: str, now: float) -> bool:
         return self.db.execute_rowcount(

@@ -697,4 +697,23 @@ CREATE INDEX budget_reservations_run ON budget_reservations (run_id) WHERE lost 
 CREATE INDEX budget_reservations_task ON budget_reservations (task_id) WHERE lost = 0;
 """,
     ),
+    (
+        22,
+        "waiting is never paid twice: tasks awaiting review found by key, a journal of each task's model answers",
+        """
+-- A task whose key already waits for review waits on that answer (no call, no second entry), and one decision
+-- settles every task waiting under the key: both find the waiting tasks by key.
+CREATE INDEX tasks_awaiting_review ON tasks (task_key) WHERE status = 'awaiting_review';
+CREATE INDEX reviews_task ON reviews (task_id);
+-- The answers of the model calls a task's attempts made (runtime/journal.py), by the call's request: the next
+-- attempt of the task is answered from here instead of paying again. Cleared when the task ends.
+CREATE TABLE call_answers (
+    task_id BIGINT NOT NULL,
+    call_key TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (task_id, call_key)
+);
+""",
+    ),
 ]

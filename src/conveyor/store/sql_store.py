@@ -16,6 +16,7 @@ from conveyor.store.dialect import Dialect
 from conveyor.store.diffs import DiffQueries
 from conveyor.store.forecast import ForecastQueries
 from conveyor.store.jobs import JobQueries
+from conveyor.store.journal import JournalQueries
 from conveyor.store.metrics import MetricsQueries
 from conveyor.store.progress import ProgressQueries
 from conveyor.store.provenance import ProvenanceQueries
@@ -39,7 +40,8 @@ from conveyor.store.workers import WorkerQueries
 class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueries, ReviewQueries,
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
-               ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries, QueueCountQueries, DepthQueries):
+               ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries, QueueCountQueries, DepthQueries,
+               JournalQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

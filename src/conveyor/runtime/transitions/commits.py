@@ -77,9 +77,10 @@ class Commits(JobEvents):
         # also what a re-run copies or looks up (the losing attempt is still recorded as invoked).
         with self.store.transaction():
             held = self.store.held_leases([Lease(o.task.id, o.task.lease_token) for o in outcomes])
-            kept = self._adopt_memo([o for o in outcomes if o.task.id in held])
+            kept = self._rejoin(self._adopt_memo([o for o in outcomes if o.task.id in held]))
             writes = self.prepare(kept, now)
             writes.attempts += [self._lost(o) for o in outcomes if o.task.id not in held]
+            writes.call_answers += [a for o in outcomes if o.task.id not in held for a in o.answers or ()]
             writes.counts["lease_lost"] = len(outcomes) - len(held)
             self._take_fresh(writes, claim, now)
             fresh = self._write(writes, where, since, memo_checked=False)
@@ -113,6 +114,24 @@ class Commits(JobEvents):
                 adopted[o.task.id] = Outcome(o.task, o.started, o.duration, o.invoked, output, usage=o.usage,
                                              provenance=decode(hit.provenance))
         return [adopted.get(o.task.id, o) for o in outcomes]
+
+    def _rejoin(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Tasks that were to wait on an answer whose review was decided meanwhile are given back (the attempt
+        refunded): claimed again, they find the decision in the memo (or run, after an escalation)."""
+        held = self._still_waiting([(o.task.task_key, o.task.run_id) for o in outcomes if o.waits is not None])
+        return [o if o.waits is None or (o.task.task_key, o.task.run_id) in held else Outcome(
+            o.task, o.started, o.duration, False, failure=Failure(
+                "review_decided", True, "the review it was to wait on was decided meanwhile: it is claimed again"),
+            released=True) for o in outcomes]
+
+    def _still_waiting(self, joined: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of the (key, run) of tasks joining a waiting answer, those whose key still has an undecided entry of
+        the run's tenant, the entries held until the transaction ends (store: hold_open_reviews)."""
+        if not joined:
+            return set()
+        held = self.store.hold_open_reviews([key for key, _ in joined])
+        owners = self.owners([*(run for _, run in joined), *(run for runs in held.values() for run in runs)])
+        return {(key, run) for key, run in joined if any(owners[r] == owners[run] for r in held.get(key, ()))}
 
     def _take_fresh(self, w: Writes, claim: Claim | None, now: float) -> None:
         """Claim new tasks as they are created, within the claim's room and per-stage caps: the
@@ -153,6 +172,8 @@ class Commits(JobEvents):
             changed += self.store.mark_escalated(w.escalated) + self.store.mark_awaiting_review(w.awaiting)
         if changed != w.fenced:
             raise LeaseLost
+        if w.joined and memo_checked and len(self._still_waiting(w.joined)) != len(set(w.joined)):
+            raise MemoTaken  # a review they were to wait on was decided since they were claimed: see _rejoin
         if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
         if w.notices:
@@ -163,6 +184,10 @@ class Commits(JobEvents):
             self.store.insert_reviews(w.reviews)
         if w.provenance:
             self.store.insert_provenance(w.provenance)
+        if w.call_answers:
+            self.store.keep_call_answers(w.call_answers)
+        if w.forget_calls:
+            self.store.forget_call_answers(w.forget_calls)
         self.store.insert_dead_letters(w.dead)
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
@@ -203,9 +228,12 @@ class Commits(JobEvents):
         stages = {o.task.id: o.task.stage for o in outcomes}
         self._release(w, [o for o in outcomes if o.released])
         self._park(w, [o for o in outcomes if o.deferred and not o.released])
-        outcomes = [o for o in outcomes if not o.released and not o.deferred]
+        self._wait(w, [o for o in outcomes if o.waits is not None])
+        journal = outcomes
+        outcomes = [o for o in outcomes if not o.released and not o.deferred and o.waits is None]
         self._succeed(w, [o for o in outcomes if o.failure is None], now)
         self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        self._journal(w, journal)
         stale = self.expander.take_stale()
         stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
         w.notices = self.stale_notices(stale, now)
@@ -279,6 +307,30 @@ class Commits(JobEvents):
         if deferred:
             w.counts["deferred"] += len(deferred)
 
+    def _wait(self, w: Writes, waiting: Sequence[Outcome]) -> None:
+        """Tasks whose key has an answer waiting for review wait on it too, with no entry of their own: the
+        entry's decision settles every task awaiting under the key (Reviews.decide)."""
+        for o in waiting:
+            task, answer = o.task, o.waits
+            assert answer is not None
+            w.awaiting.append(AwaitingReview(answer.error_class, answer.message, answer.output_digest,
+                                             answer.output_kind, task.id, task.lease_token))
+            w.joined.append((task.task_key, task.run_id))
+            w.attempts.append(self._attempt(o, "awaiting_review", Failure(answer.error_class, False, answer.message)))
+        if waiting:
+            w.counts["awaiting_review"] += len(waiting)
+
+    def _journal(self, w: Writes, outcomes: Sequence[Outcome]) -> None:
+        """The call journal (runtime/journal.py): a task that goes on keeps the answers its attempt got, for its
+        next attempt; one that ended here (or waits for people) needs its journal no more."""
+        ended = {s.task_id for s in w.succeeded} | {a.task_id for a in w.awaiting}
+        ended.update(e.task_id for e in w.ended if e.status not in OPEN_STATUSES)
+        for o in outcomes:
+            if o.task.id not in ended:
+                w.call_answers += o.answers or ()
+            elif o.journaled:
+                w.forget_calls.append(o.task.id)
+
     def _publication(self, o: Outcome, now: float) -> NewPublication:
         task, staged, into = o.task, o.value, self.pipeline[o.task.stage].into
         assert o.output is not None and isinstance(into, str)
@@ -338,10 +390,12 @@ class Commits(JobEvents):
         elif accept.review is not None and verdict.reviewable and task.tier <= tiers and o.candidate is not None:
             c = o.candidate
             w.awaiting.append(AwaitingReview(f.error_class, f.message, c.digest, c.kind, task.id, task.lease_token))
-            w.reviews.append(NewReview(
-                task.id, task.run_id, self.pipeline.name, task.item_key, task.stage, f.error_class, f.message,
-                verdict.confidence, task.tier, c.kind, c.digest, c.inline, c.size, now + accept.review.deadline_s,
-                accept.review.on_deadline, now))
+            if task.task_key not in w.reviewed_keys:  # one entry per key: another task of it waits on the same
+                w.reviewed_keys.add(task.task_key)
+                w.reviews.append(NewReview(
+                    task.id, task.run_id, self.pipeline.name, task.item_key, task.stage, f.error_class, f.message,
+                    verdict.confidence, task.tier, c.kind, c.digest, c.inline, c.size,
+                    now + accept.review.deadline_s, accept.review.on_deadline, now))
             w.attempts.append(self._attempt(o, "awaiting_review", f))
             w.counts["awaiting_review"] += 1
         else:  # settled for this input under this version: memoised, so a re-run does not pay for it again

@@ -29,6 +29,13 @@ class JobEvents(Base):
         super().__init__(*args, **kwargs)
         self._job_cache: OrderedDict[str, JobRow | None] = OrderedDict()
 
+    def owners(self, run_ids: Iterable[str]) -> dict[str, str | None]:
+        """Each run's tenant: its job's (an API job or batch), None for a run the API did not create. Work waits
+        on, and is settled by, only what its own tenant can see (a review entry is its tenant's to decide)."""
+        wanted = sorted(set(run_ids))
+        jobs = self.store.jobs_of_runs(wanted) if wanted else {}
+        return {run_id: jobs[run_id].tenant if run_id in jobs else None for run_id in wanted}
+
     def jobs_among(self, run_ids: Iterable[str]) -> dict[str, JobRow]:
         """The single-document jobs among these runs (cached: a run's job never changes kind)."""
         cache = self._job_cache

@@ -73,7 +73,26 @@ class Leases(JobEvents):
                 to_run.append(task)
             else:
                 answered.append(outcome)
-        return answered, to_run
+        waits = self._waiting(to_run, now)
+        return answered + waits, [t for t in to_run if t.id not in {o.task.id for o in waits}]
+
+    def _waiting(self, tasks: Sequence[ClaimedTask], now: float) -> list[Outcome]:
+        """Tasks whose key has an answer waiting for review (another run's, or a re-run's of this item): they
+        wait on it, with no call and no second entry; its decision settles them all (Reviews.decide)."""
+        reviewed = [t for t in tasks if (accept := self.pipeline[t.stage].accept) is not None
+                    and accept.review is not None]
+        waiting = self.store.waiting_answers([t.task_key for t in reviewed]) if reviewed else {}
+        if not waiting:
+            return []
+        owners = self.owners([*(t.run_id for t in reviewed), *(r for w in waiting.values() for r, _ in w)])
+        outcomes = []
+        for task in reviewed:
+            # only an answer its own tenant waits on: the entry is that tenant's to see and decide
+            answer = next((a for run_id, a in waiting.get(task.task_key, ())
+                           if owners[run_id] == owners[task.run_id]), None)
+            if answer is not None:
+                outcomes.append(Outcome(task, now, 0.0, False, waits=answer))
+        return outcomes
 
     def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
         memo, stage = self.memos[task.stage], self.pipeline[task.stage]
@@ -167,6 +186,8 @@ class Leases(JobEvents):
             self.store.requeue_crashed(requeue)
             self.store.mark_ended(w.ended)
             self.store.insert_dead_letters(w.dead)
+            if w.dead:  # they ended: their call journal goes (runtime/journal.py)
+                self.store.forget_call_answers([d.task_id for d in w.dead])
             self.store.insert_attempts(w.attempts)
             self.store.add_metric_totals(tally.rows())
             self.store.add_run_totals(_run_totals(expired, w))

@@ -27,10 +27,11 @@ from conveyor.store import (
     Succeeded,
 )
 from conveyor.store.jobs import NewEvent
+from conveyor.store.journal import CallAnswer
 from conveyor.store.metrics import MetricIncrement
 from conveyor.store.provenance import ProvenanceRow
 from conveyor.store.provider_batch import BatchRequest, Parked, Waiter
-from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
+from conveyor.store.reviews import AwaitingReview, Escalated, NewReview, Waiting
 
 
 @dataclass(slots=True)
@@ -55,6 +56,12 @@ class Outcome:
     # until they are answered, the attempt refunded.
     deferred: list[BatchRequest] | None = None
     direct_answers: list[tuple[str, str]] | None = None  # (custom_id, answer) of lane calls it made directly
+    # An answer already waiting for review under the task's key: the task waits on it (no call, no second entry).
+    waits: Waiting | None = None
+    # The call journal (runtime/journal.py): answers of calls this attempt made, kept for the task's next attempt
+    # whatever this one comes to; ``journaled``: the task had answers kept by earlier attempts (dropped as it ends).
+    answers: list[CallAnswer] | None = None
+    journaled: bool = False
 
 
 @dataclass
@@ -85,6 +92,10 @@ class Writes:
     batch_requests: list[BatchRequest] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
     direct_answers: list[tuple[str, str]] = field(default_factory=list)
+    joined: list[tuple[str, str]] = field(default_factory=list)  # (key, run) of tasks that joined a waiting answer
+    reviewed_keys: set[str] = field(default_factory=set)  # keys whose answer this commit sends to review
+    call_answers: list[CallAnswer] = field(default_factory=list)  # kept for the tasks' next attempts
+    forget_calls: list[int] = field(default_factory=list)  # tasks that ended: their journal goes
     counts: Counter[str] = field(default_factory=Counter)
 
     @property

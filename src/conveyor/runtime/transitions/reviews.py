@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
@@ -33,42 +34,67 @@ class Reviews(JobEvents):
         (the candidate, or the edited record), memoised under its task key like any accepted answer, and
         its item continues down the pipeline. ``rejected``: the task ends ``rejected``. ``escalated`` (the
         deadline's "escalate"): the task runs once more at its strongest tier, and a refusal there fails it.
-        Raises ReviewTaken when someone decided first."""
+        Every other task awaiting review under the same task key (a re-run's, another run's: they waited on
+        this answer) takes the same decision, successors and all. Raises ReviewTaken when someone decided
+        first."""
         task = self.store.reviewed_task(entry.task_id)
         stage = self.pipeline[entry.stage]
         with self.store.transaction():
             if task is None or not self.store.decide_review(entry.id, decision, by, why, edits, now):
                 raise ReviewTaken(entry.id)
-            queued, totals, opened = 0, RunTally(), OpenTally()
-            if decision in ("approved", "edited", "accepted"):
-                assert output is not None
-                queued = self._accept_reviewed(task, output, now, totals, opened)
-            elif decision == "rejected":
-                message = f"rejected by {by}" + (f": {why}" if why else "")
-                done = self.store.reject_reviewed(task.id, message, now)
-                # the decision is the memo's answer for this input: a re-run asks neither the model nor people
-                self.store.insert_outputs([self.refusal(task, Failure("rejected", False, message), now)])
-            else:
-                tier = len(stage.accept.tiers) + 1 if stage.accept is not None else task.tier + 1
-                done = self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now)
-            if decision not in ("approved", "edited", "accepted") and not done:
+            # Read with the entry held: a task that joined the wait has committed by now (store: hold_open_reviews).
+            others = [t for t in self.store.awaiting_under(task.task_key) if t.id != task.id]
+            owners = self.owners([task.run_id, *(t.run_id for t in others)])
+            others = [t for t in others if owners[t.run_id] == owners[task.run_id]]  # its tenant's waits only
+            self.store.decide_reviews_of([t.id for t in others], decision, by, why, edits, now)
+            totals, opened = RunTally(), OpenTally()
+            done, queued = self._settle(task, stage.accept, decision, by, why, now, output, totals, opened, True)
+            if not done:
                 raise ReviewTaken(entry.id)
-            decided = AttemptRecord(
-                task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
-                self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
-            self.store.insert_attempts([decided])
-            totals.move(task.run_id, task.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
-            totals.attempts({task.id: task.stage}, [decided])
-            if DECIDED_STATUS[decision] in OPEN_STATUSES:  # escalated: runnable again now, at a stronger tier
-                opened.add(self.pipeline.name, task.stage, now)
+            settled = [task]
+            for other in others:
+                done, more = self._settle(other, stage.accept, decision, by, why, now, output, totals, opened, False)
+                if done:
+                    settled.append(other)
+                    queued += more
+            decided = [self._decided(t, decision, by, why, now) for t in settled]
+            self.store.insert_attempts(decided)
+            for t in settled:
+                totals.move(t.run_id, t.stage, ("awaiting_review", 0), (DECIDED_STATUS[decision], 0))
+                if DECIDED_STATUS[decision] in OPEN_STATUSES:  # escalated: runnable again now, at a stronger tier
+                    opened.add(self.pipeline.name, t.stage, now)
+            totals.attempts({t.id: t.stage for t in settled}, decided)
             self.store.add_run_totals(totals)  # once per transaction (see store.insert_tasks)
             self.store.add_open_tasks(opened)
-            self._tell_job(task, decision, by, now)
-            self._tally_decision(task.stage, decision)
+            for t in settled:
+                self._tell_job(t, decision, by, now)
+                self._tally_decision(t.stage, decision)
             self.store.notify()
         self.trace("a review decision", lambda tracer: tracer.record_attempts(
-            self.store, self.pipeline.name, {task.id: task}, [decided]))
+            self.store, self.pipeline.name, {t.id: t for t in settled}, decided))
         return queued
+
+    def _settle(self, task: ClaimedTask, accept: Any, decision: str, by: str, why: str | None, now: float,
+                output: Ref | None, totals: RunTally, opened: OpenTally, memo: bool) -> tuple[bool, int]:
+        """One task awaiting review takes the decision: (whether it still awaited it, the tasks it queued).
+        ``memo``: the decision is stored as the memo's answer for the key (once per decision)."""
+        if decision in ("approved", "edited", "accepted"):
+            assert output is not None
+            return self._accept_reviewed(task, output, now, totals, opened, memo)
+        if decision == "rejected":
+            message = f"rejected by {by}" + (f": {why}" if why else "")
+            done = self.store.reject_reviewed(task.id, message, now)
+            if done and memo:  # the memo's answer for this input: a re-run asks neither the model nor people
+                self.store.insert_outputs([self.refusal(task, Failure("rejected", False, message), now)])
+            return done, 0
+        tier = len(accept.tiers) + 1 if accept is not None else task.tier + 1
+        return self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now), 0
+
+    def _decided(self, task: ClaimedTask, decision: str, by: str, why: str | None, now: float) -> AttemptRecord:
+        stage = self.pipeline[task.stage]
+        return AttemptRecord(
+            task.id, task.run_id, task.attempts, decision, 0, None, why, f"review:{by}", None, stage.version,
+            self._code(stage.name), now, 0.0, tier=task.tier, config_hash=stage.config_hash)
 
     def _tally_decision(self, stage: str, decision: str) -> None:
         """A decision that ends the task (an escalation runs it again) counts as its end."""
@@ -92,11 +118,13 @@ class Reviews(JobEvents):
         self.settle_jobs([task.run_id], now)
 
     def _accept_reviewed(self, task: ClaimedTask, output: Ref, now: float, totals: RunTally,
-                         opened: OpenTally) -> int:
+                         opened: OpenTally, memo: bool) -> tuple[bool, int]:
         if not self.store.accept_reviewed(task.id, output.digest, output.kind, now):
-            raise ReviewTaken(task.id)
-        self.store.insert_outputs([NewOutput(task.task_key, task.stage, output.kind, output.digest, output.inline,
-                                             output.size, task.run_id, now, self.memos[task.stage].code)])
+            return False, 0
+        if memo:
+            self.store.insert_outputs([NewOutput(task.task_key, task.stage, output.kind, output.digest,
+                                                 output.inline, output.size, task.run_id, now,
+                                                 self.memos[task.stage].code)])
         seeds, items = self.expander.successors(
             Seed(task.run_id, task.item_key, task.root_key, task.stage, output), output, now)
         tasks, items, _ = self.expander.plan(seeds, now, items)
@@ -104,7 +132,7 @@ class Reviews(JobEvents):
             self.store.insert_items(items)
         if tasks:
             self.store.insert_tasks(tasks, totals, opened)
-        return len(tasks.queued)
+        return True, len(tasks.queued)
 
     def expire_reviews(self, now: float, limit: int = 200, run_id: str | None = None) -> Counter[str]:
         """Entries of this pipeline (of one run, when given) whose deadline passed take the outcome recorded
