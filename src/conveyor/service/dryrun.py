@@ -26,7 +26,7 @@ from conveyor.service.diff import batched
 from conveyor.service.forecast import History, forecast, history, limits_of
 from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.service.replay import _digest_only
-from conveyor.service.submit import _own, run_params
+from conveyor.service.submit import SubmitOptions, _own, run_params
 from conveyor.store import SqlStore, open_store
 
 BATCH = 1000
@@ -69,7 +69,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
     missing = [name for name, count in to_run.items() if count and name not in past.stages
                and pipeline[name].kind != "publish"]
     if missing and sample > 0 and samples.items:
-        measured, sampled = _sample(pipeline, target, samples.items)
+        measured, sampled = _sample(pipeline, target, samples.items, sets)
         past = _merged(past, measured)
         _estimate_below(pipeline, stages, past)
         to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
@@ -128,7 +128,8 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
         stages[stage.name]["estimated"] = round(upstream * ratio)
 
 
-def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem]) -> tuple[History, dict[str, Any]]:
+def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
+            sets: Sequence[str] = ()) -> tuple[History, dict[str, Any]]:
     """Run ``items`` for real in a scratch store (publish stages left out) and measure them."""
     from conveyor.runtime.worker import Worker, WorkerOptions
     from conveyor.service.report import find_run, reconcile
@@ -140,7 +141,8 @@ def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem]) -> tup
         blobs = FilesystemBlobs(Path(scratch) / "blobs")
         store = open_store(url)
         try:
-            done = submit(scratch_pipeline, target, "sample", store, blobs, items=list(items))
+            done = submit(scratch_pipeline, target, "sample", store, blobs, items=list(items),
+                          options=SubmitOptions(sets=tuple(sets)))
             Worker(scratch_pipeline, target, url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
             measured = history(store, scratch_pipeline, 1, basis="sample")
             usage = reconcile(store, find_run(store, done.run_id))["usage"]
