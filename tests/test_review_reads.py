@@ -34,11 +34,14 @@ def two_runs(tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("CALLS", str(tmp_path / "calls.log"))
     manifest = tmp_path / "in.jsonl"
     manifest.write_text("".join(json.dumps(i) + "\n" for i in ITEMS if i["key"] == "b"))
+    # The second run's b is another document: the same one would wait on the first run's entry (issue 27 point 3).
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({**i, "text": i["text"] + " again"}) + "\n" for i in ITEMS if i["key"] == "b"))
     (tmp_path / "kept").mkdir()
     (tmp_path / "moved").mkdir()
     kept = submit_and_work(write_pipeline(tmp_path / "kept", PIPE), manifest, store_url, tmp_path / "blobs")
     moved_target = write_pipeline(tmp_path / "moved", PIPE)
-    moved = submit_and_work(moved_target, manifest, store_url, tmp_path / "blobs")
+    moved = submit_and_work(moved_target, other, store_url, tmp_path / "blobs")
     Path(moved_target.rpartition(":")[0]).unlink()
     query(store_url, "UPDATE reviews SET deadline_at = deadline_at - ?", DAYS)  # both deadlines passed
     env = {"SINK": str(tmp_path / "sink.jsonl"), "CALLS": str(tmp_path / "calls.log")}

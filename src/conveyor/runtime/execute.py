@@ -262,7 +262,8 @@ def _journaled(finish: Finish, journal: CallJournal | None) -> Finish:
         return finish
 
     def done(outcome: Outcome) -> None:
-        outcome.answers, outcome.journaled = journal.new, bool(journal.kept)
+        refused = outcome.verdict is not None and not outcome.verdict.accepted
+        outcome.answers, outcome.journaled = journal.kept_for_next(refused), bool(journal.kept)
         finish(outcome)
 
     return done
