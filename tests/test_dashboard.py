@@ -149,7 +149,9 @@ def test_every_page_renders_and_a_tenant_sees_only_its_runs(server: Server) -> N
     with browser(server, operator) as b:
         everything = b.get("/").text
         assert all(job in everything for job in (sure, unsure, poison, theirs))
-        assert b.get("/workers").status_code == 200
+        fleet = b.get("/workers")
+        # The serve's worker says which stage declarations it takes (issue 27 point 1).
+        assert fleet.status_code == 200 and "<th>Serves</th>" in fleet.text and " v1 <code" in fleet.text
         assert b.get(f"/runs/{sure}", params={"fragment": 1}).text.lstrip().startswith("<section")
 
 
