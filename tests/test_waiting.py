@@ -77,9 +77,12 @@ def test_a_rerun_waits_on_the_answer_under_review(unsure: dict[str, Any], store_
     store = open_store(store_url)
     try:
         entries = review.review_list(store)["reviews"]
+        # `review list --run` of a later run lists the entries its tasks wait on (the first run's).
+        waited_on = [review.review_list(store, run_id=run.run_id)["reviews"] for run in runs]
     finally:
         store.close()
     assert len(entries) == 6 and {e["run_id"] for e in entries} == {runs[0].run_id}
+    assert all(sorted(e["id"] for e in listed) == sorted(e["id"] for e in entries) for listed in waited_on)
     for run in runs:
         assert _statuses(store_url, run.run_id, "guess") == {f"k{i}": "awaiting_review" for i in range(6)}
         assert reconciled(store_url, run.run_id)["outcomes"] == {"awaiting_review": 6}

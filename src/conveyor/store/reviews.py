@@ -23,6 +23,11 @@ REVIEW_COLUMNS = (
 )
 
 
+# The entries the tasks of a run (?) wait on: the entry of each task awaiting review under one of their keys.
+WAITED_ON_BY_RUN = ("task_id IN (SELECT w.id FROM tasks w WHERE w.status = 'awaiting_review' AND w.task_key IN "
+                    "(SELECT t.task_key FROM tasks t WHERE t.run_id = ? AND t.status = 'awaiting_review'))")
+
+
 class AwaitingReview(NamedTuple):
     """A leased task whose answer goes to review (fenced by its lease)."""
 
@@ -179,13 +184,16 @@ class ReviewQueries:
 
     def reviews(self, run_id: str | None = None, stage: str | None = None, include_decided: bool = False,
                 limit: int = 1000, after: int | None = None) -> list[ReviewEntry]:
-        """Review entries by id (those after id ``after``, when given: the next page)."""
+        """Review entries by id (those after id ``after``, when given: the next page). A run's entries are its own
+        and those its tasks wait on: a task whose key waited for review already joined that entry (a re-run)."""
         clauses: list[str] = [] if include_decided else ["decided_at IS NULL"]
         params: list[str | int] = []
-        for column, value in (("run_id", run_id), ("stage", stage)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
+        if run_id is not None:
+            clauses.append(f"(run_id = ? OR {WAITED_ON_BY_RUN})")
+            params += [run_id, run_id]
+        if stage is not None:
+            clauses.append("stage = ?")
+            params.append(stage)
         if after is not None:
             clauses.append("id > ?")
             params.append(after)
