@@ -93,7 +93,8 @@ class Expander:
                                tuple(c.name for c in pipeline.children(s.name)), StageMemo(s), s.params)
             for s in pipeline
         }
-        self._run_prefixes: dict[str, dict[str, bytes]] = {}  # run -> stage -> key prefix, for stages with params
+        # run -> its parameter values, and stage -> key prefix with the values it reads (read once per run)
+        self._run_params: dict[str, tuple[dict[str, Any], dict[str, bytes]]] = {}
         # (run, stage) -> tasks answered from outputs that other code made under the same stage version
         self.stale: Counter[tuple[str, str]] = Counter()
         self._roots = [s.name for s in pipeline.roots]
@@ -114,40 +115,38 @@ class Expander:
 
     def set_lane(self, run_id: str, lane: str) -> None:
         """Tasks of ``run_id`` are claimed in ``lane`` (interactive before bulk)."""
-        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_params)
         self._lane_ranks[run_id] = LANE_RANKS[lane]
 
     def lane_rank(self, run_id: str) -> int:
         rank = self._lane_ranks.get(run_id)
         if rank is None:
-            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_params)
             run = self.store.get_run(run_id)
             rank = self._lane_ranks[run_id] = LANE_RANKS.get(run.lane if run else "bulk", 1)
         return rank
 
     def set_params(self, run_id: str, values: Mapping[str, Any]) -> None:
         """``run_id``'s parameter values, known already (its submission, a dry run): not read from the store."""
-        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
-        self._run_prefixes[run_id] = {name: p.prefix + run_params.key_part(p.params, values)
-                                      for name, p in self._plans.items()}
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_params)
+        self._run_params[run_id] = (dict(values), {name: p.prefix + run_params.key_part(p.params, values)
+                                                   for name, p in self._plans.items()})
 
     def run_params(self, run_id: str) -> dict[str, Any]:
         """The parameter values ``run_id`` was submitted with (as recorded: never this process's environment)."""
-        run = self.store.get_run(run_id)
-        return run_params.decode(run.params if run else None)
+        if run_id not in self._run_params:
+            run = self.store.get_run(run_id)
+            self.set_params(run_id, run_params.decode(run.params if run else None))
+        return self._run_params[run_id][0]
 
     def prefix(self, run_id: str, stage: str) -> bytes:
         """The key prefix of ``stage``'s tasks in ``run_id``: with the values of the parameters it reads."""
         plan = self._plans[stage]
         if not plan.params:
             return plan.prefix
-        prefixes = self._run_prefixes.get(run_id)
-        if prefixes is None:
-            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
-            values = self.run_params(run_id)
-            prefixes = self._run_prefixes[run_id] = {
-                name: p.prefix + run_params.key_part(p.params, values) for name, p in self._plans.items()}
-        return prefixes[stage]
+        if run_id not in self._run_params:
+            self.run_params(run_id)
+        return self._run_params[run_id][1][stage]
 
     def key_of(self, run_id: str, stage: str, ref: Ref, item_key: str) -> str:
         """The task key this declaration makes for ``stage`` on ``ref`` in ``run_id``."""
@@ -185,13 +184,13 @@ class Expander:
     def without_base(self, run_id: str) -> None:
         """``run_id`` copies no settled items from an earlier run (an API job: its memo lookups answer instead,
         and finding the base would cost its creation three round trips)."""
-        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+        _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_params)
         self._bases[run_id] = None
 
     def replay_base(self, run_id: str) -> str | None:
         """The earlier run whose settled items a run may copy (store/replay.py), looked up once per run."""
         if run_id not in self._bases:
-            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_prefixes)
+            _bound(self._lane_ranks, self._bases, self._provenance_bases, self._run_params)
             run = self.store.get_run(run_id)
             self._bases[run_id] = self.store.replay_base(run.pipeline, run.stages, run_id) if run else None
         return self._bases[run_id]

@@ -54,14 +54,13 @@ def waiting(store: SqlStore, run: RunRecord, queued: dict[str, int]) -> list[dic
     stages = [s for s, n in queued.items() if n and s in wanted]
     if not stages:
         return []
-    live = _live(store, run)
+    live = [_serves(w) for w in _live(store, run)]  # what each live worker serves
     found = []
     for stage in stages:
         version, config_hash = wanted[stage]
-        served = [w for w in live if _serves(w).get(stage) == [version, config_hash]]
-        if served:
+        if any(serves.get(stage) == [version, config_hash] for serves in live):
             continue
-        others = sorted({tuple(_serves(w)[stage]) for w in live if stage in _serves(w)})
+        others = sorted({tuple(serves[stage]) for serves in live if stage in serves})
         text = _texts(store, run.pipeline, stage)
         differences = [difference(stage, (version, text.get((version, config_hash))), (v, text.get((v, h))))
                        for v, h in others]

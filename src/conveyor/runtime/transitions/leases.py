@@ -65,7 +65,10 @@ class Leases(JobEvents):
         this is a redelivery); a fresh one was looked up as it was created. Either may be refused on a
         guard that is checked before its input is read."""
         memo = self.store.lookup_outputs([t.task_key for t in claimed]) if claimed else {}
-        answered: list[Outcome] = []
+        answered: list[Outcome] = [self._foreign(t, now) for t in claimed if not self._own_key(t)]
+        if answered:
+            foreign = {o.task.id for o in answered}
+            claimed = [t for t in claimed if t.id not in foreign]
         to_run: list[ClaimedTask] = []
         for task in (*fresh, *claimed):
             outcome = self._answer(task, memo.get(task.task_key), now)
@@ -74,7 +77,8 @@ class Leases(JobEvents):
             else:
                 answered.append(outcome)
         waits = self._waiting(to_run, now)
-        return answered + waits, [t for t in to_run if t.id not in {o.task.id for o in waits}]
+        waiting = {o.task.id for o in waits}
+        return answered + waits, [t for t in to_run if t.id not in waiting]
 
     def _waiting(self, tasks: Sequence[ClaimedTask], now: float) -> list[Outcome]:
         """Tasks whose key has an answer waiting for review (another run's, or a re-run's of this item): they
@@ -94,16 +98,24 @@ class Leases(JobEvents):
                 outcomes.append(Outcome(task, now, 0.0, False, waits=answer))
         return outcomes
 
+    def _made_key(self, task: ClaimedTask) -> str:
+        ref = Ref(task.input_kind, task.input_digest, task.input_size, task.input_inline)
+        return self.expander.key_of(task.run_id, task.stage, ref, task.item_key)
+
+    def _own_key(self, task: ClaimedTask) -> bool:
+        """Whether this declaration makes ``task``'s key for its input. Claims take only tasks of this declaration
+        (store: claim), so a key it would not make comes from other rules (another conveyor, a hand-made row); a
+        fresh task was made here and needs no check."""
+        return self._made_key(task) == task.task_key
+
+    def _foreign(self, task: ClaimedTask, now: float) -> Outcome:
+        """Not run: nothing is stored under a key this declaration would not make."""
+        message = (f"task key {task.task_key[:12]} is not the key this worker's declaration of stage "
+                   f"{task.stage!r} makes for its input ({self._made_key(task)[:12]}); it was not run")
+        return Outcome(task, now, 0.0, False, failure=Failure("foreign_key", False, message))
+
     def _answer(self, task: ClaimedTask, hit: StoredOutput | None, now: float) -> Outcome | None:
         memo, stage = self.memos[task.stage], self.pipeline[task.stage]
-        made = self.expander.key_of(task.run_id, task.stage, Ref(task.input_kind, task.input_digest, task.input_size,
-                                                                 task.input_inline), task.item_key)
-        if made != task.task_key:
-            # Claims take only tasks of this declaration (store: claim), so this is a key made by other rules
-            # (another conveyor, a hand-made row): nothing is stored under a key this declaration would not make.
-            message = (f"task key {task.task_key[:12]} is not the key this worker's declaration of stage "
-                       f"{task.stage!r} makes for its input ({made[:12]}); it was not run")
-            return Outcome(task, now, 0.0, False, failure=Failure("foreign_key", False, message))
         if hit is not None and hit.kind == "failed":
             failure = memo.failure(hit.inline)
             if failure is not None:
