@@ -27,14 +27,14 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline.params import StageParams
 from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
-from conveyor.runtime.context import Context
+from conveyor.runtime.context import Context, call_stage
 from conveyor.runtime.guard import GuardedPool
 from conveyor.runtime.journal import CallJournal
 from conveyor.runtime.provenance import document
 from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
-from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
+from conveyor.runtime.values import PARTS, Ref, decode, encode, fanout_refs, load_parts, store_value
 from conveyor.store import ClaimedTask, Lease
 from conveyor.store.provider_batch import RequestState
 
@@ -122,7 +122,7 @@ class Executor:
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
         ctx = self.context(task)
         try:
-            result = stage.fn(ctx, value)
+            result = call_stage(stage, ctx, value)
             outcome = self.settle(task, stage, value, result, started, time.perf_counter() - t0)
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
@@ -139,7 +139,7 @@ class Executor:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
-                result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
+                result = await asyncio.wait_for(_contained(call_stage(stage, ctx, value)), stage.timeout)
             if ctx.batch is not None:
                 if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
                     raise Deferred()
@@ -205,6 +205,8 @@ class Executor:
 
     def load(self, task: ClaimedTask) -> Any:
         data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
+        if task.input_kind == PARTS:
+            return load_parts(data, self.blobs)
         return decode(task.input_kind, data)
 
     def settle(self, task: ClaimedTask, stage: Stage, source: Any, result: Any, started: float, duration: float,

@@ -53,6 +53,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
             good.append((item, ref))
         seeds = [seed for item, ref in good for seed in expander.roots(DRY_RUN_ID, item.key, ref)]
         tasks, _, _ = expander.plan(seeds, store.clock())
+        expander.take_pending()
         for row in tasks.cached:
             stages[row[2]]["memo"] += 1
         for row in tasks.failed:

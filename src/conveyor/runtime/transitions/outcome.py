@@ -9,6 +9,7 @@ from typing import Any
 
 from conveyor.acceptance.judge import Verdict
 from conveyor.runtime.classify import Failure
+from conveyor.runtime.expand import Pending
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -77,6 +78,7 @@ class Writes:
     plain_attempts: list[PlainAttempt] = field(default_factory=list)
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)  # joins and gathers decided in the transaction
     notices: list[Notice] = field(default_factory=list)
     publications: list[NewPublication] = field(default_factory=list)
     escalated: list[Escalated] = field(default_factory=list)
