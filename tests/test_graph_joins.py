@@ -119,7 +119,7 @@ def test_a_gather_waits_for_every_child_and_takes_them_in_order(tmp_path: Path, 
     (docs / "c.txt").write_text("")  # no children: gathered at once, empty
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=3)
     assert _value(store_url, done.run_id, "a.txt", "collect") == {
-        "words": "ONE TWO THREE FOUR FIVE SIX SEVEN EIGHT NINE TEN ELEVEN TWELVE".split(), "lost": []}
+        "words": ["ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "ELEVEN", "TWELVE"], "lost": []}
     assert _value(store_url, done.run_id, "c.txt", "collect") == {"words": [], "lost": []}
     status = {r[0]: r[1:] for r in query(store_url, "SELECT item_key, status, error_class, last_error FROM tasks "
                                                     "WHERE run_id = ? AND stage = 'collect'", done.run_id)}
