@@ -119,7 +119,8 @@ def test_a_gather_waits_for_every_child_and_takes_them_in_order(tmp_path: Path, 
     (docs / "c.txt").write_text("")  # no children: gathered at once, empty
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=3)
     assert _value(store_url, done.run_id, "a.txt", "collect") == {
-        "words": ["ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "ELEVEN", "TWELVE"], "lost": []}
+        "words": ["ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "ELEVEN",
+                  "TWELVE"], "lost": []}
     assert _value(store_url, done.run_id, "c.txt", "collect") == {"words": [], "lost": []}
     status = {r[0]: r[1:] for r in query(store_url, "SELECT item_key, status, error_class, last_error FROM tasks "
                                                     "WHERE run_id = ? AND stage = 'collect'", done.run_id)}
@@ -156,20 +157,20 @@ def test_graph_declaration_errors_name_the_stages() -> None:
     def whole(ctx: object, source: bytes) -> bytes:
         return source
 
-    with pytest.raises(PipelineError, match="joins parents at different item levels: child .*whole"):
+    with pytest.raises(PipelineError, match=r"joins parents at different item levels: child .*whole"):
         pipe.stage(after=[child, whole], name="mixed")(lambda ctx, a, b: a)
     with pytest.raises(PipelineError, match="not below a fan-out"):
         pipe.stage(after=whole, kind="gather", name="nothing")(lambda ctx, xs: xs)
-    with pytest.raises(PipelineError, match="after fan-out stage 'split'"):
+    with pytest.raises(PipelineError, match=r"after fan-out stage 'split'"):
         pipe.stage(after=split, kind="gather", name="too_soon")(lambda ctx, xs: xs)
     with pytest.raises(PipelineError, match="twice"):
         pipe.stage(after=[whole, whole], name="twice")(lambda ctx, a, b: a)
 
     loop = Pipeline("loop")
     loop.stage(after="b", name="a")(lambda ctx, x: x)
-    with pytest.raises(PipelineError, match="cycle: .*a -> b -> a|cycle: .*b -> a -> b"):
+    with pytest.raises(PipelineError, match=r"cycle: .*a -> b -> a|cycle: .*b -> a -> b"):
         loop.stage(after="a", name="b")(lambda ctx, x: x)
     dangling = Pipeline("dangling")
     dangling.stage(after="missing", name="a")(lambda ctx, x: x)
-    with pytest.raises(PipelineError, match="'missing', which pipeline 'dangling' does not declare"):
+    with pytest.raises(PipelineError, match=r"'missing', which pipeline 'dangling' does not declare"):
         dangling.validate()
