@@ -174,3 +174,73 @@ def test_graph_declaration_errors_name_the_stages() -> None:
     dangling.stage(after="missing", name="a")(lambda ctx, x: x)
     with pytest.raises(PipelineError, match=r"'missing', which pipeline 'dangling' does not declare"):
         dangling.validate()
+
+
+REPLAYED = """
+import os
+from conveyor import Pipeline
+
+pipe = Pipeline("replayed")
+SHOUT = os.environ.get("SHOUT", "1")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split, version=SHOUT)
+def shout(ctx, word):
+    return word.upper() + "!" * int(SHOUT)
+
+@pipe.stage(after=shout, kind="gather")
+def collect(ctx, words):
+    return " ".join(words)
+
+@pipe.stage()
+def size(ctx, source):
+    return len(source)
+
+@pipe.stage(after=[collect, size])
+def final(ctx, text, size):
+    return {"text": text, "size": size}
+"""
+
+
+def test_replay_downstream_of_a_child_runs_its_gather_and_join_again(tmp_path: Path, store_url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.runtime import target as target_module
+    from conveyor.service.replay import ReplayOptions, replay
+    from conveyor.service.selection import Selection
+    from conveyor.store import open_store
+    from tests.helpers import work
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two")
+    (docs / "b.txt").write_text("three")
+    monkeypatch.setenv("SHOUT", "1")
+    target_module._cache.clear()
+    first = write_pipeline(tmp_path, REPLAYED, name="v1.py")
+    done = submit_and_work(first, docs, store_url, tmp_path / "blobs")
+    assert _value(store_url, done.run_id, "a.txt", "final") == {"text": "ONE! TWO!", "size": 7}
+    monkeypatch.setenv("SHOUT", "2")
+    target_module._cache.clear()
+    second = write_pipeline(tmp_path, REPLAYED, name="v2.py")
+    store = open_store(store_url)
+    try:
+        plan = replay(store, FilesystemBlobs(tmp_path / "blobs"),
+                      Selection(runs=(done.run_id,), stages=("shout",), item_glob="a.txt*"),
+                      ReplayOptions(reason="reprocess", downstream=True, target=second))
+        skipped = replay(store, FilesystemBlobs(tmp_path / "blobs"),
+                         Selection(runs=(done.run_id,), stages=("final",)),
+                         ReplayOptions(reason="reprocess", target=second, dry_run=True))
+    finally:
+        store.close()
+    assert plan["reopened"] == 2
+    assert skipped["skipped"] == {"join_or_gather": 1, "superseded": 1}  # made again from its parents
+    status = _outputs(store_url, done.run_id, "final")
+    assert status == {"a.txt": "superseded", "b.txt": "succeeded"}
+    work(second, store_url, tmp_path / "blobs", run_id=done.run_id)
+    assert _value(store_url, done.run_id, "a.txt", "final") == {"text": "ONE!! TWO!!", "size": 7}
+    assert _value(store_url, done.run_id, "b.txt", "final") == {"text": "THREE!", "size": 5}
+    assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 2}

@@ -57,6 +57,8 @@ class ReopenPlanner:
         run = store.get_run(run_id)
         self._params = run_params.decode(run.params if run else None)  # as the run recorded them
         self._below = {s.name: _below(pipeline, s.name) for s in pipeline}
+        self._gathers_over = {s.name: [g for g, spec in pipeline.graph.gathers.items() if s.name in spec.path]
+                              for s in pipeline}
         self._fanout_at_or_below = {s.name: any(pipeline[n].kind == "fanout" for n in (s.name, *self._below[s.name]))
                                     for s in pipeline}
 
@@ -88,6 +90,11 @@ class ReopenPlanner:
             if self.downstream and (self._below[t.stage] or self._fanout_at_or_below[t.stage]):
                 p.downstream.append(Downstream(t.run_id, t.root_key, t.item_key, tuple(self._below[t.stage]),
                                                self._fanout_at_or_below[t.stage]))
+            if self.downstream:  # a gather waiting on this child works on its parent item: it runs again too
+                parent_item = t.item_key.rpartition(CHILD_MARK)[0]
+                for gather in self._gathers_over[t.stage]:
+                    p.downstream.append(Downstream(t.run_id, t.root_key, parent_item,
+                                                   (gather, *self._below[gather]), self._fanout_at_or_below[gather]))
         memo = self.store.lookup_outputs(keys.values()) if keys else {}
         p.answered = {task_id: key in memo and memo[key].kind != "failed" for task_id, key in keys.items()}
         return p
@@ -97,10 +104,15 @@ class ReopenPlanner:
             p.skip("open" if t.status in ("queued", "running") else t.status)
             return None
         try:
-            return self.pipeline[t.stage]
+            stage = self.pipeline[t.stage]
         except Exception:
             p.skip("stage_not_declared")
             return None
+        if stage.is_join or stage.kind == "gather":
+            # Its input is made of other tasks' outputs: replaying those with --downstream makes it again.
+            p.skip("join_or_gather")
+            return None
+        return stage
 
     def _covered(self, t: SelectedTask, selected: set[tuple[str, str]]) -> bool:
         """Another selected task is upstream of ``t`` on its item (or on an item it descends from)."""

@@ -86,14 +86,17 @@ def new_run_id(now: float) -> str:
 def stages_json(pipeline: Pipeline, params: Mapping[str, Any] | None = None) -> str:
     """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint; and
     ``accept`` (true) on a stage with an acceptance boundary, ``into`` on one that publishes into the
-    built-in target, ``params`` (their values) on one that reads run parameters (absent otherwise, so a
-    graph without them reads as it always did)."""
+    built-in target, ``params`` (their values) on one that reads run parameters, ``parents`` (every parent, in
+    order; ``after`` is the first) on a join, ``on_child_failure`` on a gather (absent otherwise, so a graph
+    without them reads as it always did)."""
     values = params or {}
     return json.dumps([
         {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash,
          "code": code_fingerprint(s.fn), **({"accept": True} if s.accept else {}),
          **({"into": s.into if isinstance(s.into, str) else type(s.into).__qualname__} if s.into else {}),
-         **({"params": {n: values.get(n) for n in s.params}} if s.params else {})}
+         **({"params": {n: values.get(n) for n in s.params}} if s.params else {}),
+         **({"parents": list(s.parents)} if s.is_join else {}),
+         **({"on_child_failure": s.on_child_failure} if s.kind == "gather" else {})}
         for s in pipeline
     ])
 
