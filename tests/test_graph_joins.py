@@ -244,3 +244,56 @@ def test_replay_downstream_of_a_child_runs_its_gather_and_join_again(tmp_path: P
     assert _value(store_url, done.run_id, "a.txt", "final") == {"text": "ONE!! TWO!!", "size": 7}
     assert _value(store_url, done.run_id, "b.txt", "final") == {"text": "THREE!", "size": 5}
     assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 2}
+
+
+RACE = """
+import time
+from conveyor import Pipeline
+
+pipe = Pipeline("race")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return [source.decode() + str(i) for i in range(3)]
+
+@pipe.stage(after=split)
+def left(ctx, part):
+    time.sleep(0.002)
+    return part + "L"
+
+@pipe.stage(after=split)
+def right(ctx, part):
+    time.sleep(0.002)
+    return part + "R"
+
+@pipe.stage(after=[left, right])
+def both(ctx, a, b):
+    return a + b
+
+@pipe.stage(after=both, kind="gather")
+def gathered(ctx, parts):
+    return parts
+"""
+
+
+def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str) -> None:
+    """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import SRC, submit_run
+
+    target = write_pipeline(tmp_path, RACE)
+    docs = make_docs(tmp_path / "docs", 60)
+    run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    workers = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
+                                 str(tmp_path / "blobs"), "--until-idle", "--batch-size", "2"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        assert w.wait(120) == 0, w.stderr.read() if w.stderr else ""
+    assert query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? AND stage IN "
+                            "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
+        ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
+    assert reconciled(store_url, run_id)["outcomes"] == {"completed": 60}
