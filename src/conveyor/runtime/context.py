@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from conveyor.pipeline.params import StageParams
+from conveyor.runtime.groups import Group
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Parts
 
@@ -143,8 +144,10 @@ class Context:
 
 def call_stage(stage: Stage, ctx: Context, value: Any) -> Any:
     """Call a stage's function on its loaded input: a join gets its parents' outputs as arguments in declared
-    order, a gather the list of its children's outputs (``ctx.lost``: the children it goes without), any other
-    stage its one input."""
+    order, a gather the list of its children's outputs (``ctx.lost``: the children it goes without), a group its
+    key and members (runtime/groups.py), any other stage its one input."""
+    if isinstance(value, Group):
+        return stage.fn(ctx, value.key, value.members)
     if isinstance(value, Parts):
         ctx.lost = list(value.lost)
         if stage.kind == "gather":

@@ -177,6 +177,8 @@ class Commits(JobEvents, Readiness):
             raise MemoTaken  # a review they were to wait on was decided since they were claimed: see _rejoin
         if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
+        if w.steps:  # content-addressed steps: one already kept by another worker is the same answer
+            self.store.insert_outputs(w.steps)
         if w.notices:
             self.store.add_notices(w.notices)
         if w.publications:
@@ -279,6 +281,8 @@ class Commits(JobEvents, Readiness):
         for o in done:
             task, out = o.task, o.output
             assert out is not None
+            if o.steps:
+                w.steps += o.steps
             if not o.cached:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
                                            task.run_id, now, self.memos[task.stage].code, encode(o.provenance)))
