@@ -111,3 +111,34 @@ def test_a_large_group_is_called_on_batches_and_folded_and_an_added_member_costs
     assert _group_outputs(store_url, again.run_id, "total")["group:*"]["total"] == sum(range(201))
     new_steps = query(store_url, "SELECT COUNT(*) FROM outputs WHERE stage = 'total'")[0][0] - steps
     assert 2 <= new_steps <= 6, new_steps  # its batch, the folds above it and the group's own answer
+
+
+def test_replay_downstream_of_a_member_makes_its_groups_again(tmp_path: Path, store_url: str,
+                                                             monkeypatch: object) -> None:
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.runtime import target as target_module
+    from conveyor.service.replay import ReplayOptions, replay
+    from conveyor.service.selection import Selection
+    from conveyor.store import open_store
+    from tests.helpers import work
+
+    docs = _docs(tmp_path / "docs", {"a1.txt": "apple", "b1.txt": "banana", "b2.txt": "berry"})
+    target = write_pipeline(tmp_path, GROUPED)
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    (docs / "b2.txt").write_text("apricot")  # corrected at the source: b2 moves to group a
+    target_module._cache.clear()
+    store = open_store(store_url)
+    try:
+        plan = replay(store, FilesystemBlobs(tmp_path / "blobs"), Selection(runs=(done.run_id,), stages=("parse",),
+                      item_glob="b2.txt"), ReplayOptions(reason="source-corrected", downstream=True))
+        skipped = replay(store, FilesystemBlobs(tmp_path / "blobs"), Selection(runs=(done.run_id,),
+                         stages=("by_letter",)), ReplayOptions(reason="reprocess", dry_run=True))
+    finally:
+        store.close()
+    assert plan["reopened"] == 1
+    assert skipped["skipped"] == {"superseded": 2}  # both groups wait to be made again
+    work(target, store_url, tmp_path / "blobs", run_id=done.run_id)
+    groups = _group_outputs(store_url, done.run_id, "by_letter")
+    assert groups["group:a"]["members"] == ["a1.txt", "b2.txt"] and groups["group:b"]["members"] == ["b1.txt"]
+    assert _group_outputs(store_url, done.run_id, "everything")["group:*"]["count"] == 3
+    assert reconciled(store_url, done.run_id)["unaccounted"] == 0

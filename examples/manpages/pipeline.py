@@ -21,6 +21,8 @@ extract  (after parse, beside the chunks) a chat call asking for a JSON record {
 publish  a join of extract and vectors: the accepted record, its full-text entry and its chunk vectors into
          the built-in target's collection "manuals", in one transaction, as a new version of the page's
          publication
+sections a group: once per manual section, after every page of the run settled at extract, an overview of the
+         section from its pages' summaries (one chat call), published into the collection "sections"
 
 The call uses the provider's JSON mode: behind an acceptance boundary, an answer that is not strict JSON (fenced,
 chatty, cut off) is handed to the boundary as it is (``ctx.chat`` returns it with ``data`` None), which repairs
@@ -157,3 +159,35 @@ def publish(ctx, record: dict, packed: list[str]) -> Record:
     """A join: the accepted record and the page's chunk vectors, each made by its own branch (a new embedding
     model runs embed and publish again, and no chat call)."""
     return Record(fields=record, text=search_text(record), vectors=[unpack_vector(v) for v in packed])
+
+
+SECTION_PROMPT = ("Write a two-sentence overview of one section of the Unix manual for someone new to it, from the "
+                  "one-line summaries of its pages below.")
+SECTION_PAGES = 200  # summaries in a section's prompt (the first, by key: a section's prompt stays small)
+
+
+def section_of(record: dict) -> str:
+    """A page's manual section (1, 5, 8, ...): the group its record belongs to."""
+    return str(record["section"])
+
+
+@pipe.stage(after=extract, kind="group", by=section_of, version="1",
+            config={"model": MODEL, "max_tokens": 200, "pages": SECTION_PAGES})
+async def sections(ctx, section: str, pages) -> dict:
+    """A group: once per manual section of the run, after every page settled at extract, an overview of the
+    section from its pages' summaries. Its key hashes the (page, record) pairs of its members, so a run in which
+    one page changed asks again for that page's section only."""
+    lines, names = [], []
+    for _, record in pages:
+        names.append(record["names"][0])
+        if len(lines) < SECTION_PAGES:
+            lines.append(f"{record['names'][0]}: {record['summary']}")
+    answer = await ctx.chat([{"role": "system", "content": SECTION_PROMPT},
+                             {"role": "user", "content": f"Section {section}:\n" + "\n".join(lines)}],
+                            model=ctx.config["model"], max_tokens=ctx.config["max_tokens"], timeout=CHAT_TIMEOUT)
+    return {"section": section, "pages": len(names), "names": sorted(names), "overview": answer.text.strip()}
+
+
+@pipe.stage(after=sections, kind="publish", into="sections", version="1")
+def publish_section(ctx, overview: dict) -> Record:
+    return Record(fields=overview, text=f"section {overview['section']} {overview['overview']}")

@@ -66,6 +66,12 @@ class GroupQueries:
         """The groups of these (run, stage) are to be made again (a replay changed what their members may be)."""
         self.db.executemany("UPDATE group_waits SET made_at = NULL WHERE run_id = ? AND stage = ?", rows)
 
+    def group_item_keys(self, run_id: str) -> list[str]:
+        """The run's group items (``group:KEY``)."""
+        return [str(r[0]) for r in self.db.execute(
+            "SELECT item_key FROM items WHERE run_id = ? AND item_key >= 'group:' AND item_key < 'group;' "
+            "AND parent_key IS NULL ORDER BY item_key", (run_id,))]
+
     def group_members(self, run_id: str, stage: str) -> Iterator[Member]:
         """The items that succeeded at ``stage`` in the run, by item key, in pages."""
         after = ""
