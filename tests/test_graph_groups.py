@@ -142,3 +142,18 @@ def test_replay_downstream_of_a_member_makes_its_groups_again(tmp_path: Path, st
     assert groups["group:a"]["members"] == ["a1.txt", "b2.txt"] and groups["group:b"]["members"] == ["b1.txt"]
     assert _group_outputs(store_url, done.run_id, "everything")["group:*"]["count"] == 3
     assert reconciled(store_url, done.run_id)["unaccounted"] == 0
+
+
+def test_the_command_line_makes_groups_of_a_run_answered_whole_from_the_memo(tmp_path: Path, store_url: str) -> None:
+    from tests.helpers import cli_json
+
+    docs = _docs(tmp_path / "docs", {"a1.txt": "apple", "b1.txt": "banana"})
+    target = write_pipeline(tmp_path, GROUPED)
+    common = ("--input", str(docs), "--db", store_url, "--blobs", str(tmp_path / "blobs"), "--workers", "1")
+    first = cli_json("run", target, *common, cwd=tmp_path)
+    again = cli_json("run", target, *common, cwd=tmp_path)
+    assert first["outcomes"] == {"completed": 3, "published": 2} and first["unaccounted"] == 0
+    assert again["outcomes"] == first["outcomes"] and again["stage_calls"] == 0
+    report = cli_json("reconcile", again["run_id"], "--db", store_url, cwd=tmp_path)
+    assert report["groups"] == {"by_letter": {"groups": 2, "members": 2, "left_out": 0},
+                                "everything": {"groups": 1, "members": 2, "left_out": 0}}

@@ -563,12 +563,11 @@ class Worker:
             self.stats.update({f"review_{k}": v for k, v in counts.items()})
 
     def _make_groups(self) -> bool:
-        """The groups of runs settled at a group stage's parent (runtime/transitions/groups.py): True if any."""
+        """The groups of runs settled at a group stage's parent (runtime/transitions/groups.py): True if that
+        queued tasks."""
         if not self._grouped:
             return False
-        made = self.transitions.make_groups(self.clock(), self.executor.blobs, self.opts.run_id)
-        self.stats["groups_made"] += made
-        return made > 0
+        return self.transitions.make_groups(self.clock(), self.executor.blobs, self.opts.run_id) > 0
 
     def _compact_queue_counts(self) -> None:
         """Every COMPACT_EVERY_S: fold the open-task counts (store/queuecounts.py) so a scrape reads few rows."""

@@ -162,6 +162,11 @@ def submit(
             raise
     expected = store.item_count(run.run_id)
     store.set_run_status(run.run_id, "submitted", clock(), expected)
+    if any(s.kind in ("group", "reduce") for s in pipeline):
+        # A run answered whole from the memo has no worker to make its groups when nothing is left: made here.
+        queued = ingest.transitions.make_groups(clock(), blobs, run.run_id)
+        if queued and on_work is not None and not ingest.working:
+            on_work(run.run_id)
     return Submitted(run.run_id, expected, ingest.cached, resumed, stale_code(store, run.run_id))
 
 
@@ -274,6 +279,7 @@ class _Ingest:
         self.cached = 0
         self.pool: ThreadPoolExecutor | None = None  # reads sources (sources()), made at the first batch with files
         self.visible = False  # some of the run's work is committed: a worker may have started on it
+        self.working = False  # on_work was called: workers were told of the run
 
     def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
         batch: list[SourceItem] = []
@@ -287,6 +293,7 @@ class _Ingest:
                     if queued and on_work is not None:
                         on_work(self.run_id)
                         on_work = None
+                        self.working = True
         finally:
             if self.pool is not None:  # a failed batch's other reads are not started, and those running end
                 self.pool.shutdown(wait=True, cancel_futures=True)

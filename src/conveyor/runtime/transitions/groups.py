@@ -38,7 +38,7 @@ class _NotReady(Exception):
 class Groups(Readiness):
     def make_groups(self, now: float, blobs: Blobs, run_id: str | None = None) -> int:
         """Make the groups of every group stage whose run has settled at its parent (of one run, when given);
-        returns the group tasks made (queued or answered from the memo)."""
+        returns the tasks this queued (group tasks not answered from the memo, and what follows those that were)."""
         made = 0
         for run, stage in self.store.group_waits(self.pipeline.name, run_id):
             if stage not in self.pipeline.graph.order or self.pipeline[stage].kind not in ("group", "reduce"):
@@ -77,13 +77,13 @@ class Groups(Readiness):
             seeds.append(Seed(run_id, item, item, stage.name, ref))
             items.append(NewItem(run_id, item, None, item, ref.digest, ref.size, now))
         totals, opened = RunTally(), OpenTally()
-        self.write_planned(seeds, items, now, totals, opened)
+        queued = self.write_planned(seeds, items, now, totals, opened)
         self.store.add_run_totals(totals)
         self.store.add_open_tasks(opened)
         self.store.notify()
         log.info("made %d group(s) of %s for run %s from %d member(s)", len(seeds), stage.name, run_id,
                  len(members), extra={"event": "groups_made", "run": run_id, "stage": stage.name})
-        return len(seeds)
+        return queued
 
     def _member_refs(self, members: Sequence[Member], blobs: Blobs) -> dict[str, Ref]:
         """Task key -> each member's output, from the memo (with its inline bytes)."""
