@@ -49,7 +49,7 @@ def run(pipeline: str, items: Path, db: str, blobs: Path) -> tuple[float, dict]:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"bench/graph_pipelines.py:{pipeline}",
                            "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(blobs), "--json"],
-                          cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+                          cwd=ROOT, env=env, text=True, capture_output=True, check=False)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{pipeline} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
