@@ -12,11 +12,11 @@ parse    roff source (gzip or plain) → title, section, NAME line, running text
 chunk    the page's text in chunks of about 1,000 characters (at most 3): a fan-out, each chunk an item
 embed    one chunk through the local all-MiniLM-L6-v2 model on the CPU (a 384-d unit vector, carried as float16)
 vectors  a gather: the page's chunk vectors back in chunk order
-extract  (after parse, beside the chunks) a chat call asking for a JSON record {"names", "summary",
-         "keywords", "confidence"}, behind the acceptance boundary: a format fault (a code fence, a trailing
-         comma) is repaired and the attempt says so; a wrong shape (a cut-off or chatty answer) is
-         `invalid_format`, retried; names the page's NAME line does not hold are `invalid_content`; confidence under 0.7 is `low_confidence`. Refused answers
-         are tried once more with the stronger model (MANPAGES_STRONG_MODEL); low-confidence answers still
+extract  (after parse, beside the chunks) a chat call asking for a JSON record {"names", "summary", "keywords",
+         "confidence"}, behind the acceptance boundary: a format fault (a code fence, a trailing comma) is repaired
+         and the attempt says so; a wrong shape (a cut-off or chatty answer) is `invalid_format`, retried; names the
+         page's NAME line does not hold are `invalid_content`; confidence under 0.7 is `low_confidence`. Refused
+         answers are tried once more with the stronger model (MANPAGES_STRONG_MODEL); low-confidence answers still
          refused there wait for review (48 h, then rejected); others fail with their class
 publish  a join of extract and vectors: the accepted record, its full-text entry and its chunk vectors into
          the built-in target's collection "manuals", in one transaction, as a new version of the page's
