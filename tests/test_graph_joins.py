@@ -128,6 +128,8 @@ def test_a_gather_waits_for_every_child_and_takes_them_in_order(tmp_path: Path, 
         assert _value(store_url, done.run_id, "b.txt", "collect") == {"words": ["ALPHA", "OMEGA"],
                                                                         "lost": [["b.txt\u00b61", "value_error"]]}
         assert status["b.txt"][0] == "succeeded"
+        report = reconciled(store_url, done.run_id)
+        assert report["outcomes"] == {"completed": 3} and report["lost_children"] == 1  # b.txt made it, without one
     else:
         assert status["b.txt"][:2] == ("failed", "child_failed")
         assert "b.txt\u00b61" in status["b.txt"][2]
