@@ -299,3 +299,48 @@ def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_pat
                             "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
         ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
     assert reconciled(store_url, run_id)["outcomes"] == {"completed": 60}
+
+
+MEMO_GATHER = """
+from conveyor import Pipeline
+
+pipe = Pipeline("memo_gather")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def initial(ctx, word):
+    return word[0].upper()
+
+@pipe.stage(after=initial, kind="gather")
+def initials(ctx, letters):
+    return "".join(letters)
+
+@pipe.stage()
+def length(ctx, source):
+    return len(source)
+
+@pipe.stage(after=[initials, length])
+def both(ctx, letters, size):
+    return f"{letters}:{size}"
+"""
+
+
+def test_a_gather_answered_from_the_memo_in_the_writing_transaction_still_makes_its_join(
+        tmp_path: Path, store_url: str) -> None:
+    """The gather of y is decided in a commit (its children ran one commit each) and answered from the memo (x's
+    children gave the same outputs): the join after it must see that answer, written in the same transaction."""
+    target = write_pipeline(tmp_path, MEMO_GATHER)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "x.txt").write_text("pear quince")
+    (second / "y.txt").write_text("plum quail")
+    submit_and_work(target, first, store_url, tmp_path / "blobs")
+    done = submit_and_work(target, second, store_url, tmp_path / "blobs", batch_size=1)
+    rows = query(store_url, "SELECT stage, status, cached FROM tasks WHERE run_id = ? AND stage IN "
+                            "('initials', 'both') ORDER BY stage", done.run_id)
+    assert rows == [("both", "succeeded", 0), ("initials", "succeeded", 1)]
+    assert _value(store_url, done.run_id, "y.txt", "both") == "PQ:10"

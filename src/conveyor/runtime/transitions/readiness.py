@@ -22,6 +22,21 @@ from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 SUCCEEDED = "succeeded"
+
+
+class Decided:
+    """What ``decide_waiting`` wrote: tasks queued, answered from the memo, and the rows to tally."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.cached = 0
+        self.tasks = NewTasks()
+
+    def add(self, tasks: NewTasks, cached: int) -> None:
+        self.queued += len(tasks.queued)
+        self.cached += cached
+        self.tasks.cached.extend(tasks.cached)
+        self.tasks.failed.extend(tasks.failed)
 ENDINGS = ("failed", "dead_lettered", "rejected")
 
 
@@ -38,36 +53,34 @@ class Readiness(Base):
             self.store.insert_tasks(tasks, totals, opened)
         queued = len(tasks.queued)
         if pending:
-            ready, more_items, _ = self.decide_waiting(pending, now)
-            if more_items:
-                self.store.insert_items(more_items)
-            self.store.insert_tasks(ready, totals, opened)
-            queued += len(ready.queued)
+            queued += self.decide_waiting(pending, now, totals, opened).queued
         return queued
 
-    def decide_waiting(self, pending: Sequence[Pending], now: float) -> tuple[NewTasks, list[NewItem], int]:
-        """Rows for the pending joins and gathers that are ready now (inside the caller's transaction, after
-        its other writes): (tasks, items, tasks answered from the memo)."""
+    def decide_waiting(self, pending: Sequence[Pending], now: float, totals: RunTally, opened: OpenTally) -> Decided:
+        """Write the rows of the pending joins and gathers that are ready now (inside the caller's transaction,
+        after its other writes), round by round: what a round plans (a cached join, say) is written before the
+        next round reads the states its own pending ones wait on."""
         x = self.expander
-        total, items, cached = NewTasks(), [], 0
+        decided = Decided()
         seen: set[Pending] = set()
         while pending:
             waiting = [w for w in dict.fromkeys(pending) if w not in seen]
             seen.update(waiting)
             self.store.lock_items([(w.run_id, w.item_key) for w in waiting])
             ready: list[Seed] = []
-            decided = NewTasks()
+            failed = NewTasks()
             for w, verdict in self._verdicts(waiting):
                 if verdict is not None and verdict.failure != "wait":
-                    x.barrier_rows(w, verdict, decided, ready, now)
-            tasks, more_items, hits = x.plan(ready, now)
-            for rows in ("queued", "cached", "failed", "provenance"):
-                getattr(total, rows).extend(getattr(tasks, rows))
-            total.failed.extend(decided.failed)
-            items += more_items
-            cached += hits
+                    x.barrier_rows(w, verdict, failed, ready, now)
+            tasks, items, hits = x.plan(ready, now)
+            tasks.failed.extend(failed.failed)
             pending = x.take_pending()
-        return total, items, cached
+            if items:
+                self.store.insert_items(items)
+            if tasks:
+                self.store.insert_tasks(tasks, totals, opened)
+            decided.add(tasks, hits)
+        return decided
 
     def _verdicts(self, waiting: Sequence[Pending]) -> list[tuple[Pending, Verdict | None]]:
         x = self.expander
