@@ -174,7 +174,7 @@ def test_graph_declaration_errors_name_the_stages() -> None:
         loop.stage(after="a", name="b")(lambda ctx, x: x)
     dangling = Pipeline("dangling")
     dangling.stage(after="missing", name="a")(lambda ctx, x: x)
-    with pytest.raises(PipelineError, match=r"'missing', which pipeline 'dangling' does not declare"):
+    with pytest.raises(PipelineError, match=r"'missing', which is not declared in pipeline 'dangling'"):
         dangling.validate()
 
 

@@ -61,8 +61,8 @@ class Graph:
         for name, ps in parents.items():
             for parent in ps:
                 if parent not in stages:
-                    raise PipelineError(f"stage {name!r} comes after {parent!r}, which pipeline {pipeline!r} does "
-                                        f"not declare")
+                    raise PipelineError(f"stage {name!r} comes after {parent!r}, which is not declared in pipeline "
+                                        f"{pipeline!r}; declare it, or name a stage that is")
                 if stages[parent].kind == "publish":
                     raise PipelineError(f"stage {name!r} cannot come after publish stage {parent!r}: a publish "
                                         "stage is a leaf of the graph")
