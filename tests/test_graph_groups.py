@@ -160,21 +160,12 @@ def test_the_command_line_makes_groups_of_a_run_answered_whole_from_the_memo(tmp
 
 
 def test_two_workers_make_each_group_once_and_publish_it_once(tmp_path: Path, store_url: str) -> None:
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import SRC, submit_run
+    from tests.helpers import submit_run, workers_until_idle
 
     docs = _docs(tmp_path / "docs", {f"{letter}{i}.txt": f"{letter}{i}" for letter in "abcdef" for i in range(20)})
     target = write_pipeline(tmp_path, GROUPED)
     run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
-    env = {**os.environ, "PYTHONPATH": SRC}
-    workers = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
-                                 str(tmp_path / "blobs"), "--until-idle", "--batch-size", "3"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for w in workers:
-        assert w.wait(120) == 0, w.stderr.read() if w.stderr else ""
+    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=3)
     rows = query(store_url, "SELECT stage, COUNT(*), SUM(attempts) FROM tasks WHERE run_id = ? AND item_key LIKE "
                             "'group:%' GROUP BY stage ORDER BY stage", run_id)
     assert rows == [("by_letter", 6, 6), ("everything", 1, 1), ("publish", 6, 6)]

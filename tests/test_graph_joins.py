@@ -280,21 +280,12 @@ def gathered(ctx, parts):
 
 def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str) -> None:
     """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import SRC, submit_run
+    from tests.helpers import submit_run, workers_until_idle
 
     target = write_pipeline(tmp_path, RACE)
     docs = make_docs(tmp_path / "docs", 60)
     run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
-    env = {**os.environ, "PYTHONPATH": SRC}
-    workers = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
-                                 str(tmp_path / "blobs"), "--until-idle", "--batch-size", "2"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for w in workers:
-        assert w.wait(120) == 0, w.stderr.read() if w.stderr else ""
+    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=2)
     assert query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? AND stage IN "
                             "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
         ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
