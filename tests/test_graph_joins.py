@@ -335,3 +335,32 @@ def test_a_gather_answered_from_the_memo_in_the_writing_transaction_still_makes_
                             "('initials', 'both') ORDER BY stage", done.run_id)
     assert rows == [("both", "succeeded", 0), ("initials", "succeeded", 1)]
     assert _value(store_url, done.run_id, "y.txt", "both") == "PQ:10"
+
+
+FANOUT_JOIN = """
+from conveyor import Pipeline
+
+pipe = Pipeline("fanout_join")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def shout(ctx, word):
+    return word.upper()
+
+@pipe.stage(after=[split, shout])
+def pair(ctx, word, shouted):
+    return [word, shouted]
+"""
+
+
+def test_a_join_with_a_fanout_parent_takes_the_childs_element(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, FANOUT_JOIN)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two three")
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=1)
+    assert [_value(store_url, done.run_id, f"a.txt\u00b6{i}", "pair") for i in range(3)] == [
+        ["one", "ONE"], ["two", "TWO"], ["three", "THREE"]]

@@ -15,8 +15,8 @@ from typing import Any
 
 from conveyor.runtime.expand import QUEUED, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
-from conveyor.runtime.values import Ref
-from conveyor.store import NewItem, NewTasks
+from conveyor.runtime.values import Ref, parse_fanout
+from conveyor.store import CHILD_MARK, NewItem, NewTasks
 from conveyor.store.barriers import StageState
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
@@ -90,13 +90,17 @@ class Readiness(Base):
         for w in joins:
             by_run.setdefault(w.run_id, []).append(w)
         for run_id, ws in by_run.items():
-            wanted = [(w.root_key, w.item_key, p) for w in ws for p in self.pipeline[w.stage].parents]
+            # A fan-out parent ran on the parent item: the join takes its element for this child.
+            wanted = [(w.root_key, self._runs_on(w.item_key, p), p) for w in ws for p in self.pipeline[w.stage].parents]
             rows = self.store.stage_states(run_id, wanted)
             refs = self._refs(rows.values())
             for w in ws:
                 def state(at: str, w: Pending = w, rows: dict[tuple[str, str], StageState] = rows,
                           refs: dict[str, Ref] = refs) -> Any:
-                    return _seen(rows.get((w.item_key, at)), refs)
+                    seen = _seen(rows.get((self._runs_on(w.item_key, at), at)), refs)
+                    if isinstance(seen, Ref) and self.pipeline[at].kind == "fanout":
+                        return _element(seen, w.item_key)
+                    return seen
                 found.append((w, x.joined(w.stage, state)))
         for w in waiting:
             if w.stage not in x.gathers:
@@ -109,6 +113,10 @@ class Readiness(Base):
                 return _seen(states.get((child, at)), refs)
             found.append((w, x.gathered(w.stage, w.item_key, count, child_state)))
         return found
+
+    def _runs_on(self, item_key: str, stage: str) -> str:
+        """The item a join's parent ran on: the join's own, or for a fan-out parent the item it fanned out."""
+        return item_key.rpartition(CHILD_MARK)[0] if self.pipeline[stage].kind == "fanout" else item_key
 
     def _refs(self, states: Any) -> dict[str, Ref]:
         """Task key -> the output of each succeeded task among ``states``, from the memo (with its inline bytes)."""
@@ -123,6 +131,13 @@ class Readiness(Base):
                 # Not in the memo (a 64-bit key taken by another): the value is read from the blob store.
                 refs[key] = Ref(s.output_kind, s.output_digest, 0, None)
         return refs
+
+
+def _element(fanout: Ref, child_key: str) -> Any:
+    """A child's element of its parent's fan-out output (always inline), or QUEUED when it cannot be read."""
+    index = child_key.rpartition(CHILD_MARK)[2]
+    elements = parse_fanout(fanout.inline) if fanout.inline is not None else []
+    return elements[int(index)] if index.isdigit() and int(index) < len(elements) else QUEUED
 
 
 def _seen(state: StageState | None, refs: dict[str, Ref]) -> Any:
