@@ -102,16 +102,24 @@ class Readiness(Base):
                         return _element(seen, w.item_key)
                     return seen
                 found.append((w, x.joined(w.stage, state)))
+        gathers: dict[tuple[str, str], list[Pending]] = {}
         for w in waiting:
-            if w.stage not in x.gathers:
-                continue
-            count, states = self.store.children_states(w.run_id, w.root_key, w.item_key, x.gathers[w.stage].path)
+            if w.stage in x.gathers:
+                gathers.setdefault((w.run_id, w.stage), []).append(w)
+        for (run_id, stage), ws in gathers.items():
+            fanout = x.gathers[stage].fanout
+            made = self.store.stage_states(run_id, [(w.root_key, w.item_key, fanout) for w in ws])
+            lists = self._refs(made.values())  # each fan-out's list of its children (inline): how many there are
+            counts = {item: len(parse_fanout(ref.inline)) for (item, _), st in made.items()
+                      if (ref := lists.get(st.task_key)) is not None and ref.inline is not None}
+            states = self.store.children_states(run_id, [(w.root_key, w.item_key) for w in ws], x.gathers[stage].path)
             refs = self._refs(states.values())
 
             def child_state(child: str, at: str, states: dict[tuple[str, str], StageState] = states,
                             refs: dict[str, Ref] = refs) -> Any:
                 return _seen(states.get((child, at)), refs)
-            found.append((w, x.gathered(w.stage, w.item_key, count, child_state)))
+            found += [(w, x.gathered(stage, w.item_key, counts[w.item_key], child_state) if w.item_key in counts
+                       else None) for w in ws]
         return found
 
     def _runs_on(self, item_key: str, stage: str) -> str:
