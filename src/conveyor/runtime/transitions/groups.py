@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.pipeline import GROUP_PREFIX, Stage
 from conveyor.runtime.expand import Seed
-from conveyor.runtime.groups import REDUCE_KEY, members_value
+from conveyor.runtime.groups import REDUCE_KEY, member_entry, members_data
 from conveyor.runtime.transitions.readiness import Readiness
 from conveyor.runtime.values import Ref, load_value, store_value
 from conveyor.store import NewItem
@@ -29,6 +29,7 @@ from conveyor.store.runtotals import RunTally
 
 log = logging.getLogger("conveyor.transitions")
 NO_KEY = "null"  # the group of members whose meta field is missing, or whose by= gave None
+PAGE = 5_000  # members read, keyed and encoded at a time
 
 
 class _NotReady(Exception):
@@ -59,20 +60,22 @@ class Groups(Readiness):
 
     def _make(self, run_id: str, stage: Stage, now: float, blobs: Blobs) -> int:
         assert stage.after is not None
-        members = list(self.store.group_members(run_id, stage.after))
-        refs = self._member_refs(members, blobs)
-        keys = self._group_keys(run_id, stage, members, refs, blobs)
-        groups: dict[str, list[tuple[str, Ref]]] = {}
-        for member in members:
-            key = keys.get(member.item_key)
-            if key is not None and member.task_key in refs:
-                groups.setdefault(key, []).append((member.item_key, refs[member.task_key]))
+        groups: dict[str, list[bytes]] = {}  # group key -> its members' encoded entries, in item-key order
+        members = 0
+        for page in _pages(self.store.group_members(run_id, stage.after), PAGE):
+            refs = self._member_refs(page, blobs)
+            keys = self._group_keys(run_id, stage, page, refs, blobs)
+            for member in page:
+                key, ref = keys.get(member.item_key), refs.get(member.task_key)
+                if key is not None and ref is not None:
+                    groups.setdefault(key, []).append(member_entry(member.item_key, ref))
+            members += len(page)
         if stage.kind == "reduce" and not groups:
             groups[REDUCE_KEY] = []  # one group for the whole run, even an empty one
         seeds: list[Seed] = []
         items: list[NewItem] = []
         for key in sorted(groups):
-            ref = store_value(*members_value(key, groups[key]), blobs)
+            ref = store_value(*members_data(key, groups.pop(key)), blobs)
             item = GROUP_PREFIX + key
             seeds.append(Seed(run_id, item, item, stage.name, ref))
             items.append(NewItem(run_id, item, None, item, ref.digest, ref.size, now))
@@ -82,7 +85,7 @@ class Groups(Readiness):
         self.store.add_open_tasks(opened)
         self.store.notify()
         log.info("made %d group(s) of %s for run %s from %d member(s)", len(seeds), stage.name, run_id,
-                 len(members), extra={"event": "groups_made", "run": run_id, "stage": stage.name})
+                 members, extra={"event": "groups_made", "run": run_id, "stage": stage.name})
         return queued
 
     def _member_refs(self, members: Sequence[Member], blobs: Blobs) -> dict[str, Ref]:
@@ -124,6 +127,17 @@ class Groups(Readiness):
         self.store.keep_group_keys(declaration, made)
         known.update(made)
         return {m.item_key: known[m.output_digest] for m in members if m.output_digest in known}
+
+
+def _pages(members: Iterator[Member], size: int) -> Iterator[list[Member]]:
+    page: list[Member] = []
+    for member in members:
+        page.append(member)
+        if len(page) >= size:
+            yield page
+            page = []
+    if page:
+        yield page
 
 
 def _key(value: Any) -> str:
