@@ -1,0 +1,256 @@
+"""Results as datasets: one row per item of a run, or per live version of a collection, streamed in batches.
+
+`conveyor export` and the Python API read the same rows from here; service/datasets.py writes them as
+Parquet, JSON lines or CSV. A row is a flat dict:
+
+- ``item_key``, ``outcome`` (the item's outcome as ``reconcile`` counts it, its fan-out children folded in;
+  ``unaccounted`` for an item with no task yet), ``error_class`` and ``error`` (the first line of the error)
+  of an item that did not make it: those of its first task, in key and stage order, whose status is the
+  outcome (a task waiting to retry, for an item in progress); None for an item that made it;
+- the value: the output of the item's own task at the export's stage (default: the stage whose output is
+  the item's accepted record, ``records.record_stage``), when that task succeeded. A JSON object spreads its
+  top-level keys into columns ``value.KEY``, their values as they are (nested objects and lists stay nested);
+  any other value (a string, a number, a list, bytes) is the column ``value``;
+- provenance: ``run_id``, ``stage``, ``stage_version`` and ``config_hash`` (of the item's task at that
+  stage), ``model`` and ``prompt_version`` (its provenance rows; several values joined by ``,``),
+  ``provenance`` (every provenance row of that task as a JSON object: name -> value, or a list of values),
+  ``source_digest`` (the root item's source), and ``tokens`` and ``cost`` (every attempt of every task of
+  the item and its fan-out children, retries and failures included, so the rows of a run add up to its
+  usage; ``cost`` is None when every call was to a model without a price).
+
+A collection's rows are its live versions (rolled-back and retracted items have none): ``collection`` and
+``version`` first, the version's fields as the value, ``outcome`` ``published``, and the provenance of the
+task that published the version (``tokens`` and ``cost``: those of that task's root item in its run).
+
+Rows are read a batch at a time (keyset pages over the store's indexes, records from the memo or the blob
+store per batch), so memory holds one batch whatever the size of the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.blobs import Blobs
+from conveyor.errors import NotFound, UserError
+from conveyor.service.records import RunGraph, read_records
+from conveyor.service.report import ACCEPTED, KNOWN_OUTCOMES, find_run
+from conveyor.store import RunRecord, SqlStore
+from conveyor.store.diffs import RecordRef
+from conveyor.store.exports import ExportTask, ItemUsage, LivePublication, PublishingTask
+
+BATCH = 5000  # root items (or live versions) per read
+UNACCOUNTED = "unaccounted"  # reconcile's items with no task (the store says "missing")
+OUTCOMES = (*KNOWN_OUTCOMES, UNACCOUNTED)
+ACCEPTED_GROUP = "accepted"  # the default --outcome: every item that made it (report.ACCEPTED)
+EVERY = "all"
+VALUE = "value"
+VALUE_PREFIX = "value."
+LEAD = ("item_key", "outcome", "error_class", "error")
+COLLECTION_LEAD = ("collection", "item_key", "version", "outcome", "error_class", "error")
+TRAIL = ("run_id", "stage", "stage_version", "config_hash", "model", "prompt_version", "provenance",
+         "source_digest", "tokens", "cost")
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Export:
+    """An export's description and a way to read its rows: ``batches()`` opens a fresh stream of row batches
+    each time it is called (a writer whose columns grew starts again: service/datasets.py)."""
+
+    lead: tuple[str, ...]
+    trail: tuple[str, ...]
+    head: dict[str, Any]  # run_id or collection, stage, outcomes: what was exported
+    batches: Callable[[], Iterator[list[Row]]]
+
+
+def run_export(store: SqlStore, blobs: Blobs, run_id: str, stage: str | None = None,
+               outcome: str | None = None, batch: int = BATCH) -> Export:
+    """The rows of ``run_id``'s root items whose outcome is one of ``outcome`` (comma-separated names of
+    ``OUTCOMES``; ``accepted``, the default: published, completed or accepted; ``all``: every item), with
+    the output of ``stage`` as the value (default: the item's accepted record's stage)."""
+    run = find_run(store, run_id)
+    wanted = outcomes_wanted(outcome)
+    graph = RunGraph.of(run)
+    value_stage = _value_stage(run, graph, stage)
+    head = {"run_id": run.run_id, "stage": value_stage, "outcomes": sorted(wanted)}
+    return Export(LEAD, TRAIL, head, lambda: _run_batches(store, blobs, run, graph, value_stage, wanted, batch))
+
+
+def collection_export(store: SqlStore, blobs: Blobs, collection: str, batch: int = BATCH) -> Export:
+    """The rows of ``collection``'s live versions, in key order."""
+    if not store.has_collection(collection):
+        raise NotFound(f"no collection {collection!r} in this store; `conveyor search \"WORDS\"` lists published "
+                       "items with their collections")
+    head = {"collection": collection, "stage": None, "outcomes": ["published"]}
+    return Export(COLLECTION_LEAD, TRAIL, head, lambda: _collection_batches(store, collection, batch))
+
+
+def outcomes_wanted(outcome: str | None) -> frozenset[str]:
+    """``--outcome`` as a set of outcomes: comma-separated names, ``accepted`` (what made it) or ``all``."""
+    wanted: set[str] = set()
+    for name in (outcome or ACCEPTED_GROUP).split(","):
+        name = name.strip()
+        if name == EVERY:
+            wanted.update(OUTCOMES)
+        elif name == ACCEPTED_GROUP:
+            wanted.update(ACCEPTED)
+        elif name in OUTCOMES:
+            wanted.add(name)
+        else:
+            raise UserError(f"--outcome {name!r}: use {ACCEPTED_GROUP} (the default: published, completed or "
+                            f"accepted), {EVERY}, or outcomes separated by commas ({', '.join(OUTCOMES)})")
+    return frozenset(wanted)
+
+
+def _value_stage(run: RunRecord, graph: RunGraph, stage: str | None) -> str | None:
+    """The stage whose output is the value: ``stage`` when it runs on the root item itself, else the record
+    stage (None: the pipeline has no stage on its root items but a fan-out)."""
+    if stage is None:
+        return graph.record_stage
+    stages = json.loads(run.stages)
+    declared = {s["name"]: s for s in stages}
+    if stage not in declared:
+        raise UserError(f"--stage {stage!r}: run {run.run_id}'s pipeline has no such stage "
+                        f"({', '.join(declared)})")
+    if declared[stage]["kind"] == "fanout":
+        raise UserError(f"--stage {stage!r} is a fan-out: its output is its children; export a stage that runs "
+                        "on the root items (each row is one root item)")
+    if _after_fanout(declared, stage):
+        raise UserError(f"--stage {stage!r} runs on fan-out children, and each row is one root item: export a "
+                        "stage that runs on the root items")
+    return stage
+
+
+def _after_fanout(declared: Mapping[str, dict[str, Any]], stage: str) -> bool:
+    parent, seen = declared[stage].get("after"), set()
+    while parent is not None and parent not in seen:
+        if declared[parent]["kind"] == "fanout":
+            return True
+        seen.add(parent)
+        parent = declared[parent].get("after")
+    return False
+
+
+# --- a run's rows ----------------------------------------------------------------------------------------------
+
+def _run_batches(store: SqlStore, blobs: Blobs, run: RunRecord, graph: RunGraph, stage: str | None,
+                 wanted: frozenset[str], size: int) -> Iterator[list[Row]]:
+    order = {s["name"]: i for i, s in enumerate(json.loads(run.stages))}
+    after: str | None = None
+    while True:
+        items = store.outcomes_after(run.run_id, graph.stages, after, size)
+        if not items:
+            return
+        chosen = [(key, UNACCOUNTED if outcome == "missing" else outcome) for key, outcome in items]
+        chosen = [(key, outcome) for key, outcome in chosen if outcome in wanted]
+        if chosen:
+            yield _run_rows(store, blobs, run.run_id, stage, order, chosen)
+        if len(items) < size:
+            return
+        after = items[-1][0]
+
+
+def _run_rows(store: SqlStore, blobs: Blobs, run_id: str, stage: str | None, order: Mapping[str, int],
+              items: Sequence[tuple[str, str]]) -> list[Row]:
+    """The rows of these root items (a contiguous key range of the run, some left out by outcome)."""
+    first, last = items[0][0], items[-1][0]
+    tasks: dict[str, list[ExportTask]] = {}
+    for each in store.export_tasks(run_id, first, last):
+        tasks.setdefault(each.root_key, []).append(each)
+    own = {key: next((t for t in tasks.get(key, ()) if t.item_key == key and t.stage == stage), None)
+           for key, _ in items}
+    refs = {key: RecordRef(t.task_key, t.output_kind, t.output_digest) for key, t in own.items()
+            if t is not None and t.status == "succeeded" and t.output_kind and t.output_digest is not None}
+    values = read_records(store, blobs, refs)
+    sources = store.export_sources(run_id, first, last)
+    usage = store.export_usage(run_id, first, last)
+    made_by = store.export_provenance(run_id, stage, first, last) if stage is not None else {}
+    rows = []
+    for key, outcome in items:
+        task = own[key]
+        why = None if outcome in ACCEPTED else _deciding(tasks.get(key, ()), outcome, order)
+        row: Row = {"item_key": key, "outcome": outcome, "error_class": why.error_class if why else None,
+                    "error": _first_line(why.error) if why else None}
+        if key in refs:
+            spread(values[key], row)
+        rows.append(row | _provenance(run_id, stage, task, made_by.get((key, key), {}), sources.get(key),
+                                      usage.get(key)))
+    return rows
+
+
+def _deciding(tasks: Sequence[ExportTask], outcome: str, order: Mapping[str, int]) -> ExportTask | None:
+    """The task that says why an item did not make it: its first (in key and stage order) whose status is
+    the item's outcome; for an item in progress, its first open task that carries an error (a retry wait)."""
+    ordered = sorted(tasks, key=lambda t: (t.item_key, order.get(t.stage, len(order))))
+    if outcome in ("in_progress", "accepted"):
+        return next((t for t in ordered if t.status in ("queued", "running") and t.error_class), None)
+    return next((t for t in ordered if t.status == outcome), None)
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.splitlines()[0] if text else None
+
+
+def spread(value: Any, row: Row) -> None:
+    """The value's columns into ``row``: a JSON object's top-level keys as ``value.KEY``, anything else as
+    ``value``."""
+    if isinstance(value, dict):
+        for name, field in value.items():
+            row[VALUE_PREFIX + name] = field
+    else:
+        row[VALUE] = value
+
+
+def _provenance(run_id: str | None, stage: str | None, task: ExportTask | PublishingTask | None,
+                doc: Mapping[str, list[str]], source: str | None, usage: ItemUsage | None) -> Row:
+    priced = usage is not None and not (usage.provider_calls and usage.unpriced_calls >= usage.provider_calls)
+    return {
+        "run_id": run_id, "stage": stage,
+        "stage_version": task.stage_version if task else None, "config_hash": task.config_hash if task else None,
+        "model": ",".join(doc["model"]) if "model" in doc else None,
+        "prompt_version": ",".join(doc["prompt_version"]) if "prompt_version" in doc else None,
+        "provenance": json.dumps({k: v[0] if len(v) == 1 else v for k, v in doc.items()}) if doc else None,
+        "source_digest": source, "tokens": usage.tokens if usage else 0,
+        "cost": (usage.cost if priced else None) if usage else 0.0,
+    }
+
+
+# --- a collection's rows -----------------------------------------------------------------------------------------
+
+def _collection_batches(store: SqlStore, collection: str, size: int) -> Iterator[list[Row]]:
+    after: str | None = None
+    while True:
+        live = store.live_publications_after(collection, after, size)
+        if not live:
+            return
+        yield _collection_rows(store, collection, live)
+        if len(live) < size:
+            return
+        after = live[-1].item_key
+
+
+def _collection_rows(store: SqlStore, collection: str, live: Sequence[LivePublication]) -> list[Row]:
+    tasks = store.publishing_tasks([p.task_id for p in live if p.task_id is not None])
+    made_by = store.export_tasks_provenance(list(tasks.values()))
+    sources: dict[tuple[str, str], str | None] = {}
+    usage: dict[tuple[str, str], ItemUsage] = {}
+    for run_id in sorted({t.run_id for t in tasks.values()}):
+        roots = [t.root_key for t in tasks.values() if t.run_id == run_id]
+        sources.update(((run_id, k), d) for k, d in store.export_roots_sources(run_id, roots).items())
+        usage.update(((run_id, k), u) for k, u in store.export_roots_usage(run_id, roots).items())
+    rows = []
+    for p in live:
+        task = tasks.get(p.task_id) if p.task_id is not None else None
+        row: Row = {"collection": collection, "item_key": p.item_key, "version": p.version, "outcome": "published",
+                    "error_class": None, "error": None}
+        if p.fields is not None:
+            spread(json.loads(p.fields), row)
+        root = (task.run_id, task.root_key) if task else None
+        rows.append(row | _provenance(p.run_id, task.stage if task else None, task,
+                                      made_by.get(task.id, {}) if task else {},
+                                      sources.get(root) if root else None, usage.get(root) if root else None))
+    return rows
