@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -10,6 +11,7 @@ import typer
 from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB
+from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
 
 
 @app.command()
@@ -37,6 +39,9 @@ def export(
                         else "name what to export: a RUN, or --collection NAME for its live published versions")
     if collection is not None and (stage is not None or outcome is not None):
         raise UserError("--stage and --outcome are for a RUN; --collection exports the live published versions")
+    # An export reads each page once, in key order: a small page cache serves it as well as a large one, and
+    # the process's memory stays within its bound whatever the size of the run.
+    os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
     try:
         with store_for(db, create=False) as store:
             if collection is not None:

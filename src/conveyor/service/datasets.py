@@ -141,13 +141,15 @@ def _jsonl(export: Export, f: IO[str]) -> int:
     return rows
 
 
-def _value_columns(batch: list[Row], layout: Layout) -> list[str]:
+def _value_columns(export: Export, batch: list[Row], layout: Layout) -> list[str]:
     """The value columns of ``batch`` not in ``layout`` yet, in the order first seen."""
-    known, new = set(layout.values), dict[str, None]()
+    known = {*export.lead, *export.trail, *layout.values}
+    new: dict[str, None] = {}
     for row in batch:
-        for name in row:
-            if name not in known and (name == VALUE or name.startswith(VALUE_PREFIX)):
-                new[name] = None
+        if row.keys() - known:
+            for name in row:
+                if name not in known and name not in new and (name == VALUE or name.startswith(VALUE_PREFIX)):
+                    new[name] = None
     return list(new)
 
 
@@ -166,10 +168,10 @@ def _csv(export: Export, f: IO[str], layout: Layout) -> int:
     rows = 0
     for batch in export.batches():
         if not layout.fixed:
-            layout.values += _value_columns(batch, layout)
+            layout.values += _value_columns(export, batch, layout)
             layout.fixed = True
             writer.writerow([*export.lead, *layout.values, *export.trail])
-        elif not layout.whole and (new := _value_columns(batch, layout)):
+        elif not layout.whole and (new := _value_columns(export, batch, layout)):
             raise Widened(Layout(values=layout.values + new, fixed=False))
         columns = [*export.lead, *layout.values, *export.trail]
         for row in batch:
@@ -232,8 +234,8 @@ def _table(pa: Any, export: Export, batch: list[Row], layout: Layout) -> Any:
     """``batch`` as an Arrow table of the layout's columns; Widened when it does not fit them."""
     first = not layout.fixed
     if first:
-        layout.values += _value_columns(batch, layout)
-    elif not layout.whole and (new := _value_columns(batch, layout)):
+        layout.values += _value_columns(export, batch, layout)
+    elif not layout.whole and (new := _value_columns(export, batch, layout)):
         wider = Layout(values=layout.values + new, types=dict(layout.types), text=set(layout.text))
         for name in new:
             found = _inferred(pa, [row.get(name) for row in batch])

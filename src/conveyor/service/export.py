@@ -35,7 +35,8 @@ from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
-from conveyor.service.records import RunGraph, read_records
+from conveyor.runtime.values import decode
+from conveyor.service.records import RunGraph, record_bytes
 from conveyor.service.report import ACCEPTED, KNOWN_OUTCOMES, find_run
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
@@ -50,7 +51,7 @@ VALUE = "value"
 VALUE_PREFIX = "value."
 LEAD = ("item_key", "outcome", "error_class", "error")
 COLLECTION_LEAD = ("collection", "item_key", "version", "outcome", "error_class", "error")
-TRAIL = ("run_id", "stage", "stage_version", "config_hash", "model", "prompt_version", "provenance",
+TRAIL = ("model", "prompt_version", "provenance", "run_id", "stage", "stage_version", "config_hash",
          "source_digest", "tokens", "cost")
 
 Row = dict[str, Any]
@@ -159,27 +160,55 @@ def _run_rows(store: SqlStore, blobs: Blobs, run_id: str, stage: str | None, ord
     """The rows of these root items (a contiguous key range of the run, some left out by outcome)."""
     first, last = items[0][0], items[-1][0]
     tasks: dict[str, list[ExportTask]] = {}
-    for each in store.export_tasks(run_id, first, last):
+    for each in store.export_tasks(run_id, stage, first, last):
         tasks.setdefault(each.root_key, []).append(each)
-    own = {key: next((t for t in tasks.get(key, ()) if t.item_key == key and t.stage == stage), None)
-           for key, _ in items}
-    refs = {key: RecordRef(t.task_key, t.output_kind, t.output_digest) for key, t in own.items()
-            if t is not None and t.status == "succeeded" and t.output_kind and t.output_digest is not None}
-    values = read_records(store, blobs, refs)
     sources = store.export_sources(run_id, first, last)
     usage = store.export_usage(run_id, first, last)
-    made_by = store.export_provenance(run_id, stage, first, last) if stage is not None else {}
+    docs = _Documents()
     rows = []
     for key, outcome in items:
-        task = own[key]
-        why = None if outcome in ACCEPTED else _deciding(tasks.get(key, ()), outcome, order)
+        mine = tasks.get(key, ())
+        task = next((t for t in mine if t.item_key == key and t.stage == stage), None)
+        why = None if outcome in ACCEPTED else _deciding(mine, outcome, order)
         row: Row = {"item_key": key, "outcome": outcome, "error_class": why.error_class if why else None,
                     "error": _first_line(why.error) if why else None}
-        if key in refs:
-            spread(values[key], row)
-        rows.append(row | _provenance(run_id, stage, task, made_by.get((key, key), {}), sources.get(key),
-                                      usage.get(key)))
+        if task is not None and task.status == "succeeded" and task.output_kind and task.output_digest is not None:
+            ref = RecordRef(task.task_key, task.output_kind, task.output_digest)
+            memo = (None, None, task.memo_digest, task.memo_inline)
+            spread(decode(ref.kind, record_bytes(ref, memo, blobs)), row)
+        row.update(docs.columns(task.memo_provenance if task is not None else None))
+        rows.append(row | _usage(run_id, stage, task, sources.get(key), usage.get(key)))
     return rows
+
+
+class _Documents:
+    """Provenance documents (runtime/provenance.py's JSON text) as the ``model``, ``prompt_version`` and
+    ``provenance`` columns, each distinct document parsed once (a run's outputs share a handful)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str | None, dict[str, Any]] = {None: {"model": None, "prompt_version": None,
+                                                             "provenance": None}}
+
+    def columns(self, text: str | None) -> dict[str, Any]:
+        found = self.seen.get(text)
+        if found is None:
+            found = document_columns(json.loads(text) if text else {})
+            self.seen[text] = found
+        return found
+
+    @staticmethod
+    def of(doc: Mapping[str, list[str]]) -> dict[str, Any]:
+        return document_columns({k: v[0] if len(v) == 1 else v for k, v in doc.items()})
+
+
+def document_columns(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance columns of a document (name -> a value, or a list of values)."""
+    def joined(name: str) -> str | None:
+        value = doc.get(name)
+        return None if value is None else ",".join(value) if isinstance(value, list) else str(value)
+
+    return {"model": joined("model"), "prompt_version": joined("prompt_version"),
+            "provenance": json.dumps(dict(sorted(doc.items()))) if doc else None}
 
 
 def _deciding(tasks: Sequence[ExportTask], outcome: str, order: Mapping[str, int]) -> ExportTask | None:
@@ -205,15 +234,13 @@ def spread(value: Any, row: Row) -> None:
         row[VALUE] = value
 
 
-def _provenance(run_id: str | None, stage: str | None, task: ExportTask | PublishingTask | None,
-                doc: Mapping[str, list[str]], source: str | None, usage: ItemUsage | None) -> Row:
+def _usage(run_id: str | None, stage: str | None, task: ExportTask | PublishingTask | None, source: str | None,
+           usage: ItemUsage | None) -> Row:
+    """The provenance columns besides the document's: the task's declaration, the source, the usage."""
     priced = usage is not None and not (usage.provider_calls and usage.unpriced_calls >= usage.provider_calls)
     return {
         "run_id": run_id, "stage": stage,
         "stage_version": task.stage_version if task else None, "config_hash": task.config_hash if task else None,
-        "model": ",".join(doc["model"]) if "model" in doc else None,
-        "prompt_version": ",".join(doc["prompt_version"]) if "prompt_version" in doc else None,
-        "provenance": json.dumps({k: v[0] if len(v) == 1 else v for k, v in doc.items()}) if doc else None,
         "source_digest": source, "tokens": usage.tokens if usage else 0,
         "cost": (usage.cost if priced else None) if usage else 0.0,
     }
@@ -250,7 +277,7 @@ def _collection_rows(store: SqlStore, collection: str, live: Sequence[LivePublic
         if p.fields is not None:
             spread(json.loads(p.fields), row)
         root = (task.run_id, task.root_key) if task else None
-        rows.append(row | _provenance(p.run_id, task.stage if task else None, task,
-                                      made_by.get(task.id, {}) if task else {},
-                                      sources.get(root) if root else None, usage.get(root) if root else None))
+        row.update(_Documents.of(made_by.get(task.id, {}) if task else {}))
+        rows.append(row | _usage(p.run_id, task.stage if task else None, task, sources.get(root) if root else None,
+                                 usage.get(root) if root else None))
     return rows

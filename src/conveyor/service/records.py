@@ -211,14 +211,16 @@ def read_records(store: SqlStore, blobs: Blobs, refs: Mapping[str, RecordRef], s
     found: dict[str, Any] = {}
     for key, ref in refs.items():
         try:
-            found[key] = decode(ref.kind, _record_bytes(ref, memo.get(ref.task_key), blobs))
+            found[key] = decode(ref.kind, record_bytes(ref, memo.get(ref.task_key), blobs))
         except BlobError:
             if strict:
                 raise
     return found
 
 
-def _record_bytes(ref: RecordRef, row: tuple[Any, ...] | None, blobs: Blobs) -> bytes:
+def record_bytes(ref: RecordRef, row: tuple[Any, ...] | None, blobs: Blobs) -> bytes:
+    """A record's bytes: inline in its memo ``row`` (``memo_rows``' (stage, kind, digest, inline, ...)) when
+    that row's digest is the record's, else from the blob store."""
     if ref.kind == "none":
         return b""
     if row is not None and row[2] == ref.digest and row[3] is not None:

@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.memokey import key64_sql
 from conveyor.store.tasks import chunks
 
 
 class ExportTask(NamedTuple):
-    """One task of a root item in a batch: enough to find the item's record and why it did not make it."""
+    """One task of a root item in a batch: enough to find the item's record and why it did not make it; a
+    root item's own task at the export's stage, succeeded, comes with its memo row (``memo_*``: its output's
+    digest, its bytes when inline, and the provenance document the output was made with)."""
 
     root_key: str
     item_key: str
@@ -29,6 +32,9 @@ class ExportTask(NamedTuple):
     config_hash: str
     error_class: str | None
     error: str | None
+    memo_digest: str | None
+    memo_inline: bytes | None
+    memo_provenance: str | None
 
 
 class ItemUsage(NamedTuple):
@@ -63,19 +69,22 @@ class PublishingTask(NamedTuple):
     config_hash: str
 
 
-_TASK_COLUMNS = ("root_key, item_key, stage, status, task_key, output_kind, output_digest, stage_version, "
-                 "config_hash, error_class, last_error")
+_TASK_COLUMNS = ("t.root_key, t.item_key, t.stage, t.status, t.task_key, t.output_kind, t.output_digest, "
+                 "t.stage_version, t.config_hash, t.error_class, t.last_error, o.digest, o.inline, o.provenance")
 
 
 class ExportQueries:
     db: Dialect
 
-    def export_tasks(self, run_id: str, first: str, last: str) -> list[ExportTask]:
+    def export_tasks(self, run_id: str, stage: str | None, first: str, last: str) -> list[ExportTask]:
         """Every task of the root items from ``first`` to ``last`` (in key order) and of their fan-out
-        descendants: one range of the (run, root, item, stage) index."""
+        descendants (one range of the (run, root, item, stage) index), the succeeded root tasks at ``stage``
+        with their memo rows (one lookup of the memo's key each)."""
         rows = self.db.execute(
-            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = ? AND root_key >= ? AND root_key <= ? "
-            "ORDER BY root_key, item_key, id", (run_id, first, last))
+            f"SELECT {_TASK_COLUMNS} FROM tasks t LEFT JOIN outputs o ON t.stage = ? AND t.item_key = t.root_key "
+            f"AND t.status = 'succeeded' AND o.key64 = {key64_sql(self.db.name, 't.task_key')} "
+            "AND o.task_key = t.task_key WHERE t.run_id = ? AND t.root_key >= ? AND t.root_key <= ? "
+            "ORDER BY t.root_key, t.item_key, t.id", (stage, run_id, first, last))
         return [ExportTask(*r) for r in rows]
 
     def export_sources(self, run_id: str, first: str, last: str) -> dict[str, str | None]:
