@@ -84,6 +84,20 @@ def test_outcome_and_stage_filters(tmp_path: Path, store_url: str, mixed: str) -
     assert all("value.title" not in r for r in refused), "no record for an item whose extraction failed"
 
 
+def test_a_settled_run_reads_as_reconcile_counts_it(tmp_path: Path, store_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every task succeeded: the rows' outcomes come from the items and their tasks' stages, without the
+    outcome SQL, and are the ones that SQL gives (published, or completed: c's fan-out made no part)."""
+    target = write_pipeline(tmp_path, PIPE)
+    run_id = submit_and_work(target, manifest(tmp_path, GOOD), store_url, tmp_path / "blobs").run_id
+    rows = _rows(store_url, tmp_path / "blobs", run_id, outcome="all", batch=2)
+    assert {r["item_key"]: r["outcome"] for r in rows} == {"a.txt": "published", "b.md": "published",
+                                                          "c": "completed"}
+    assert Counter(r["outcome"] for r in rows) == Counter(reconciled(store_url, run_id)["outcomes"])
+    monkeypatch.setattr("conveyor.service.export.settled", lambda store, run: False)
+    assert _rows(store_url, tmp_path / "blobs", run_id, outcome="all", batch=2) == rows
+
+
 def _export(tmp_path: Path, store_url: str, run_id: str, fmt: str, *more: str) -> dict[str, Any]:
     out = tmp_path / f"out.{fmt}"
     return cli_json("export", run_id, "--outcome", "all", "--format", fmt, "--out", str(out), "--db", store_url,

@@ -238,7 +238,7 @@ def _table(pa: Any, export: Export, batch: list[Row], layout: Layout) -> Any:
     elif not layout.whole and (new := _value_columns(export, batch, layout)):
         wider = Layout(values=layout.values + new, types=dict(layout.types), text=set(layout.text))
         for name in new:
-            found = _inferred(pa, [row.get(name) for row in batch])
+            found, _ = _inferred(pa, [row.get(name) for row in batch])
             wider.types[name] = pa.string() if found == "json" else found
             if found == "json":
                 wider.text.add(name)
@@ -249,7 +249,7 @@ def _table(pa: Any, export: Export, batch: list[Row], layout: Layout) -> Any:
         arrays[name] = _column(pa, name, values, layout, first)
     layout.fixed = True
     fixed = _fixed_types(pa)
-    columns = {n: pa.array([row.get(n) for row in batch], type=fixed.get(n, pa.string()))
+    columns = {n: pa.array([row[n] for row in batch], type=fixed.get(n, pa.string()))
                for n in (*export.lead, *export.trail)}
     names = [*export.lead, *layout.values, *export.trail]
     return pa.table({n: columns[n] if n in columns else arrays[n] for n in names})
@@ -262,21 +262,23 @@ def _column(pa: Any, name: str, values: list[Any], layout: Layout, first: bool) 
     if name in layout.text:
         return pa.array([_text(v) for v in values], type=pa.string())
     want = layout.types.get(name)
-    found = _inferred(pa, values)
+    found, array = _inferred(pa, values)
     if first and want is None:
         if found == "json":
             layout.types[name] = pa.string()
             layout.text.add(name)
             return pa.array([_text(v) for v in values], type=pa.string())
         layout.types[name] = found
-        return pa.array(values, type=found)
+        return array
     if want is None or found == "json":
         raise Widened(_widen(layout, name, pa.string() if found == "json" else found, json_text=found == "json"))
-    if found == want or found == pa.null():
-        return pa.array(values, type=want)
+    if found == want:
+        return array
+    if found == pa.null():
+        return pa.nulls(len(values), type=want)
     unified = _unify(pa, want, found)
     if unified == want:
-        return pa.array(values, type=found).cast(want)
+        return array.cast(want)
     raise Widened(_widen(layout, name, unified or pa.string(), json_text=unified is None))
 
 
@@ -288,14 +290,14 @@ def _widen(layout: Layout, name: str, type_: Any, json_text: bool) -> Layout:
     return wider
 
 
-def _inferred(pa: Any, values: list[Any]) -> Any:
-    """The Arrow type of these values, or ``"json"`` when they have none that Parquet can write (mixed types,
-    integers past 64 bits, an empty object)."""
+def _inferred(pa: Any, values: list[Any]) -> tuple[Any, Any]:
+    """The Arrow type of these values and their array, or ``"json"`` (and None) when they have none that
+    Parquet can write (mixed types, integers past 64 bits, an empty object)."""
     try:
-        type_ = pa.array(values).type
+        array = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return "json"
-    return type_ if _writable(pa, type_) else "json"
+        return "json", None
+    return (array.type, array) if _writable(pa, array.type) else ("json", None)
 
 
 def _writable(pa: Any, type_: Any) -> bool:

@@ -37,10 +37,11 @@ from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
 from conveyor.runtime.values import decode
 from conveyor.service.records import RunGraph, record_bytes
-from conveyor.service.report import ACCEPTED, KNOWN_OUTCOMES, find_run
+from conveyor.service.report import ACCEPTED, KNOWN_OUTCOMES, find_run, settled
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
 from conveyor.store.exports import ExportTask, ItemUsage, LivePublication, PublishingTask
+from conveyor.store.reports import settled_outcome
 
 BATCH = 5000  # root items (or live versions) per read
 UNACCOUNTED = "unaccounted"  # reconcile's items with no task (the store says "missing")
@@ -138,47 +139,88 @@ def _after_fanout(declared: Mapping[str, dict[str, Any]], stage: str) -> bool:
 
 # --- a run's rows ----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _RunWalk:
+    """What every batch of a run's rows needs: where to read, which stage's output is the value, the stage
+    order (to find the task that decided an outcome), the publish stages and the outcomes wanted."""
+
+    store: SqlStore
+    blobs: Blobs
+    run_id: str
+    stage: str | None
+    order: Mapping[str, int]
+    publish: tuple[str, ...]
+    wanted: frozenset[str]
+
+
 def _run_batches(store: SqlStore, blobs: Blobs, run: RunRecord, graph: RunGraph, stage: str | None,
                  wanted: frozenset[str], size: int) -> Iterator[list[Row]]:
-    order = {s["name"]: i for i, s in enumerate(json.loads(run.stages))}
+    """Pages of root items in key order: with reconcile's outcome SQL, or, for a settled run (every task
+    succeeded: its common end), from the items alone, each outcome then told by its tasks' stages."""
+    walk = _RunWalk(store, blobs, run.run_id, stage, {s["name"]: i for i, s in enumerate(json.loads(run.stages))},
+                    graph.stages.publish, wanted)
+    quiet = settled(store, run)
     after: str | None = None
     while True:
-        items = store.outcomes_after(run.run_id, graph.stages, after, size)
-        if not items:
+        if quiet:
+            roots = store.roots_after(run.run_id, after, size)
+            keys, sources, outcomes = [k for k, _ in roots], dict(roots), None
+        else:
+            items = store.outcomes_after(run.run_id, graph.stages, after, size)
+            keys, sources, outcomes = [k for k, _ in items], None, dict(items)
+        if not keys:
             return
-        chosen = [(key, UNACCOUNTED if outcome == "missing" else outcome) for key, outcome in items]
-        chosen = [(key, outcome) for key, outcome in chosen if outcome in wanted]
-        if chosen:
-            yield _run_rows(store, blobs, run.run_id, stage, order, chosen)
-        if len(items) < size:
+        rows = _run_rows(walk, keys, outcomes, sources)
+        if rows:
+            yield rows
+        if len(keys) < size:
             return
-        after = items[-1][0]
+        after = keys[-1]
 
 
-def _run_rows(store: SqlStore, blobs: Blobs, run_id: str, stage: str | None, order: Mapping[str, int],
-              items: Sequence[tuple[str, str]]) -> list[Row]:
-    """The rows of these root items (a contiguous key range of the run, some left out by outcome)."""
-    first, last = items[0][0], items[-1][0]
+def _run_rows(walk: _RunWalk, keys: Sequence[str], outcomes: Mapping[str, str] | None,
+              sources: Mapping[str, str | None] | None) -> list[Row]:
+    """The rows of these root items (a contiguous key range of the run) whose outcome is wanted; ``outcomes``
+    None: the run is settled."""
+    if outcomes is not None:
+        keys = [k for k in keys if _named(outcomes[k]) in walk.wanted]
+        if not keys:
+            return []
+    first, last, stage = keys[0], keys[-1], walk.stage
     tasks: dict[str, list[ExportTask]] = {}
-    for each in store.export_tasks(run_id, stage, first, last):
+    own: dict[str, ExportTask] = {}
+    for each in walk.store.export_tasks(walk.run_id, stage, first, last):
         tasks.setdefault(each.root_key, []).append(each)
-    sources = store.export_sources(run_id, first, last)
-    usage = store.export_usage(run_id, first, last)
+        if each.stage == stage and each.item_key == each.root_key:
+            own[each.root_key] = each
+    if sources is None:
+        sources = walk.store.export_sources(walk.run_id, first, last)
+    usage = walk.store.export_usage(walk.run_id, first, last)
     docs = _Documents()
     rows = []
-    for key, outcome in items:
+    for key in keys:
         mine = tasks.get(key, ())
-        task = next((t for t in mine if t.item_key == key and t.stage == stage), None)
-        why = None if outcome in ACCEPTED else _deciding(mine, outcome, order)
+        outcome = _named(outcomes[key] if outcomes is not None else
+                         settled_outcome([t.stage for t in mine], walk.publish))
+        if outcome not in walk.wanted:
+            continue
+        why = None if outcome in ACCEPTED else _deciding(mine, outcome, walk.order)
         row: Row = {"item_key": key, "outcome": outcome, "error_class": why.error_class if why else None,
                     "error": _first_line(why.error) if why else None}
+        task = own.get(key)
         if task is not None and task.status == "succeeded" and task.output_kind and task.output_digest is not None:
             ref = RecordRef(task.task_key, task.output_kind, task.output_digest)
             memo = (None, None, task.memo_digest, task.memo_inline)
-            spread(decode(ref.kind, record_bytes(ref, memo, blobs)), row)
+            spread(decode(ref.kind, record_bytes(ref, memo, walk.blobs)), row)
         row.update(docs.columns(task.memo_provenance if task is not None else None))
-        rows.append(row | _usage(run_id, stage, task, sources.get(key), usage.get(key)))
+        row.update(_usage(walk.run_id, stage, task, sources.get(key), usage.get(key)))
+        rows.append(row)
     return rows
+
+
+def _named(outcome: str) -> str:
+    """An outcome as an export names it: the store's ``missing`` (no task yet) is reconcile's unaccounted."""
+    return UNACCOUNTED if outcome == "missing" else outcome
 
 
 class _Documents:

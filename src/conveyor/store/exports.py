@@ -84,8 +84,17 @@ class ExportQueries:
             f"SELECT {_TASK_COLUMNS} FROM tasks t LEFT JOIN outputs o ON t.stage = ? AND t.item_key = t.root_key "
             f"AND t.status = 'succeeded' AND o.key64 = {key64_sql(self.db.name, 't.task_key')} "
             "AND o.task_key = t.task_key WHERE t.run_id = ? AND t.root_key >= ? AND t.root_key <= ? "
-            "ORDER BY t.root_key, t.item_key, t.id", (stage, run_id, first, last))
+            "ORDER BY t.root_key, t.item_key, t.stage", (stage, run_id, first, last))
         return [ExportTask(*r) for r in rows]
+
+    def roots_after(self, run_id: str, after: str | None, limit: int) -> list[tuple[str, str | None]]:
+        """(key, source digest) of the next ``limit`` root items of the run after ``after``, in key order (a walk
+        of the items' primary key)."""
+        rows = self.db.execute(
+            "SELECT item_key, source_digest FROM items WHERE run_id = ? AND parent_key IS NULL "
+            f"{'AND item_key > ?' if after is not None else ''} ORDER BY item_key LIMIT ?",
+            (run_id, *([after] if after is not None else []), limit))
+        return [(str(k), d) for k, d in rows]
 
     def export_sources(self, run_id: str, first: str, last: str) -> dict[str, str | None]:
         """Root item key -> its source digest, for the root items from ``first`` to ``last``."""
