@@ -23,6 +23,8 @@ from conveyor.service.export import LEAD, TRAIL, Export, run_export
 from conveyor.service.report import ACCEPTED
 from conveyor.store import open_store
 from tests.helpers import cli, cli_json, query, reconciled, submit_and_work, write_pipeline
+from tests.test_graph_groups import GROUPED, _docs
+from tests.test_graph_joins import GATHER
 from tests.test_publications import Project
 from tests.test_reconcile_report import BAD, GOOD, PIPE, UNSURE, _decide, manifest
 
@@ -223,3 +225,30 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: py
     with pytest.raises(UserError, match=r"pip install 'conveyor\[data\]'"):
         write_export(_batches([{"k": "a"}]), "parquet", str(tmp_path / "x.parquet"))
     assert not list(tmp_path.iterdir())
+
+
+# --- graphs: a gather brings children's outputs back to the root item; group items are rows of their own -------
+
+def test_a_gather_is_a_root_items_value_and_a_childs_stage_is_refused(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, GATHER.replace("ON_CHILD_FAILURE", '"skip"'))
+    docs = _docs(tmp_path / "docs", {"a.txt": "one two", "b.txt": "three poison"})
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    rows = _rows(store_url, tmp_path / "blobs", run_id, outcome="all")
+    assert Counter(r["outcome"] for r in rows) == Counter(reconciled(store_url, run_id)["outcomes"])
+    assert {r["item_key"]: r.get("value") for r in rows if r["outcome"] in ACCEPTED} == {"a.txt": 2}, "count's"
+    gathered = {r["item_key"]: r for r in _rows(store_url, tmp_path / "blobs", run_id, stage="collect",
+                                                outcome="all")}
+    assert gathered["a.txt"]["value.words"] == ["ONE", "TWO"]
+    with pytest.raises(UserError, match="runs on fan-out children"):
+        _rows(store_url, tmp_path / "blobs", run_id, stage="shout")
+
+
+def test_group_items_are_rows_with_their_groups_value(tmp_path: Path, store_url: str) -> None:
+    docs = _docs(tmp_path / "docs", {"a1.txt": "apple", "a2.txt": "avocado", "b1.txt": "banana", "x.txt": "broken"})
+    run_id = submit_and_work(write_pipeline(tmp_path, GROUPED), docs, store_url, tmp_path / "blobs").run_id
+    rows = _rows(store_url, tmp_path / "blobs", run_id, stage="by_letter", outcome="all")
+    report = reconciled(store_url, run_id)
+    assert Counter(r["outcome"] for r in rows) == Counter(report["outcomes"]) and report["unaccounted"] == 0
+    groups = {r["item_key"]: r for r in rows if r["item_key"].startswith("group:")}
+    assert groups["group:a"]["value.members"] == ["a1.txt", "a2.txt"] and "value.key" not in groups["group:*"]
+    assert "value.members" not in next(r for r in rows if r["item_key"] == "a1.txt")

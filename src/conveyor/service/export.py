@@ -36,7 +36,7 @@ from typing import Any
 from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, UserError
 from conveyor.runtime.values import decode
-from conveyor.service.records import RunGraph, record_bytes
+from conveyor.service.records import RunGraph, item_depth, record_bytes
 from conveyor.service.report import ACCEPTED, KNOWN_OUTCOMES, find_run, settled
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
@@ -109,8 +109,9 @@ def outcomes_wanted(outcome: str | None) -> frozenset[str]:
 
 
 def _value_stage(run: RunRecord, graph: RunGraph, stage: str | None) -> str | None:
-    """The stage whose output is the value: ``stage`` when it runs on the root item itself, else the record
-    stage (None: the pipeline has no stage on its root items but a fan-out)."""
+    """The stage whose output is the value: ``stage`` when it runs on the run's root items (or on its group
+    items: a group stage's output is its group item's value), else the record stage (None: no stage runs on
+    the root items themselves)."""
     if stage is None:
         return graph.record_stage
     stages = json.loads(run.stages)
@@ -121,20 +122,10 @@ def _value_stage(run: RunRecord, graph: RunGraph, stage: str | None) -> str | No
     if declared[stage]["kind"] == "fanout":
         raise UserError(f"--stage {stage!r} is a fan-out: its output is its children; export a stage that runs "
                         "on the root items (each row is one root item)")
-    if _after_fanout(declared, stage):
+    if item_depth(stages, stage) > 0:
         raise UserError(f"--stage {stage!r} runs on fan-out children, and each row is one root item: export a "
-                        "stage that runs on the root items")
+                        "stage that runs on the root items, or a gather of those children")
     return stage
-
-
-def _after_fanout(declared: Mapping[str, dict[str, Any]], stage: str) -> bool:
-    parent, seen = declared[stage].get("after"), set()
-    while parent is not None and parent not in seen:
-        if declared[parent]["kind"] == "fanout":
-            return True
-        seen.add(parent)
-        parent = declared[parent].get("after")
-    return False
 
 
 # --- a run's rows ----------------------------------------------------------------------------------------------

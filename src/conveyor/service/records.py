@@ -40,20 +40,44 @@ class RunGraph:
 
 
 def _ancestors(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> set[str]:
-    parents = {s["name"]: s.get("after") for s in graph}
-    found, parent = set(), stage.get("after")
-    while parent is not None and parent not in found:
-        found.add(parent)
-        parent = parents.get(parent)
+    """Every stage upstream of ``stage`` in a run's recorded graph (a join's every parent)."""
+    parents = {s["name"]: s.get("parents") or ([s["after"]] if s.get("after") is not None else []) for s in graph}
+    found: set[str] = set()
+    frontier = list(parents.get(stage["name"], []))
+    while frontier:
+        name = frontier.pop()
+        if name not in found:
+            found.add(name)
+            frontier += parents.get(name, [])
     return found
+
+
+def _depth(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> int:
+    """How many fan-outs lie between a run's items and the items ``stage`` works on (a gather undoes one), as the
+    run's graph (runs.stages) records it; -1 for a group's items."""
+    by_name = {s["name"]: s for s in graph}
+    depth, seen, current = 0, set(), stage
+    while current.get("after") is not None and current["name"] not in seen:
+        seen.add(current["name"])
+        if current["kind"] in ("group", "reduce"):
+            return -1
+        depth -= 1 if current["kind"] == "gather" else 0
+        current = by_name.get(current["after"], {"name": None, "kind": "map"})
+        depth += 1 if current["kind"] == "fanout" else 0
+    return depth
+
+
+def item_depth(graph: Sequence[dict[str, Any]], name: str) -> int:
+    """Where the stage called ``name`` works (``_depth``): 0 on the run's root items, 1 on their fan-out
+    children and so on, -1 on group items."""
+    return _depth(graph, next(s for s in graph if s["name"] == name))
 
 
 def record_stage(graph: Sequence[dict[str, Any]]) -> str | None:
     """The stage whose output is a root item's accepted record: among the map stages that run on the root
-    item itself (not after a fan-out), the last with an acceptance boundary, else the last (declaration
-    order runs parents first)."""
-    fanouts = {s["name"] for s in graph if s["kind"] == "fanout"}
-    own = [s for s in graph if s["kind"] == "map" and not _ancestors(graph, s) & fanouts]
+    item itself (not after a fan-out, unless gathered back), the last with an acceptance boundary, else the
+    last (declaration order runs parents first)."""
+    own = [s for s in graph if s["kind"] == "map" and _depth(graph, s) == 0]
     accepted = [s for s in own if s.get("accept")]
     return (accepted or own)[-1]["name"] if own else None
 

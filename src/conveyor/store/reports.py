@@ -239,6 +239,12 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
         counts = {"published": published, "completed": with_tasks - published, "missing": roots - with_tasks}
         return {k: v for k, v in counts.items() if v}
 
+    def group_item_count(self, run_id: str) -> int:
+        """The run's group items (``group:KEY``, made by its group stages)."""
+        rows = self.db.execute("SELECT COUNT(*) FROM items WHERE run_id = ? AND item_key >= 'group:' "
+                               "AND item_key < 'group;' AND parent_key IS NULL", (run_id,))
+        return int(rows[0][0])
+
     def item_count(self, run_id: str) -> int:
         rows = self.db.execute(
             "SELECT COUNT(*) FROM items WHERE run_id = ? AND parent_key IS NULL", (run_id,)

@@ -107,12 +107,7 @@ def outcome_stages(pipeline: Pipeline) -> OutcomeStages:
 
 
 def _ancestors(pipeline: Pipeline, name: str) -> set[str]:
-    found: set[str] = set()
-    parent = pipeline[name].after
-    while parent is not None and parent not in found:
-        found.add(parent)
-        parent = pipeline[parent].after
-    return found
+    return set(pipeline.graph.above(name))
 
 
 def event(job: JobRow, kind: str, now: float, **data: Any) -> NewEvent:
