@@ -12,11 +12,11 @@ parse    roff source (gzip or plain) → title, section, NAME line, running text
 chunk    the page's text in chunks of about 1,000 characters (at most 3): a fan-out, each chunk an item
 embed    one chunk through the local all-MiniLM-L6-v2 model on the CPU (a 384-d unit vector, carried as float16)
 vectors  a gather: the page's chunk vectors back in chunk order
-extract  (after parse, beside the chunks) a chat call asking for a JSON record {"names", "summary", "keywords", "confidence"}, behind the
-         acceptance boundary: a format fault (a code fence, a trailing comma) is repaired and the attempt says
-         so; a wrong shape (a cut-off or chatty answer) is `invalid_format`, retried; names the page's NAME
-         line does not hold are `invalid_content`; confidence under 0.7 is `low_confidence`. Refused answers
-         are tried once more with the stronger model (MANPAGES_STRONG_MODEL); low-confidence answers still
+extract  (after parse, beside the chunks) a chat call asking for a JSON record {"names", "summary", "keywords",
+         "confidence"}, behind the acceptance boundary: a format fault (a code fence, a trailing comma) is repaired
+         and the attempt says so; a wrong shape (a cut-off or chatty answer) is `invalid_format`, retried; names the
+         page's NAME line does not hold are `invalid_content`; confidence under 0.7 is `low_confidence`. Refused
+         answers are tried once more with the stronger model (MANPAGES_STRONG_MODEL); low-confidence answers still
          refused there wait for review (48 h, then rejected); others fail with their class
 publish  a join of extract and vectors: the accepted record, its full-text entry and its chunk vectors into
          the built-in target's collection "manuals", in one transaction, as a new version of the page's
@@ -75,7 +75,7 @@ BODY_CHARS = CHUNK_CHARS * MAX_CHUNKS
 # what escalation costs.
 PRICES = {"sim-1": {"input": 0.15, "output": 0.60}, "sim-2": {"input": 2.50, "output": 10.00},
           "gpt-4o-mini": {"input": 0.15, "output": 0.60}, "gpt-4.1-mini": {"input": 0.40, "output": 1.60},
-          "gpt-4o": {"input": 2.50, "output": 10.00}}
+          "gpt-4o": {"input": 2.50, "output": 10.00}, "sim-embed": {"input": 0.02, "output": 0.0}}
 # Shared by every worker through the store, a little under the provider's own limits so 429s stay rare: the
 # simulator `make demo` starts allows 200,000 tokens and 1,200 requests a minute for both models together; the
 # escalations (about one answer in six) get a share large enough that they do not trail the run.
@@ -83,8 +83,26 @@ LIMITS = {"sim-1": RateLimit(tpm=160_000, rpm=960), "sim-2": RateLimit(tpm=38_00
           "gpt-4o-mini": RateLimit(tpm=180_000, rpm=450), "gpt-4o": RateLimit(tpm=27_000, rpm=45)}
 
 
+class EmbedRouter:
+    """Embeddings from the local model (EMBED_MODEL), or, for any other model, from the chat endpoint (the
+    simulator's embeddings are 384-d too): how a pipeline switches its embedding model."""
+
+    name = "embed-router"
+
+    def __init__(self, local: Any, remote: Any) -> None:
+        self.local, self.remote = local, remote
+
+    async def embed(self, texts: list[str], *, model: str = EMBED_MODEL, **options: Any) -> Any:
+        provider = self.local if model == EMBED_MODEL else self.remote
+        return await provider.embed(texts, model=model, **options)
+
+    async def aclose(self) -> None:
+        await self.local.aclose()
+
+
 def provider() -> Any:
-    """Chat from the OpenAI-compatible endpoint in the environment, embeddings from the local model."""
+    """Chat from the OpenAI-compatible endpoint in the environment, embeddings from the local model (or the
+    endpoint's, when the run's ``embed_model`` names another)."""
     from conveyor.providers.composite import CompositeProvider
     from conveyor.providers.local_embeddings import LocalEmbeddings
     from conveyor.providers.openai_provider import OpenAIProvider
@@ -92,12 +110,14 @@ def provider() -> Any:
     prices = os.environ.get("CONVEYOR_PRICES") or PRICES
     chat = OpenAIProvider(os.environ.get("OPENAI_BASE_URL") or None, os.environ.get("OPENAI_API_KEY") or None,
                           prices=prices, timeout=CHAT_TIMEOUT)
-    return CompositeProvider(chat=chat, embed=LocalEmbeddings(EMBED_MODEL))
+    return CompositeProvider(chat=chat, embed=EmbedRouter(LocalEmbeddings(EMBED_MODEL), chat))
 
 
 pipe = Pipeline("manuals", retry=Retry(max_attempts=3, base=0.5, cap=10), provider=provider, limits=LIMITS,
                 params={"prompt_version": Param(DEFAULT_PROMPT, env="MANPAGES_PROMPT_VERSION",
-                                                help="the extract prompt (enrich.PROMPTS)")})
+                                                help="the extract prompt (enrich.PROMPTS)"),
+                        "embed_model": Param(EMBED_MODEL, help="the embedding model (the local one, or one of the "
+                                                               "chat endpoint's, such as the simulator's sim-embed)")})
 
 
 @pipe.stage(version="3", max_input_bytes=20_000_000, timeout=30, config={"body_chars": BODY_CHARS})
@@ -116,11 +136,12 @@ def chunk(ctx, page: dict) -> list[str]:
     return split_text(page.get("body", ""), CHUNK_CHARS, MAX_CHUNKS)
 
 
-@pipe.stage(after=chunk, version="3", concurrency=4, config={"model": EMBED_MODEL})
+@pipe.stage(after=chunk, version="3", concurrency=4, params=["embed_model"])
 async def embed(ctx, text: str) -> str:
-    vectors = (await ctx.embed([text], model=EMBED_MODEL)).vectors
+    model = ctx.params["embed_model"]  # the run's: a new model makes new embed tasks, and no chat call
+    vectors = (await ctx.embed([text], model=model)).vectors
     if len(vectors) != 1 or len(vectors[0]) != 384:
-        raise TerminalError(f"expected one 384-d vector from {EMBED_MODEL}", error_class="bad_vector")
+        raise TerminalError(f"expected one 384-d vector from {model}", error_class="bad_vector")
     return pack_vector(vectors[0])
 
 
