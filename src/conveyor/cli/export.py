@@ -52,6 +52,9 @@ def export(
             summary = write_export(chosen, fmt, out)
     except StoreMissing as exc:
         raise NotFound(f"nothing to export: {exc}") from None
+    except BrokenPipeError:  # the reader of stdout stopped (`| head`): not an error of the export
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        return
     if out != "-":
         emit(summary, as_json, _render)
 

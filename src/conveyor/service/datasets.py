@@ -20,6 +20,7 @@ import base64
 import csv
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -62,14 +63,21 @@ def write_export(export: Export, fmt: str, out: str) -> dict[str, Any]:
         raise UserError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if fmt == "parquet":
         arrow()
+    try:
+        return _write(export, fmt, out)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full disk, a folder gone: the part file is gone too
+        raise UserError(f"--out {out}: cannot write ({exc.strerror or exc}); nothing was left there") from None
+
+
+def _write(export: Export, fmt: str, out: str) -> dict[str, Any]:
     target = None if out == STDOUT else checked_path(out)
     if fmt == "jsonl" and target is None:
         rows = _jsonl(export, sys.stdout)
         sys.stdout.flush()
         return {"rows": rows, "path": STDOUT, "format": fmt} | export.head
-    folder = target.parent if target is not None else Path(tempfile.gettempdir())
-    fd, name = tempfile.mkstemp(prefix=".conveyor-export-", suffix=f".{fmt}.part", dir=folder)
-    os.close(fd)
+    name = _part_file(target, fmt)
     try:
         rows = _write_file(export, fmt, name)
         if target is None:
@@ -82,6 +90,20 @@ def write_export(export: Export, fmt: str, out: str) -> dict[str, Any]:
         if os.path.exists(name):
             os.unlink(name)
     return {"rows": rows, "path": STDOUT if target is None else str(target), "format": fmt} | export.head
+
+
+def _part_file(target: Path | None, fmt: str) -> str:
+    """A new, empty temporary file beside ``target`` (in the temporary folder for stdout), made with the
+    process's umask as the file it becomes will be; a folder that cannot be written is a one-line error."""
+    folder = target.parent if target is not None else Path(tempfile.gettempdir())
+    name = folder / f".{target.name if target is not None else 'conveyor-export'}.{secrets.token_hex(6)}.{fmt}.part"
+    try:
+        with open(name, "xb"):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {target or STDOUT}: cannot write in {str(folder)!r} ({exc.strerror}); write "
+                        "elsewhere") from None
+    return str(name)
 
 
 def checked_path(out: str) -> Path:
