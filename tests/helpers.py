@@ -94,3 +94,14 @@ def query(store_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return store.db.execute(sql, params)
     finally:
         store.close()
+
+
+def workers_until_idle(target: str, store_url: str, blobs: Path, count: int = 2, batch_size: int = 3) -> None:
+    """``count`` `conveyor worker --until-idle` processes on one store at once, small batches so their commits
+    interleave; each must exit 0."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    procs = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
+                               str(blobs), "--until-idle", "--batch-size", str(batch_size)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    for proc in procs:
+        assert proc.wait(120) == 0, proc.stderr.read() if proc.stderr else ""

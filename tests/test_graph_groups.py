@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import query, reconciled, submit_and_work, write_pipeline
 
 GROUPED = """
@@ -157,3 +159,77 @@ def test_the_command_line_makes_groups_of_a_run_answered_whole_from_the_memo(tmp
     report = cli_json("reconcile", again["run_id"], "--db", store_url, cwd=tmp_path)
     assert report["groups"] == {"by_letter": {"groups": 2, "members": 2, "left_out": 0},
                                 "everything": {"groups": 1, "members": 2, "left_out": 0}}
+
+
+def test_two_workers_make_each_group_once_and_publish_it_once(tmp_path: Path, store_url: str) -> None:
+    from tests.helpers import submit_run, workers_until_idle
+
+    docs = _docs(tmp_path / "docs", {f"{letter}{i}.txt": f"{letter}{i}" for letter in "abcdef" for i in range(20)})
+    target = write_pipeline(tmp_path, GROUPED)
+    run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
+    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=3)
+    rows = query(store_url, "SELECT stage, COUNT(*), SUM(attempts) FROM tasks WHERE run_id = ? AND item_key LIKE "
+                            "'group:%' GROUP BY stage ORDER BY stage", run_id)
+    assert rows == [("by_letter", 6, 6), ("everything", 1, 1), ("publish", 6, 6)]
+    versions = query(store_url, "SELECT item_key, COUNT(*) FROM publications WHERE collection = 'letters' "
+                                "GROUP BY item_key")
+    assert sorted(versions) == [(f"group:{letter}", 1) for letter in "abcdef"]
+    assert reconciled(store_url, run_id)["outcomes"] == {"completed": 121, "published": 6}
+
+
+KILLED = """
+import os, time
+from pathlib import Path
+from conveyor import Pipeline
+from conveyor.acceptance import Record
+
+pipe = Pipeline("killed", lease_seconds=2)
+MARK = Path(os.environ["MARK"])
+
+@pipe.stage()
+def parse(ctx, source):
+    return {"letter": source.decode()[0]}
+
+@pipe.stage(after=parse, kind="group", by=lambda doc: doc["letter"])
+def by_letter(ctx, key, members):
+    if not MARK.exists():  # the first attempt announces itself and hangs until its worker is killed
+        MARK.write_text("started")
+        time.sleep(60)
+    return {"key": key, "count": len(members)}
+
+@pipe.stage(after=by_letter, kind="publish", into="letters")
+def publish(ctx, summary):
+    return Record(fields=summary, text=summary["key"])
+"""
+
+
+def test_a_group_whose_worker_is_killed_runs_again_once_and_publishes_once(tmp_path: Path, store_url: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import SRC, submit_run, work
+
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("MARK", str(mark))
+    docs = _docs(tmp_path / "docs", {"a1.txt": "apple", "a2.txt": "avocado"})
+    target = write_pipeline(tmp_path, KILLED)
+    run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    victim = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
+                               str(tmp_path / "blobs")], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not mark.exists():
+        assert time.monotonic() < deadline and victim.poll() is None, "the group never started"
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    work(target, store_url, tmp_path / "blobs", run_id=run_id)
+    assert query(store_url, "SELECT status, attempts FROM tasks WHERE run_id = ? AND stage = 'by_letter'",
+                 run_id) == [("succeeded", 2)]
+    assert query(store_url, "SELECT item_key, COUNT(*) FROM publications GROUP BY item_key") == [("group:a", 1)]
+    assert reconciled(store_url, run_id)["outcomes"] == {"completed": 2, "published": 1}

@@ -128,6 +128,8 @@ def test_a_gather_waits_for_every_child_and_takes_them_in_order(tmp_path: Path, 
         assert _value(store_url, done.run_id, "b.txt", "collect") == {"words": ["ALPHA", "OMEGA"],
                                                                         "lost": [["b.txt\u00b61", "value_error"]]}
         assert status["b.txt"][0] == "succeeded"
+        report = reconciled(store_url, done.run_id)
+        assert report["outcomes"] == {"completed": 3} and report["lost_children"] == 1  # b.txt made it, without one
     else:
         assert status["b.txt"][:2] == ("failed", "child_failed")
         assert "b.txt\u00b61" in status["b.txt"][2]
@@ -172,7 +174,7 @@ def test_graph_declaration_errors_name_the_stages() -> None:
         loop.stage(after="a", name="b")(lambda ctx, x: x)
     dangling = Pipeline("dangling")
     dangling.stage(after="missing", name="a")(lambda ctx, x: x)
-    with pytest.raises(PipelineError, match=r"'missing', which pipeline 'dangling' does not declare"):
+    with pytest.raises(PipelineError, match=r"'missing', which is not declared in pipeline 'dangling'"):
         dangling.validate()
 
 
@@ -278,22 +280,87 @@ def gathered(ctx, parts):
 
 def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str) -> None:
     """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import SRC, submit_run
+    from tests.helpers import submit_run, workers_until_idle
 
     target = write_pipeline(tmp_path, RACE)
     docs = make_docs(tmp_path / "docs", 60)
     run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
-    env = {**os.environ, "PYTHONPATH": SRC}
-    workers = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
-                                 str(tmp_path / "blobs"), "--until-idle", "--batch-size", "2"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for w in workers:
-        assert w.wait(120) == 0, w.stderr.read() if w.stderr else ""
+    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=2)
     assert query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? AND stage IN "
                             "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
         ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
     assert reconciled(store_url, run_id)["outcomes"] == {"completed": 60}
+
+
+MEMO_GATHER = """
+from conveyor import Pipeline
+
+pipe = Pipeline("memo_gather")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def initial(ctx, word):
+    return word[0].upper()
+
+@pipe.stage(after=initial, kind="gather")
+def initials(ctx, letters):
+    return "".join(letters)
+
+@pipe.stage()
+def length(ctx, source):
+    return len(source)
+
+@pipe.stage(after=[initials, length])
+def both(ctx, letters, size):
+    return f"{letters}:{size}"
+"""
+
+
+def test_a_gather_answered_from_the_memo_in_the_writing_transaction_still_makes_its_join(
+        tmp_path: Path, store_url: str) -> None:
+    """The gather of y is decided in a commit (its children ran one commit each) and answered from the memo (x's
+    children gave the same outputs): the join after it must see that answer, written in the same transaction."""
+    target = write_pipeline(tmp_path, MEMO_GATHER)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "x.txt").write_text("pear quince")
+    (second / "y.txt").write_text("plum quail")
+    submit_and_work(target, first, store_url, tmp_path / "blobs")
+    done = submit_and_work(target, second, store_url, tmp_path / "blobs", batch_size=1)
+    rows = query(store_url, "SELECT stage, status, cached FROM tasks WHERE run_id = ? AND stage IN "
+                            "('initials', 'both') ORDER BY stage", done.run_id)
+    assert rows == [("both", "succeeded", 0), ("initials", "succeeded", 1)]
+    assert _value(store_url, done.run_id, "y.txt", "both") == "PQ:10"
+
+
+FANOUT_JOIN = """
+from conveyor import Pipeline
+
+pipe = Pipeline("fanout_join")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def shout(ctx, word):
+    return word.upper()
+
+@pipe.stage(after=[split, shout])
+def pair(ctx, word, shouted):
+    return [word, shouted]
+"""
+
+
+def test_a_join_with_a_fanout_parent_takes_the_childs_element(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, FANOUT_JOIN)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two three")
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=1)
+    assert [_value(store_url, done.run_id, f"a.txt\u00b6{i}", "pair") for i in range(3)] == [
+        ["one", "ONE"], ["two", "TWO"], ["three", "THREE"]]

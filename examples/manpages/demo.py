@@ -321,8 +321,8 @@ def edit_page(key: str) -> Path:
     with edited.open("w", encoding="utf-8") as out:
         for line in MANIFEST.read_text().splitlines():
             entry = json.loads(line)
-            out.write(json.dumps({"key": entry["key"], "path": str(copy) if entry["key"] == key else entry["path"]})
-                      + "\n")
+            path = str(copy.resolve()) if entry["key"] == key else entry["path"]
+            out.write(json.dumps({"key": entry["key"], "path": path}) + "\n")
     print(f"  {key}: its NAME line now reads \"list the files and folders in a directory\" (a copy: {copy})")
     return edited
 

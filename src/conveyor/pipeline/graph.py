@@ -61,8 +61,8 @@ class Graph:
         for name, ps in parents.items():
             for parent in ps:
                 if parent not in stages:
-                    raise PipelineError(f"stage {name!r} comes after {parent!r}, which pipeline {pipeline!r} does "
-                                        f"not declare")
+                    raise PipelineError(f"stage {name!r} comes after {parent!r}, which is not declared in pipeline "
+                                        f"{pipeline!r}; declare it, or name a stage that is")
                 if stages[parent].kind == "publish":
                     raise PipelineError(f"stage {name!r} cannot come after publish stage {parent!r}: a publish "
                                         "stage is a leaf of the graph")
@@ -85,19 +85,17 @@ class Graph:
 
     def below(self, name: str) -> tuple[str, ...]:
         """Every stage downstream of ``name`` (joins, gathers and groups included), in graph order."""
-        seen: set[str] = set()
-        frontier = [name]
-        while frontier:
-            frontier = [c for n in frontier for c in self.children[n] if c not in seen]
-            seen.update(frontier)
-        return tuple(n for n in self.order if n in seen)
+        return self._reach(name, self.children)
 
     def above(self, name: str) -> tuple[str, ...]:
         """Every stage upstream of ``name``, in graph order."""
+        return self._reach(name, self.parents)
+
+    def _reach(self, name: str, edges: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
         seen: set[str] = set()
         frontier = [name]
         while frontier:
-            frontier = [p for n in frontier for p in self.parents[n] if p not in seen]
+            frontier = [n for f in frontier for n in edges[f] if n not in seen]
             seen.update(frontier)
         return tuple(n for n in self.order if n in seen)
 

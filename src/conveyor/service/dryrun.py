@@ -129,6 +129,11 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
             fanout = stages[graph.gathers[name].fanout]
             stages[name]["estimated"] = fanout["run"] + fanout["estimated"]
             continue
+        if stage.kind in ("group", "reduce"):  # once per group: one, or as many per member as last time
+            members = stages[stage.after]["run"] + stages[stage.after]["estimated"]
+            ratio = 0.0 if stage.kind == "reduce" else past.fanout.get(name, 0.0)
+            stages[name]["estimated"] = max(1, round(members * ratio)) if members else 0
+            continue
         parent = stages[stage.after]
         upstream = parent["run"] + parent["estimated"]
         ratio = past.fanout.get(stage.name, 1.0) if pipeline[stage.after].kind == "fanout" else 1.0

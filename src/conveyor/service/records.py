@@ -36,7 +36,10 @@ class RunGraph:
         accept = tuple(s["name"] for s in graph if s.get("accept"))
         publish = tuple(s["name"] for s in graph if s["kind"] == "publish")
         past = tuple(s["name"] for s in graph if _ancestors(graph, s) & set(accept))
-        return cls(OutcomeStages(publish, accept, past), record_stage(graph))
+        gathers = [s for s in graph if s["kind"] == "gather" and s.get("on_child_failure") == "skip"]
+        skipped = tuple(sorted({name for g in gathers for name in _gather_path(graph, g)}))
+        return cls(OutcomeStages(publish, accept, past, skipped, tuple(g["name"] for g in gathers)),
+                   record_stage(graph))
 
 
 def _ancestors(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> set[str]:
@@ -49,6 +52,21 @@ def _ancestors(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> set[st
         if name not in found:
             found.add(name)
             frontier += parents.get(name, [])
+    return found
+
+
+def _gather_path(graph: Sequence[dict[str, Any]], gather: dict[str, Any]) -> set[str]:
+    """The stages a gather's children pass from their fan-out to the gathered stage (that one included)."""
+    by_name = {s["name"]: s for s in graph}
+    found: set[str] = set()
+    frontier = [gather["after"]]
+    while frontier:
+        name = frontier.pop()
+        stage = by_name.get(name)
+        if stage is None or stage["kind"] == "fanout" or name in found:
+            continue
+        found.add(name)
+        frontier += stage.get("parents") or ([stage["after"]] if stage.get("after") is not None else [])
     return found
 
 

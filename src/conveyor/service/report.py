@@ -205,6 +205,10 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs
     }
     if has_groups(run):
         report["groups"] = groups_of(store, run)
+    if graph.stages.skip_gathers:  # children a gather went on without (on_child_failure="skip"): their tasks say why
+        ended = {(k1, k2): v for k1, k2, _, v in store.run_totals(run.run_id, "tasks")}
+        report["lost_children"] = int(sum(ended.get((stage, status), 0) for stage in graph.stages.skipped
+                                          for status in ("failed", "dead_lettered", "rejected")))
     if blobs is not None:
         report["sample"] = quality_sample(store, blobs, run, graph, sample)
     return report

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
-from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.records import CHILD_MARK
 from conveyor.store.tasks import chunks
 
 
@@ -60,19 +60,19 @@ class BarrierQueries:
                     found[item, stage] = StageState(*state)
         return found
 
-    def children_states(self, run_id: str, root_key: str, parent_key: str, stages: Sequence[str]
-                        ) -> tuple[int, dict[tuple[str, str], StageState]]:
-        """The number of fan-out children of ``parent_key``, and (child key, stage) -> state of their tasks at
-        ``stages``: one range of the item's key each (a child's key is ``parent¶index``)."""
-        low, high = parent_key + CHILD_MARK, parent_key + CHILD_RANGE_END
-        count = self.db.execute("SELECT COUNT(*) FROM items WHERE run_id = ? AND item_key > ? AND item_key < ? "
-                                "AND parent_key = ?", (run_id, low, high, parent_key))[0][0]
+    def children_states(self, run_id: str, parents: Sequence[tuple[str, str]], stages: Sequence[str]
+                        ) -> dict[tuple[str, str], StageState]:
+        """For ``parents`` (root key, item key) of a run: (child key, stage) -> state of their fan-out children's
+        tasks at ``stages`` (a child's key is ``parent¶index``), one statement per few hundred roots."""
+        wanted = {item for _, item in parents}
         marks = ",".join("?" * len(stages))
         found: dict[tuple[str, str], StageState] = {}
-        for item, stage, *state in self.db.execute(
-                "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
-                f"WHERE run_id = ? AND root_key = ? AND item_key > ? AND item_key < ? AND stage IN ({marks})",
-                (run_id, root_key, low, high, *stages)):
-            if CHILD_MARK not in item[len(low):]:  # a child, not a grandchild
-                found[item, stage] = StageState(*state)
-        return int(count), found
+        for part in chunks(sorted({root for root, _ in parents}), self.db.in_chunk):
+            where, params = self.db.one_of("root_key", part, "text")
+            for item, stage, *state in self.db.execute(
+                    "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
+                    f"WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
+                parent, mark, index = str(item).rpartition(CHILD_MARK)
+                if mark and parent in wanted and index.isdigit():  # a child of a waiting parent, not a grandchild
+                    found[item, stage] = StageState(*state)
+        return found

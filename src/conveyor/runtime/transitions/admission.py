@@ -53,10 +53,7 @@ class Admission(Readiness):
             if tasks:
                 self.store.insert_tasks(tasks, totals, opened)
             if pending:  # joins and gathers on tasks of earlier commits (a submission taken over to be finished)
-                ready, more_items, hits = self.decide_waiting(pending, now)
-                self.store.insert_items(more_items)
-                self.store.insert_tasks(ready, totals, opened)
-                cached += hits
+                cached += self.decide_waiting(pending, now, totals, opened).cached
             self.store.add_run_totals(totals)  # once per transaction (see store.insert_tasks)
             self.store.add_open_tasks(opened)
             if notices:

@@ -217,14 +217,11 @@ class Commits(JobEvents, Readiness):
 
     def _write_ready(self, w: Writes, totals: RunTally, opened: OpenTally) -> None:
         """The joins and gathers the plan left pending, decided now that this commit's rows are written."""
-        tasks, items, cached = self.decide_waiting(w.pending, w.now)
-        if items:
-            self.store.insert_items(items)
-        self.store.insert_tasks(tasks, totals, opened)
-        w.counts["cached"] += cached
-        if tasks.cached or tasks.failed:
+        decided = self.decide_waiting(w.pending, w.now, totals, opened)
+        w.counts["cached"] += decided.cached
+        if decided.tasks.cached or decided.tasks.failed:
             tally = Tally(self.pipeline)
-            tally.planned(tasks)
+            tally.planned(decided.tasks)
             w.tally += tally.rows()
 
     def _forget_batch_requests(self, w: Writes, where: dict[int, tuple[str, str]]) -> None:

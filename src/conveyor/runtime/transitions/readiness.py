@@ -15,13 +15,28 @@ from typing import Any
 
 from conveyor.runtime.expand import QUEUED, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
-from conveyor.runtime.values import Ref
-from conveyor.store import NewItem, NewTasks
+from conveyor.runtime.values import Ref, parse_fanout
+from conveyor.store import CHILD_MARK, NewItem, NewTasks
 from conveyor.store.barriers import StageState
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 SUCCEEDED = "succeeded"
+
+
+class Decided:
+    """What ``decide_waiting`` wrote: tasks queued, answered from the memo, and the rows to tally."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.cached = 0
+        self.tasks = NewTasks()
+
+    def add(self, tasks: NewTasks, cached: int) -> None:
+        self.queued += len(tasks.queued)
+        self.cached += cached
+        self.tasks.cached.extend(tasks.cached)
+        self.tasks.failed.extend(tasks.failed)
 ENDINGS = ("failed", "dead_lettered", "rejected")
 
 
@@ -38,36 +53,34 @@ class Readiness(Base):
             self.store.insert_tasks(tasks, totals, opened)
         queued = len(tasks.queued)
         if pending:
-            ready, more_items, _ = self.decide_waiting(pending, now)
-            if more_items:
-                self.store.insert_items(more_items)
-            self.store.insert_tasks(ready, totals, opened)
-            queued += len(ready.queued)
+            queued += self.decide_waiting(pending, now, totals, opened).queued
         return queued
 
-    def decide_waiting(self, pending: Sequence[Pending], now: float) -> tuple[NewTasks, list[NewItem], int]:
-        """Rows for the pending joins and gathers that are ready now (inside the caller's transaction, after
-        its other writes): (tasks, items, tasks answered from the memo)."""
+    def decide_waiting(self, pending: Sequence[Pending], now: float, totals: RunTally, opened: OpenTally) -> Decided:
+        """Write the rows of the pending joins and gathers that are ready now (inside the caller's transaction,
+        after its other writes), round by round: what a round plans (a cached join, say) is written before the
+        next round reads the states its own pending ones wait on."""
         x = self.expander
-        total, items, cached = NewTasks(), [], 0
+        decided = Decided()
         seen: set[Pending] = set()
         while pending:
             waiting = [w for w in dict.fromkeys(pending) if w not in seen]
             seen.update(waiting)
             self.store.lock_items([(w.run_id, w.item_key) for w in waiting])
             ready: list[Seed] = []
-            decided = NewTasks()
+            failed = NewTasks()
             for w, verdict in self._verdicts(waiting):
                 if verdict is not None and verdict.failure != "wait":
-                    x.barrier_rows(w, verdict, decided, ready, now)
-            tasks, more_items, hits = x.plan(ready, now)
-            for rows in ("queued", "cached", "failed", "provenance"):
-                getattr(total, rows).extend(getattr(tasks, rows))
-            total.failed.extend(decided.failed)
-            items += more_items
-            cached += hits
+                    x.barrier_rows(w, verdict, failed, ready, now)
+            tasks, items, hits = x.plan(ready, now)
+            tasks.failed.extend(failed.failed)
             pending = x.take_pending()
-        return total, items, cached
+            if items:
+                self.store.insert_items(items)
+            if tasks:
+                self.store.insert_tasks(tasks, totals, opened)
+            decided.add(tasks, hits)
+        return decided
 
     def _verdicts(self, waiting: Sequence[Pending]) -> list[tuple[Pending, Verdict | None]]:
         x = self.expander
@@ -77,25 +90,41 @@ class Readiness(Base):
         for w in joins:
             by_run.setdefault(w.run_id, []).append(w)
         for run_id, ws in by_run.items():
-            wanted = [(w.root_key, w.item_key, p) for w in ws for p in self.pipeline[w.stage].parents]
+            # A fan-out parent ran on the parent item: the join takes its element for this child.
+            wanted = [(w.root_key, self._runs_on(w.item_key, p), p) for w in ws for p in self.pipeline[w.stage].parents]
             rows = self.store.stage_states(run_id, wanted)
             refs = self._refs(rows.values())
             for w in ws:
                 def state(at: str, w: Pending = w, rows: dict[tuple[str, str], StageState] = rows,
                           refs: dict[str, Ref] = refs) -> Any:
-                    return _seen(rows.get((w.item_key, at)), refs)
+                    seen = _seen(rows.get((self._runs_on(w.item_key, at), at)), refs)
+                    if isinstance(seen, Ref) and self.pipeline[at].kind == "fanout":
+                        return _element(seen, w.item_key)
+                    return seen
                 found.append((w, x.joined(w.stage, state)))
+        gathers: dict[tuple[str, str], list[Pending]] = {}
         for w in waiting:
-            if w.stage not in x.gathers:
-                continue
-            count, states = self.store.children_states(w.run_id, w.root_key, w.item_key, x.gathers[w.stage].path)
+            if w.stage in x.gathers:
+                gathers.setdefault((w.run_id, w.stage), []).append(w)
+        for (run_id, stage), ws in gathers.items():
+            fanout = x.gathers[stage].fanout
+            made = self.store.stage_states(run_id, [(w.root_key, w.item_key, fanout) for w in ws])
+            lists = self._refs(made.values())  # each fan-out's list of its children (inline): how many there are
+            counts = {item: len(parse_fanout(ref.inline)) for (item, _), st in made.items()
+                      if (ref := lists.get(st.task_key)) is not None and ref.inline is not None}
+            states = self.store.children_states(run_id, [(w.root_key, w.item_key) for w in ws], x.gathers[stage].path)
             refs = self._refs(states.values())
 
             def child_state(child: str, at: str, states: dict[tuple[str, str], StageState] = states,
                             refs: dict[str, Ref] = refs) -> Any:
                 return _seen(states.get((child, at)), refs)
-            found.append((w, x.gathered(w.stage, w.item_key, count, child_state)))
+            found += [(w, x.gathered(stage, w.item_key, counts[w.item_key], child_state) if w.item_key in counts
+                       else None) for w in ws]
         return found
+
+    def _runs_on(self, item_key: str, stage: str) -> str:
+        """The item a join's parent ran on: the join's own, or for a fan-out parent the item it fanned out."""
+        return item_key.rpartition(CHILD_MARK)[0] if self.pipeline[stage].kind == "fanout" else item_key
 
     def _refs(self, states: Any) -> dict[str, Ref]:
         """Task key -> the output of each succeeded task among ``states``, from the memo (with its inline bytes)."""
@@ -110,6 +139,13 @@ class Readiness(Base):
                 # Not in the memo (a 64-bit key taken by another): the value is read from the blob store.
                 refs[key] = Ref(s.output_kind, s.output_digest, 0, None)
         return refs
+
+
+def _element(fanout: Ref, child_key: str) -> Any:
+    """A child's element of its parent's fan-out output (always inline), or QUEUED when it cannot be read."""
+    index = child_key.rpartition(CHILD_MARK)[2]
+    elements = parse_fanout(fanout.inline) if fanout.inline is not None else []
+    return elements[int(index)] if index.isdigit() and int(index) < len(elements) else QUEUED
 
 
 def _seen(state: StageState | None, refs: dict[str, Ref]) -> Any:
