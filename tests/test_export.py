@@ -230,12 +230,16 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: py
 # --- graphs: a gather brings children's outputs back to the root item; group items are rows of their own -------
 
 def test_a_gather_is_a_root_items_value_and_a_childs_stage_is_refused(tmp_path: Path, store_url: str) -> None:
-    target = write_pipeline(tmp_path, GATHER.replace("ON_CHILD_FAILURE", '"skip"'))
+    target = write_pipeline(tmp_path, GATHER.replace("ON_CHILD_FAILURE", '"fail"'))
     docs = _docs(tmp_path / "docs", {"a.txt": "one two", "b.txt": "three poison"})
     run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
     rows = _rows(store_url, tmp_path / "blobs", run_id, outcome="all")
-    assert Counter(r["outcome"] for r in rows) == Counter(reconciled(store_url, run_id)["outcomes"])
+    report = reconciled(store_url, run_id)
+    assert Counter(r["outcome"] for r in rows) == Counter(report["outcomes"])
     assert {r["item_key"]: r.get("value") for r in rows if r["outcome"] in ACCEPTED} == {"a.txt": 2}, "count's"
+    (b,) = [r for r in rows if r["item_key"] == "b.txt"]
+    (entry,) = [e for e in report["not_done"] if e["item_key"] == "b.txt"]
+    assert b["error_class"] in entry["error_classes"], "a child's failure, as reconcile names it"
     gathered = {r["item_key"]: r for r in _rows(store_url, tmp_path / "blobs", run_id, stage="collect",
                                                 outcome="all")}
     assert gathered["a.txt"]["value.words"] == ["ONE", "TWO"]
