@@ -73,8 +73,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 # The other commands live in modules of their own, each registering on ``app``, in the order `--help` lists them.
-for _module in ("runs", "reports", "compare", "replay", "show", "publications", "review", "dlq", "workers", "alerts",
-                "serve"):
+for _module in ("runs", "reports", "compare", "replay", "show", "export", "publications", "review", "dlq", "workers",
+                "alerts", "serve"):
     importlib.import_module(f"conveyor.cli.{_module}")
 
 

@@ -85,6 +85,12 @@ def _depth(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> int:
     return depth
 
 
+def item_depth(graph: Sequence[dict[str, Any]], name: str) -> int:
+    """Where the stage called ``name`` works (``_depth``): 0 on the run's root items, 1 on their fan-out
+    children and so on, -1 on group items."""
+    return _depth(graph, next(s for s in graph if s["name"] == name))
+
+
 def record_stage(graph: Sequence[dict[str, Any]]) -> str | None:
     """The stage whose output is a root item's accepted record: among the map stages that run on the root
     item itself (not after a fan-out, unless gathered back), the last with an acceptance boundary, else the
@@ -247,14 +253,16 @@ def read_records(store: SqlStore, blobs: Blobs, refs: Mapping[str, RecordRef], s
     found: dict[str, Any] = {}
     for key, ref in refs.items():
         try:
-            found[key] = decode(ref.kind, _record_bytes(ref, memo.get(ref.task_key), blobs))
+            found[key] = decode(ref.kind, record_bytes(ref, memo.get(ref.task_key), blobs))
         except BlobError:
             if strict:
                 raise
     return found
 
 
-def _record_bytes(ref: RecordRef, row: tuple[Any, ...] | None, blobs: Blobs) -> bytes:
+def record_bytes(ref: RecordRef, row: tuple[Any, ...] | None, blobs: Blobs) -> bytes:
+    """A record's bytes: inline in its memo ``row`` (``memo_rows``' (stage, kind, digest, inline, ...)) when
+    that row's digest is the record's, else from the blob store."""
     if ref.kind == "none":
         return b""
     if row is not None and row[2] == ref.digest and row[3] is not None:

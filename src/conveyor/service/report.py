@@ -229,6 +229,12 @@ def _not_done(store: SqlStore, run_id: str, limit: int, settled: bool, missing: 
             *({"item_key": key, "tasks": [], "missing": True, "error_classes": []} for key in absent)]
 
 
+def settled(store: SqlStore, run: RunRecord) -> bool:
+    """Every task of the run succeeded and its submission finished: each item's outcome is then its
+    ``store.reports.settled_outcome``, with no look at its tasks' statuses (read from the run's totals)."""
+    return _settled(run, {"stages": run_status(store, run, counts=store.task_counts(run.run_id))["stages"]})
+
+
 def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
     """Every task of the run succeeded (the common end of a run)."""
     return run.status not in UNFINISHED_RUNS and all(

@@ -24,3 +24,8 @@ def key64(task_key: str) -> int:
 # The same, as SQL each backend can evaluate over a ``task_key`` column (used when migrating old stores).
 SQLITE_FUNCTION = "conveyor_key64"
 KEY64_SQL = {"sqlite": f"{SQLITE_FUNCTION}(task_key)", "postgres": "('x' || substr(task_key, 1, 16))::bit(64)::bigint"}
+
+
+def key64_sql(backend: str, column: str) -> str:
+    """``KEY64_SQL`` of ``backend`` over ``column`` (a qualified task key column, for a join with the memo)."""
+    return KEY64_SQL[backend].replace("task_key", column)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conveyor.store.claimfloors import LANES, ClaimFloors
@@ -51,6 +51,18 @@ GROUP BY i.item_key
 
 # Task statuses that keep an item from being done (reconcile's not_done).
 NOT_DONE = ('failed', 'dead_lettered', 'rejected', 'awaiting_review', 'queued', 'running')
+
+
+def settled_outcome(stages: Sequence[str], publish_stages: Collection[str]) -> str:
+    """The outcome ITEM_OUTCOMES gives a root item of a run whose every task succeeded (``settled_outcomes``
+    counts them so), from the stages of its tasks and its children's: ``missing`` with none, ``published``
+    with one at a publish stage, else ``completed``."""
+    if not stages:
+        return "missing"
+    for stage in stages:
+        if stage in publish_stages:
+            return "published"
+    return "completed"
 
 
 class OutcomeStages(NamedTuple):

@@ -15,6 +15,7 @@ from conveyor.store.compare import CompareQueries
 from conveyor.store.depth import DepthQueries
 from conveyor.store.dialect import Dialect
 from conveyor.store.diffs import DiffQueries
+from conveyor.store.exports import ExportQueries
 from conveyor.store.forecast import ForecastQueries
 from conveyor.store.jobs import JobQueries
 from conveyor.store.journal import JournalQueries
@@ -42,7 +43,7 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
                ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries, QueueCountQueries, DepthQueries,
-               JournalQueries, BarrierQueries):
+               JournalQueries, BarrierQueries, ExportQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:
