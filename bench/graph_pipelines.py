@@ -61,3 +61,10 @@ def fold(ctx: Any, key: str, parts: list[int]) -> int:
 @reduce.stage(after="a", kind="reduce", batch=1_000, fold=fold)
 def total(ctx: Any, key: str, members: Any) -> int:
     return sum(value for _, value in members)
+
+# The chain with a fourth stage: what the join's and gather's four transitions an item cost without a join or gather.
+chain4 = Pipeline("bench_graph_chain4")
+chain4.stage(name="a")(same)
+chain4.stage(name="b", after="a")(same)
+chain4.stage(name="c", after="b")(same)
+chain4.stage(name="d", after="c")(same)
