@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.runtime.expand import QUEUED, Ended, Pending, Planned, Seed, Verdict
+from conveyor.runtime.expand import QUEUED, WAIT, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref, parse_fanout
 from conveyor.store import CHILD_MARK, NewItem, NewTasks
@@ -22,6 +22,7 @@ from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 SUCCEEDED = "succeeded"
+SETTLED = Ref("succeeded", "", 0, None)  # a child that succeeded, before its output is read
 
 
 class Decided:
@@ -107,19 +108,26 @@ class Readiness(Base):
             if w.stage in x.gathers:
                 gathers.setdefault((w.run_id, w.stage), []).append(w)
         for (run_id, stage), ws in gathers.items():
-            fanout = x.gathers[stage].fanout
-            made = self.store.stage_states(run_id, [(w.root_key, w.item_key, fanout) for w in ws])
-            lists = self._refs(made.values())  # each fan-out's list of its children (inline): how many there are
-            counts = {item: len(parse_fanout(ref.inline)) for (item, _), st in made.items()
-                      if (ref := lists.get(st.task_key)) is not None and ref.inline is not None}
             states = self.store.children_states(run_id, [(w.root_key, w.item_key) for w in ws], x.gathers[stage].path)
-            refs = self._refs(states.values())
+            # Every child has a task on the path from the moment it was made (in its fan-out's commit): counted so.
+            children: dict[str, set[str]] = {}
+            for child, _ in states:
+                children.setdefault(child.rpartition(CHILD_MARK)[0], set()).add(child)
+
+            def settled(child: str, at: str, states: dict[tuple[str, str], StageState] = states) -> Any:
+                found = states.get((child, at))
+                return SETTLED if found is not None and found.status == SUCCEEDED else _seen(found, {})
+            ready = [w for w in ws if x.gathered(stage, w.item_key, len(children.get(w.item_key, ())), settled)
+                     not in (None, WAIT)]
+            # Only the gathers that are ready read their children's outputs.
+            parents = {w.item_key for w in ready}
+            refs = self._refs(st for (child, _), st in states.items() if child.rpartition(CHILD_MARK)[0] in parents)
 
             def child_state(child: str, at: str, states: dict[tuple[str, str], StageState] = states,
                             refs: dict[str, Ref] = refs) -> Any:
                 return _seen(states.get((child, at)), refs)
-            found += [(w, x.gathered(stage, w.item_key, counts[w.item_key], child_state) if w.item_key in counts
-                       else None) for w in ws]
+            found += [(w, x.gathered(stage, w.item_key, len(children.get(w.item_key, ())), child_state))
+                      for w in ready]
         return found
 
     def _runs_on(self, item_key: str, stage: str) -> str:
