@@ -1,6 +1,6 @@
 """Forecast error: what `conveyor run --dry-run` said a run would cost and take, against what it then did.
 
-    PYTHONPATH=src .venv/bin/python bench/forecast.py [--pages 60] [--workers 2] [--no-write]
+    PYTHONPATH=src .venv/bin/python bench/forecast.py [--pages 300] [--sample 25] [--workers 2] [--no-write]
 
 The man-page pipeline of `make demo` (examples/manpages/, the provider simulator with the demo's faults and
 limits, local embeddings) in a scratch store, three forecasts each followed by the run it forecast:
@@ -103,9 +103,9 @@ def line(m: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=60)
+    parser.add_argument("--pages", type=int, default=300)  # the demo's own size (DEMO_LIMIT)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--sample", type=int, default=10, help="items the first run's forecast is measured on")
+    parser.add_argument("--sample", type=int, default=25, help="items the first run's forecast is measured on")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--keep", metavar="DIR", help="keep the store in DIR (empty or new) to look at afterwards")
     args = parser.parse_args()
