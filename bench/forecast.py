@@ -5,7 +5,7 @@
 The man-page pipeline of `make demo` (examples/manpages/, the provider simulator with the demo's faults and
 limits, local embeddings) in a scratch store, three forecasts each followed by the run it forecast:
 
-1. a first run: `--dry-run --sample 10` before anything ran (the sample is run for real in a scratch store);
+1. a first run: `--dry-run --sample 25` before anything ran (the sample is run for real in a scratch store);
 2. a prompt bump (MANPAGES_PROMPT_VERSION): extract runs again, parse and embed are answered by the memo;
 3. a model switch to the dearer model (MANPAGES_MODEL=sim-2, priced like gpt-4o; sim-1 is priced like
    gpt-4o-mini): extract runs again with a model none of its past first tries called.
