@@ -12,7 +12,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from conveyor.service.money import usd
@@ -40,6 +39,8 @@ def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable
         every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
         yield ProgressLines(every) if every > 0 else None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     board = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
                      TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
     ids: dict[str, Any] = {}

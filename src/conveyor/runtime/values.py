@@ -10,12 +10,14 @@ live inline in the database; larger ones in the blob store.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from conveyor.blobs import Blobs
 from conveyor.errors import TerminalError
+
+if TYPE_CHECKING:
+    from conveyor.blobs import Blobs
 
 INLINE_MAX = 8 * 1024
 # The passthrough options hand datetimes, dataclasses and subclasses of str/int/dict/list to
