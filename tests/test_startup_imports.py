@@ -101,6 +101,7 @@ def test_status_of_a_run_loads_the_store_and_the_report_only(tmp_path: Path) -> 
         assert [m for m in runtime_modules(modules) if m not in (
             "conveyor.runtime.lanes", "conveyor.runtime.heartbeat", "conveyor.runtime.fleet",
             "conveyor.runtime.values")] == []
+        assert ("rich.table" in modules) is not bool(extra)  # the table, or JSON without Rich
 
 
 # --- the plain coercion, held to Typer's own ------------------------------------------------------------------
