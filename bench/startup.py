@@ -1,6 +1,6 @@
 """Start-up: what a command costs as a whole process, next to the bare interpreter (issue 32 point 1).
 
-    .venv/bin/python bench/startup.py [--runs 9] [--items 10000] [--baseline SRC] [--no-write]
+    .venv/bin/python bench/startup.py [--runs 9] [--items 10000] [--baseline SRC [--label TEXT]] [--no-write]
 
 Times ``conveyor --version``, ``conveyor --help``, ``conveyor status --help`` and ``conveyor status RUN`` (the
 table, and ``--json``) on a SQLite store of N items (a run of bench/noop_pipeline.py, made here with ``conveyor
@@ -9,7 +9,8 @@ checkout's src/ (PYTHONPATH). Each run of a command is alternated with one of ``
 interpreter), so both meet the same machine; the figures are the medians of ``--runs`` (at least 7) of each: wall
 time, the CPU time (user + system) the process spent, and the ratio of the command's wall time to the bare
 interpreter's. ``--baseline SRC`` times the same commands with another src/ folder as well (e.g. main's before
-the change, extracted with ``git archive`` and compiled), alternated in the same way. Writes its section of
+the change, extracted with ``git archive`` and compiled; ``--label`` names it in the table), alternated in the
+same way. Writes its section of
 bench/RESULTS.md. Measure with compiled bytecode, as users get it (``make setup``; this environment sets
 PYTHONDONTWRITEBYTECODE): the section says whether every module of src/conveyor had its bytecode.
 
@@ -112,7 +113,8 @@ def bytecode(src: Path) -> tuple[int, int]:
 def section(rows: list[dict[str, Any]], args: argparse.Namespace, compiled: dict[str, tuple[int, int]],
             load: float) -> str:
     call = "    .venv/bin/python bench/startup.py" + (f" --runs {args.runs}" if args.runs != 9 else "") + (
-        f" --items {args.items}" if args.items != 10_000 else "") + (" --baseline SRC" if args.baseline else "")
+        f" --items {args.items}" if args.items != 10_000 else "") + (
+        f" --baseline SRC --label '{args.label}'" if args.baseline else "")
     lines = [BEGIN, "## Start-up (bench/startup.py)", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "", call, "",
              f"Whole processes, started as a user starts them (the environment's `conveyor` script); `status RUN` "
@@ -126,6 +128,10 @@ def section(rows: list[dict[str, Any]], args: argparse.Namespace, compiled: dict
         target = "" if r["target_ms"] is None else f"{r['target_ms']:.0f}"
         lines.append(f"| {r['src']} | `conveyor {r['command']}` | {r['wall_ms']:.1f} | {r['cpu_ms']:.1f} | "
                      f"{r['bare_ms']:.1f} | {r['ratio']:.1f} | {target} | {verdict} |")
+    if args.baseline:
+        lines += ["", f"*{args.label}*: the same commands with another src/ folder (`--baseline`), on the same store, "
+                  "each run alternated with this checkout's and the bare interpreter's; the host's speed drifts "
+                  "from session to session, so compare rows of one run."]
     lines += ["", "- Bytecode: " + "; ".join(f"{name}: {done} of {total} modules of src/conveyor compiled"
                                              for name, (done, total) in compiled.items()) + ".", END]
     return "\n".join(lines)
@@ -136,11 +142,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--baseline", type=Path, help="another src/ folder to time the same commands with")
+    parser.add_argument("--label", default="baseline", help="the baseline's name in the table")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.runs < 7:
         parser.error("--runs: at least 7")
-    sources = {"this checkout": ROOT / "src"} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    sources = {"this checkout": ROOT / "src"} | ({args.label: args.baseline.resolve()} if args.baseline else {})
     compiled = {name: bytecode(src) for name, src in sources.items()}
     for name, (done, total) in compiled.items():
         if done < total:

@@ -8,6 +8,8 @@ loaded through ``importlib.import_module``, as the lazy package names are, is mi
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 import typer
+import typer.main
 from typer import _coercion, core
 from typer.models import ArgumentInfo, OptionInfo
 
@@ -172,3 +175,35 @@ def test_a_value_pydantic_refuses_says_the_same_error_through_the_command(tmp_pa
     assert proc.returncode == 2
     assert proc.stderr == ("error: Invalid value for '--limit': Input should be greater than or equal to 1 (see "
                            "`python -m conveyor review list --help`)\n")
+
+
+# --- the tree Typer builds: the command named, or the root's listing ------------------------------------------
+
+
+def helped(built: typer.Typer, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with contextlib.suppress(SystemExit):
+        typer.main.get_command(built)(args, prog_name="conveyor", standalone_mode=False)
+    return capsys.readouterr().out
+
+
+def test_a_command_line_builds_the_command_it_names_and_helps_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    from conveyor.cli.commands import _name, app, app_for
+
+    assert [_name(c) for c in app_for(["conveyor", "status", "R"]).registered_commands] == ["status"]
+    assert [g.name for g in app_for(["conveyor", "review", "list"]).registered_groups] == ["review"]
+    assert app_for(["conveyor", "review", "list"]).registered_commands == []
+    for whole in (["conveyor", "--version"], ["conveyor", "stats"], ["conveyor", "--help", "status"]):
+        assert app_for(whole) is app
+    assert len(app.registered_commands) > 20 and len(app.registered_groups) == 3  # the tree itself stays whole
+    for args in (["status", "--help"], ["review", "approve", "--help"], ["provider-sim", "--help"], ["dlq", "--help"]):
+        assert helped(app_for(["conveyor", *args]), args, capsys) == helped(app, args, capsys)
+
+
+def test_the_roots_help_from_the_listing_is_the_whole_trees(capsys: pytest.CaptureFixture[str]) -> None:
+    from conveyor.cli.commands import app, app_for
+
+    listing = app_for(["conveyor", "--help"])
+    assert listing is not app and all(c.callback is not None and not inspect.signature(c.callback).parameters
+                                      for c in listing.registered_commands)
+    text = helped(listing, ["--help"], capsys)
+    assert "  status " in text and "  review " in text and text == helped(app, ["--help"], capsys)

@@ -4,9 +4,11 @@ its work (a service, the store, Rich) it imports in its body, so that building t
 
 import copy
 import importlib
+import inspect
 from typing import Annotated
 
 import typer
+from typer.models import CommandInfo
 
 from conveyor import __version__
 from conveyor.cli import coercion
@@ -28,20 +30,53 @@ def every_stage_when_unnamed(argv: list[str]) -> None:
 
 
 def app_for(argv: list[str]) -> typer.Typer:
-    """The app to run ``argv`` with: ``app`` holding only the command that ``argv[1]`` names, when it names one.
-
-    Typer makes the Click command of every command, parameters and all, before it runs one (a tenth of a
-    second for the forty here); the one named is all that parsing, help and errors of ``conveyor CMD ...``
-    ever read. Anything else (``--help``, ``--version``, no command, an unknown one) gets the whole tree."""
-    name = argv[1] if len(argv) > 1 else ""
-    commands = [c for c in app.registered_commands
-                if (c.name or typer.main.get_command_name(c.callback.__name__ if c.callback else "")) == name]
+    """The app to run ``argv`` with. Typer makes the Click command of every command, parameters and all, before
+    it runs one (a tenth of a second for the forty here, Typer's import aside, on the 2-core machine); so a
+    command line that names a command gets ``app`` holding that command only (all that its parsing, help and
+    errors ever read), and the root's help gets ``_listing()``. Anything else (``--version``, an unknown command,
+    a root option) gets the whole tree."""
+    if argv[1:] in ([], ["--help"]):
+        return _listing()
+    name = argv[1]
+    commands = [c for c in app.registered_commands if _name(c) == name]
     groups = [g for g in app.registered_groups if g.name == name]
     if len(commands) + len(groups) != 1:
         return app
     narrow = copy.copy(app)
     narrow.registered_commands, narrow.registered_groups = commands, groups
     return narrow
+
+
+def _listing() -> typer.Typer:
+    """``app`` for the root's help, which shows each command's name and the first line of its help only: every
+    command keeps its name, help and flags, without its parameters (a callback that takes none), every group
+    without its commands. The text is the whole tree's, byte for byte (tests/test_startup_imports.py)."""
+    commands = []
+    for command in app.registered_commands:
+        listed = copy.copy(command)
+        listed.name = _name(command)
+        listed.help = inspect.getdoc(command.callback) if command.help is None else command.help
+        listed.callback = _listed
+        commands.append(listed)
+    groups = []
+    for group in app.registered_groups:
+        listed_group, instance = copy.copy(group), copy.copy(group.typer_instance)
+        if instance is not None:
+            instance.registered_commands, instance.registered_groups = [], []
+        listed_group.typer_instance = instance
+        groups.append(listed_group)
+    narrow = copy.copy(app)
+    narrow.registered_commands, narrow.registered_groups = commands, groups
+    return narrow
+
+
+def _name(command: CommandInfo) -> str:
+    """A command's name as Typer gives it: its own, else its function's."""
+    return command.name or typer.main.get_command_name(command.callback.__name__ if command.callback else "")
+
+
+def _listed() -> None:
+    """What a command of ``_listing()`` would run: never run (the root's help exits first)."""
 
 
 def _version(value: bool) -> None:
