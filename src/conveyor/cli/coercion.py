@@ -44,14 +44,25 @@ def install() -> None:
 
 def _builder(original: Any, plain: type) -> Any:
     def build_runtime_param(descriptor: Any) -> Any:
-        if descriptor.file_annotation is None and descriptor.parameter_info.parser is None and not (
-                descriptor.parameter_info.clamp) and _kind(descriptor.annotation) is not None:
+        if _is_plain(descriptor):
             return plain(annotation=descriptor.annotation, parameter_info=descriptor.parameter_info,
                          descriptor=descriptor, original=original)
         return original(descriptor)
 
     build_runtime_param._conveyor_plain = True  # type: ignore[attr-defined]
     return build_runtime_param
+
+
+def _is_plain(descriptor: Any) -> bool:
+    """A parameter of a plain type, with no parser, file or clamp: Typer's descriptor as this module knows it
+    (one that reads otherwise is left to Typer)."""
+    try:
+        info = descriptor.parameter_info
+        return (descriptor.file_annotation is None and info.parser is None and not info.clamp
+                and isinstance(info.min, int | float | None) and isinstance(info.max, int | float | None)
+                and _kind(descriptor.annotation) is not None)
+    except AttributeError:
+        return False
 
 
 def _kind(annotation: Any) -> type | None:
