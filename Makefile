@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check bench bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-startup soak chaos clean
+.PHONY: setup test demo check bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-startup soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ check: setup
 
 bench: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/engine.py
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/graph.py
+
+bench-graph: setup
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/graph.py
 
 bench-blobs: setup
 	$(BIN)/python bench/blobs.py

@@ -177,3 +177,19 @@ def test_a_series_has_its_colour_whatever_its_place_and_succeeded_is_green() -> 
     assert len(set(report.values())) == 5, "the series stay apart"
     bars = parse(bar_chart([("published", 3.0), ("failed", 1.0)], title="t", y_label="items"))
     assert [bar.get("fill") for bar in by_class(bars, "cv-bar")] == ["#0891b2", "#dc2626"]
+
+
+def test_the_graph_chart_draws_every_stage_and_edge_with_counts_and_escapes_names() -> None:
+    from conveyor.service.plots import graph_chart
+
+    stages = [{"name": "parse", "kind": "map", "after": None},
+              {"name": "<b>", "kind": "fanout", "after": "parse"},
+              {"name": "embed", "kind": "map", "after": "<b>"},
+              {"name": "vectors", "kind": "gather", "after": "embed"},
+              {"name": "extract", "kind": "map", "after": "parse"},
+              {"name": "publish", "kind": "publish", "after": "extract", "parents": ["extract", "vectors"]}]
+    svg = graph_chart(stages, {"parse": {"succeeded": 3}, "embed": {"succeeded": 5, "failed": 1}})
+    assert svg.count('class="cv-stage"') == 6 and svg.count('class="cv-edge"') == 6
+    assert "&lt;b&gt; (fanout)" in svg and "<b>" not in svg
+    assert "3 / 3 done" in svg and "5 / 6 done" in svg
+    assert graph_chart(stages, {}) == graph_chart(stages, {})  # deterministic

@@ -13,6 +13,9 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
 3. The same run again: every task answered from the memo, zero model requests.
 4. A bumped prompt version (`--set prompt_version=...`, a run parameter): new answers, new publication versions;
    `conveyor diff` between the runs, one page's versions, a rollback.
+5. A new embedding model (`--set embed_model=sim-embed`): the chunks' embeddings and the publish join run again,
+   no chat call (extract is on another branch of the graph).
+6. One page edited: that page's stages, its section's overview (a group) and publication run again, nothing else.
 
 The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run. With
 CONVEYOR_BLOBS=s3://BUCKET/PREFIX set (and CONVEYOR_S3_ENDPOINT and the AWS variables, see the README) the blobs
@@ -22,6 +25,7 @@ go to that bucket instead; the database is still made afresh.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -49,6 +53,7 @@ USER_BLOBS = os.environ.get("CONVEYOR_BLOBS", "")
 BLOBS = USER_BLOBS if USER_BLOBS.startswith("s3://") else str(STORE / "blobs")
 LIMIT = int(os.environ.get("DEMO_LIMIT", "300"))
 PER_FAMILY = 2  # pages per name family (gcloud_*, git-*, ...) in the sample, so big generated families don't crowd it
+EDITED = "man1/ls.1.gz"  # the page step 6 edits
 SHOWN = ("man1/ls.1.gz", "man1/gzip.1.gz", "man1/tar.1.gz", "man1/xz.1.gz", "man1/zstd.1.gz")
 QUERY = "compress or decompress files"
 PROMPTS = ("manpage-record@2", "manpage-record@3")  # the first runs' prompt, and the bumped one
@@ -293,14 +298,43 @@ def show_versions(item: str, env: dict[str, str]) -> None:
         print(f"  v{v['version']}{' (live)' if v['live'] else ''}: {shown!r}")
 
 
+def show_stage_calls(run_id: str, requests: list[dict[str, Any]]) -> None:
+    """The stage functions the run called, by stage (the rest answered from the memo), and its chat requests."""
+    with sqlite3.connect(f"file:{DB}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT t.stage, COUNT(DISTINCT t.id) FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                          "WHERE a.run_id = ? AND a.invoked = 1 GROUP BY t.stage ORDER BY t.stage", (run_id,))
+        called = ", ".join(f"{stage} {count}" for stage, count in rows) or "none"
+    chats = sum(1 for r in requests if r.get("endpoint") == "chat")
+    print(f"  stages called: {called}; chat requests to the simulator {chats}")
+
+
+def edit_page(key: str) -> Path:
+    """A copy of the sample manifest in which page ``key`` is an edited copy (its NAME line says more)."""
+    source = json.loads(next(line for line in MANIFEST.read_text().splitlines() if json.loads(line)["key"] == key))
+    original = gzip.decompress(Path(source["path"]).read_bytes()).decode("utf-8", "replace")
+    copy = STATE / "edited" / key
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(gzip.compress(original.replace("list directory contents",
+                                                    "list the files and folders in a directory").encode(),
+                                   mtime=0))
+    edited = STATE / "manpages-edited.jsonl"
+    with edited.open("w", encoding="utf-8") as out:
+        for line in MANIFEST.read_text().splitlines():
+            entry = json.loads(line)
+            path = str(copy.resolve()) if entry["key"] == key else entry["path"]
+            out.write(json.dumps({"key": entry["key"], "path": path}) + "\n")
+    print(f"  {key}: its NAME line now reads \"list the files and folders in a directory\" (a copy: {copy})")
+    return edited
+
+
 def show_diff(first: str, second: str, env: dict[str, str]) -> None:
     if conveyor("diff", first, second, "--limit", "2", env=env).returncode == 2:
         print("  (`conveyor diff` is not available in this build)")
 
 
-def run(env: dict[str, str], label: str, *more: str) -> dict[str, Any]:
+def run(env: dict[str, str], label: str, *more: str, manifest: Path = MANIFEST) -> dict[str, Any]:
     started = time.monotonic()
-    out = conveyor_json("run", TARGET, "--input", str(MANIFEST), "--workers", "2", *more, env=env, ok=(0, 3, 4, 5))
+    out = conveyor_json("run", TARGET, "--input", str(manifest), "--workers", "2", *more, env=env, ok=(0, 3, 4, 5))
     show_run(label, out, time.monotonic() - started)
     return out
 
@@ -351,9 +385,17 @@ def main() -> int:
         show_versions(item, env)
         conveyor("rollback", item, "--reason", f"keep the {PROMPTS[0]} record for now", env=env)
         show_versions(item, env)
+    with endpoint(env):
+        print("\n== 5. a new embedding model (--set embed_model=sim-embed, the simulator's): the graph keeps the "
+              "chat out of it")
+        swapped = run(env, "fourth run", "--set", "embed_model=sim-embed")
+        show_stage_calls(swapped["run_id"], sim_requests())
+        print("\n== 6. one page edited: that page, its section's overview, and nothing else")
+        edited = run(env, "fifth run", manifest=edit_page(EDITED))
+        show_stage_calls(edited["run_id"], sim_requests())
     print(f"\ndemo took {time.monotonic() - started:.0f} s. The store: CONVEYOR_DB=sqlite:///{DB} "
           f"CONVEYOR_BLOBS={BLOBS} conveyor status | review list | search \"WORDS\"")
-    ok = run1["unaccounted"] == 0 and again["unaccounted"] == 0 and bumped["unaccounted"] == 0
+    ok = all(r["unaccounted"] == 0 for r in (run1, again, bumped, swapped, edited))
     return 0 if ok else 1
 
 

@@ -61,7 +61,9 @@ def task_lines(task: dict[str, Any]) -> list[str]:
     """A task's block: head, error, provenance, replay reason, output, attempt history."""
     cached = ", cached" if task["cached"] else ""
     tier = f", tier {task['tier']}" if task["tier"] else ""
-    lines = [f"{task['stage']} {task['item_key']}: {task['status']} ({task['attempts']} attempt(s){cached}{tier})"]
+    edge = _edge(task)
+    head = f"{task['stage']}{edge} {task['item_key']}: {task['status']}"
+    lines = [f"{head} ({task['attempts']} attempt(s){cached}{tier})"]
     if task["error"]:
         lines.append(f"  error [{task['error_class']}]: {_cut(task['error'].splitlines()[0], ERROR_WIDTH)}")
     lines.append(f"  provenance: {provenance_line(task['provenance'])}")
@@ -70,6 +72,14 @@ def task_lines(task: dict[str, Any]) -> list[str]:
     lines += _output_lines(task)
     lines += [f"  {attempt_line(a)}" for a in task["history"]]
     return lines
+
+
+def _edge(task: dict[str, Any]) -> str:
+    """`` ← a, b`` (the stages it comes after) with its kind where it is not a plain map: the journey as a graph."""
+    after = task.get("after") or []
+    kind = task.get("kind")
+    shown = f" ({kind})" if kind not in (None, "map") else ""
+    return f"{shown} \u2190 {', '.join(after)}" if after else shown
 
 
 def provenance_line(doc: dict[str, Any]) -> str:

@@ -12,19 +12,21 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from conveyor.acceptance.declare import Accept
 from conveyor.acceptance.record import Target
 from conveyor.errors import PipelineError
 from conveyor.pipeline.alerts import Alerts, declared_alerts
 from conveyor.pipeline.budget import Breaker, budget
+from conveyor.pipeline.graph import GROUP_KINDS, Graph
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.params import Param, declared_params, stage_params
 from conveyor.pipeline.retry import Retry
 
-StageKind = Literal["map", "fanout", "publish"]
-KINDS: tuple[str, ...] = ("map", "fanout", "publish")
+StageKind = Literal["map", "fanout", "publish", "gather", "group", "reduce"]
+KINDS: tuple[str, ...] = ("map", "fanout", "publish", "gather", "group", "reduce")
+ON_CHILD_FAILURE = ("fail", "skip")
 DEFAULT_BATCH_DEADLINE_S = 24 * 3600.0
 
 
@@ -57,6 +59,19 @@ class Stage:
     # The run parameters it reads as ``ctx.params`` (conveyor.pipeline.params): their values are part of its
     # task key, not of its config hash (which says what code and declaration a worker must have to run it).
     params: tuple[str, ...] = ()
+    # Every parent, in declared order (``after`` is the first): a stage with several is a join.
+    parents: tuple[str, ...] = ()
+    # A gather's rule for children that did not succeed: "fail" its item, or "skip" them (ctx.lost names them).
+    on_child_failure: str = "fail"
+    # A group stage's group key: a function of a member's output, or "meta.FIELD" of its item's manifest meta.
+    by: Callable[[Any], Any] | str | None = None
+    # A group stage's large groups: called on batches of ``members_per_call`` members, partial outputs folded.
+    fold: Callable[..., Any] | None = None
+    members_per_call: int | None = None
+
+    @property
+    def is_join(self) -> bool:
+        return len(self.parents) > 1
 
     @property
     def guarded(self) -> bool:
@@ -70,7 +85,10 @@ class Stage:
     is_async: bool = False
 
     def __post_init__(self) -> None:
+        if not self.parents and self.after is not None:
+            object.__setattr__(self, "parents", (self.after,))
         identity = dict(self.config)
+        identity.update(_shape_identity(self))
         if self.accept is not None:  # the rules an answer must pass are part of what makes it
             identity["\u00a7accept"] = self.accept.identity()
         if self.into is not None:
@@ -140,12 +158,13 @@ class Pipeline:
         # Run parameters (conveyor.pipeline.params): set at submission, recorded with the run, read as ctx.params.
         self.params: dict[str, Param] = declared_params(params, name)
         self._stages: dict[str, Stage] = {}
+        self._graph: Graph | None = None
 
     def stage(
         self,
         fn: Callable[..., Any] | None = None,
         *,
-        after: Stage | Callable[..., Any] | str | None = None,
+        after: Stage | Callable[..., Any] | str | Sequence[Stage | Callable[..., Any] | str] | None = None,
         version: str = "1",
         kind: str = "map",
         retry: Retry | None = None,
@@ -158,9 +177,12 @@ class Pipeline:
         accept: Accept | None = None,
         into: str | Target | None = None,
         provenance: Mapping[str, Any] | None = None,
-        batch: bool = False,
+        batch: bool | int = False,
         batch_deadline: float = DEFAULT_BATCH_DEADLINE_S,
         params: Sequence[str] | None = None,
+        on_child_failure: str = "fail",
+        by: Callable[[Any], Any] | str | None = None,
+        fold: Callable[..., Any] | None = None,
     ) -> Any:
         """Declare a stage; use as ``@pipe.stage`` or ``@pipe.stage(...)``.
 
@@ -168,13 +190,23 @@ class Pipeline:
         answered within hours; the task waits without holding a worker); a call still unanswered
         ``batch_deadline`` seconds after it was asked is made directly. ``params`` names the run parameters
         (``Pipeline(params=...)``) the stage reads as ``ctx.params``; their values are part of its task key.
+
+        The graph (conveyor.pipeline.graph): ``after=[a, b]`` makes a join, called as ``fn(ctx, a_output,
+        b_output)`` once both succeeded for the item; ``kind="gather"`` after a stage below a fan-out is called
+        once per fanned-out item as ``fn(ctx, outputs)`` with its children's outputs in child order
+        (``on_child_failure="skip"``: the successes, and ``ctx.lost`` the children left out); ``kind="group"``
+        with ``by=`` (a function of the parent's output, or ``"meta.FIELD"``) and ``kind="reduce"`` (one group)
+        are called once per group of the run as ``fn(ctx, key, members)``; on those, ``batch=N`` with
+        ``fold=`` calls it on batches of N members and folds the partial outputs with ``fold(ctx, key, parts)``.
         """
+        parents = self._parent_names(after)
+        lane, per_call = _batch(batch, kind, name or "")
 
         def register(func: Callable[..., Any]) -> Stage:
             stage = Stage(
                 name=name or func.__name__,
                 fn=func,
-                after=self._parent_name(after),
+                after=parents[0] if parents else None,
                 version=str(version),
                 kind=kind,
                 retry=retry or self.default_retry,
@@ -186,18 +218,34 @@ class Pipeline:
                 accept=_accept(accept),
                 into=_collection(into, kind),
                 provenance=declared_provenance(name or func.__name__, provenance),
-                batch=bool(batch),
+                batch=lane,
                 batch_deadline=_positive("batch_deadline", batch_deadline) or DEFAULT_BATCH_DEADLINE_S,
                 params=stage_params(params, self.params, name or func.__name__, self.name),
+                parents=parents,
+                on_child_failure=_on_child_failure(on_child_failure, kind, name or func.__name__),
+                by=_by(by, kind, name or func.__name__),
+                fold=_fold(fold, per_call, kind, name or func.__name__),
+                members_per_call=per_call,
             )
             self._add(stage)
             return stage
 
         return register(fn) if fn is not None else register
 
-    def _parent_name(self, after: Stage | Callable[..., Any] | str | None) -> str | None:
+    def _parent_names(self, after: Any) -> tuple[str, ...]:
         if after is None:
-            return None
+            return ()
+        if isinstance(after, (list, tuple)):
+            names = tuple(self._parent_name(a) for a in after)
+            if not names:
+                raise PipelineError("after=[] names no stage; leave after out for a first stage")
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise PipelineError(f"after=[...] names {', '.join(map(repr, twice))} twice; name each parent once")
+            return names
+        return (self._parent_name(after),)
+
+    def _parent_name(self, after: Stage | Callable[..., Any] | str) -> str:
         if isinstance(after, Stage):
             return after.name
         if isinstance(after, str):
@@ -212,19 +260,23 @@ class Pipeline:
             raise PipelineError(f"stage {stage.name!r}: kind={stage.kind!r}; use one of {', '.join(KINDS)}")
         if stage.name in self._stages:
             raise PipelineError(f"stage {stage.name!r} is declared twice in pipeline {self.name!r}")
-        if stage.after is not None and stage.after not in self._stages:
-            raise PipelineError(
-                f"stage {stage.name!r} comes after {stage.after!r}, which is not declared before it"
-            )
+        if stage.kind in ("gather", "group", "reduce") and len(stage.parents) > 1:
+            raise PipelineError(f"stage {stage.name!r}: a {stage.kind} stage comes after one stage; join the "
+                                "outputs first (a stage with after=[...]) and gather or group that")
         if stage.accept is not None and stage.kind != "map":
             raise PipelineError(f"stage {stage.name!r}: accept=... is for map stages (one answer per item), "
                                 f"not {stage.kind} stages")
         if stage.batch and not stage.is_async:
             raise PipelineError(f"stage {stage.name!r}: batch=True is for async stages (their ctx.chat calls go "
                                 "through the provider's Batch API); make it `async def` or drop batch=True")
-        if stage.after is not None and self._stages[stage.after].kind == "publish":
-            raise PipelineError(f"stage {stage.name!r} cannot come after publish stage {stage.after!r}")
         self._stages[stage.name] = stage
+        self._graph = None
+        try:
+            _ = self.graph
+        except PipelineError:
+            if all(p in self._stages for p in stage.parents):  # a parent named ahead may still be declared
+                del self._stages[stage.name]
+                raise
 
     # --- the graph -------------------------------------------------------
 
@@ -241,16 +293,24 @@ class Pipeline:
         return len(self._stages)
 
     @property
+    def graph(self) -> Graph:
+        """The checked graph (conveyor.pipeline.graph); raises PipelineError when it cannot run."""
+        if self._graph is None:
+            self._graph = Graph.of(self._stages, self.name)
+        return self._graph
+
+    @property
     def roots(self) -> list[Stage]:
-        return [s for s in self._stages.values() if s.after is None]
+        return [s for s in self._stages.values() if not s.parents]
 
     def children(self, name: str) -> list[Stage]:
-        return [s for s in self._stages.values() if s.after == name]
+        return [self._stages[c] for c in self.graph.children[name]]
 
     def depth(self, name: str) -> int:
-        depth, stage = 0, self[name]
-        while stage.after is not None:
-            depth, stage = depth + 1, self[stage.after]
+        """Stages on the longest way from a first stage to ``name``."""
+        depth, frontier = 0, self[name].parents
+        while frontier:
+            depth, frontier = depth + 1, tuple(p for n in frontier for p in self[n].parents)
         return depth
 
     def without_publish(self) -> Pipeline:
@@ -259,6 +319,7 @@ class Pipeline:
         copy = object.__new__(Pipeline)
         copy.__dict__.update(self.__dict__)
         copy._stages = {name: s for name, s in self._stages.items() if s.kind != "publish"}
+        copy._graph = None
         return copy
 
     def declared(self) -> dict[str, tuple[str, str]]:
@@ -273,7 +334,81 @@ class Pipeline:
         """Raise PipelineError unless this pipeline can run; return it."""
         if not self._stages:
             raise PipelineError(f"pipeline {self.name!r} declares no stages; add one with @pipe.stage")
+        _ = self.graph  # every parent declared, no cycle, joins of one level, gathers below a fan-out
         return self
+
+
+def _shape_identity(stage: Stage) -> dict[str, Any]:
+    """What a stage's place in the graph adds to its identity (nothing for a stage of one parent that is not a
+    gather or a group, so such stages keep the config hash they always had)."""
+    identity: dict[str, Any] = {}
+    if len(stage.parents) > 1:
+        identity["\u00a7after"] = list(stage.parents)
+    if stage.kind == "gather":
+        identity["\u00a7gather"] = {"on_child_failure": stage.on_child_failure}
+    if stage.kind in GROUP_KINDS:
+        identity["\u00a7group"] = {"by": _name_of(stage.by), "batch": stage.members_per_call,
+                                    "fold": _name_of(stage.fold)}
+    return identity
+
+
+def _name_of(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+
+
+def _batch(batch: bool | int, kind: str, name: str) -> tuple[bool, int | None]:
+    """``batch=`` is the provider batch lane (True/False) on most stages, members per call (N) on group stages."""
+    if kind in GROUP_KINDS:
+        if batch is False:
+            return False, None
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 2:
+            raise PipelineError(f"stage {name!r}: batch={batch!r} on a {kind} stage is the number of members per "
+                                "call (an integer >= 2, with fold=...); the provider batch lane is not for groups")
+        return False, batch
+    if not isinstance(batch, bool):
+        raise PipelineError(f"stage {name!r}: batch={batch!r}; batch=True sends its model calls through the "
+                            "provider batch lane (members per call, batch=N, is for group stages)")
+    return batch, None
+
+
+def _on_child_failure(value: str, kind: str, name: str) -> str:
+    if value not in ON_CHILD_FAILURE:
+        raise PipelineError(f"stage {name!r}: on_child_failure={value!r}; use \"fail\" or \"skip\"")
+    if value != "fail" and kind != "gather":
+        raise PipelineError(f"stage {name!r}: on_child_failure= is for gather stages (kind=\"gather\")")
+    return value
+
+
+def _by(by: Any, kind: str, name: str) -> Callable[[Any], Any] | str | None:
+    if kind == "group":
+        if by is None:
+            raise PipelineError(f"stage {name!r}: a group stage needs by= (a function of its parent's output, or "
+                                "\"meta.FIELD\"); kind=\"reduce\" is one group for the whole run")
+        if isinstance(by, str):
+            field_name = by.removeprefix("meta.")
+            if not by.startswith("meta.") or not field_name:
+                raise PipelineError(f"stage {name!r}: by={by!r}; give \"meta.FIELD\" (a field of the item's "
+                                    "manifest meta) or a function of the parent's output")
+            return by
+        if not callable(by):
+            raise PipelineError(f"stage {name!r}: by={by!r} is neither a function nor \"meta.FIELD\"")
+        return cast(Callable[[Any], Any], by)
+    if by is not None:
+        raise PipelineError(f"stage {name!r}: by= is for group stages (kind=\"group\")")
+    return None
+
+
+def _fold(fold: Any, per_call: int | None, kind: str, name: str) -> Callable[..., Any] | None:
+    if fold is not None and kind not in GROUP_KINDS:
+        raise PipelineError(f"stage {name!r}: fold= is for group and reduce stages")
+    if fold is not None and not callable(fold):
+        raise PipelineError(f"stage {name!r}: fold={fold!r} is not a function")
+    if (fold is None) != (per_call is None):
+        raise PipelineError(f"stage {name!r}: batch=N and fold= go together: a group called on batches of N "
+                            "members needs fold(ctx, key, partial_outputs) to combine them")
+    return cast(Callable[..., Any] | None, fold)
 
 
 def config_hash(stage: str, config: Mapping[str, Any]) -> str:

@@ -9,11 +9,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from conveyor.pipeline.params import StageParams
+from conveyor.runtime.groups import Group
 from conveyor.runtime.services import Usage
+from conveyor.runtime.values import Parts
 
 _log = logging.getLogger("conveyor.stage")
 
 if TYPE_CHECKING:
+    from conveyor.pipeline import Stage
     from conveyor.runtime.journal import CallJournal
     from conveyor.runtime.provider_batch import BatchCalls
     from conveyor.runtime.services import Services
@@ -29,15 +32,18 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "journal",
-                 "judged", "lane", "lease", "params", "pipeline", "provenance", "run_id", "stage", "task_key", "tier",
-                 "usage")
+                 "judged", "lane", "lease", "lost", "params", "pipeline", "provenance", "run_id", "stage", "task_key",
+                 "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
                  lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
                  judged: bool = False, batch: BatchCalls | None = None, lease: Lease | None = None,
-                 params: Mapping[str, Any] | None = None, journal: CallJournal | None = None) -> None:
+                 params: Mapping[str, Any] | None = None, journal: CallJournal | None = None,
+                 lost: list[tuple[str, str]] | None = None) -> None:
         self.run_id = run_id
+        # A gather with on_child_failure="skip": the children left out of its outputs, (item key, error class).
+        self.lost: list[tuple[str, str]] = list(lost or ())
         self.item_key = item_key
         self.stage = stage
         self.attempt = attempt
@@ -129,13 +135,28 @@ class Context:
             "run_id": self.run_id, "item_key": self.item_key, "stage": self.stage, "attempt": self.attempt,
             "task_key": self.task_key, "pipeline": self.pipeline, "input_digest": self.input_digest,
             "idempotency_key": self.idempotency_key, "tier": self.tier, "config": self.config,
-            "judged": self.judged, "params": self.params,
+            "judged": self.judged, "params": self.params, "lost": self.lost,
         }
 
     def __repr__(self) -> str:
         return f"Context(run={self.run_id!r}, item={self.item_key!r}, stage={self.stage!r}, attempt={self.attempt})"
 
 
+def call_stage(stage: Stage, ctx: Context, value: Any) -> Any:
+    """Call a stage's function on its loaded input: a join gets its parents' outputs as arguments in declared
+    order, a gather the list of its children's outputs (``ctx.lost``: the children it goes without), a group its
+    key and members (runtime/groups.py), any other stage its one input."""
+    if isinstance(value, Group):
+        return stage.fn(ctx, value.key, value.members)
+    if isinstance(value, Parts):
+        ctx.lost = list(value.lost)
+        if stage.kind == "gather":
+            return stage.fn(ctx, value.values)
+        return stage.fn(ctx, *value.values)
+    return stage.fn(ctx, value)
+
+
 def idempotency_key(pipeline: str, item_key: str, stage: str, input_digest: str) -> str:
     """Stable for this item, stage and input across every redelivery and restart."""
     return hashlib.sha256(f"{pipeline}\0{item_key}\0{stage}\0{input_digest}".encode()).hexdigest()[:32]
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import threading
 import time
 import traceback
@@ -27,14 +28,15 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline.params import StageParams
 from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
-from conveyor.runtime.context import Context
+from conveyor.runtime.context import Context, call_stage
+from conveyor.runtime.groups import MEMBERS, Group, StepMemo, Tree, load_group
 from conveyor.runtime.guard import GuardedPool
 from conveyor.runtime.journal import CallJournal
 from conveyor.runtime.provenance import document
 from conveyor.runtime.provider_batch import BatchCalls, Deferred
 from conveyor.runtime.services import Services
 from conveyor.runtime.transitions import Outcome
-from conveyor.runtime.values import Ref, decode, encode, fanout_refs, store_value
+from conveyor.runtime.values import PARTS, Ref, decode, encode, fanout_refs, load_parts, load_value, store_value
 from conveyor.store import ClaimedTask, Lease
 from conveyor.store.provider_batch import RequestState
 
@@ -91,6 +93,8 @@ class Executor:
                             for s in pipeline if s.is_async for rank in (0, 1)}
         self._pool: GuardedPool | None = None
         self.services = Services(pipeline, store_url, worker, lease_seconds)
+        self.store_url = store_url  # the memo of large groups' batch and fold steps (runtime/groups.py)
+        self.steps: dict[int, list[Any]] = {}  # task id -> the steps its group call made, for its outcome
         self.fatal: ProviderUnavailable | None = None  # set when no task can run here: the worker stops
         # Manifest meta of the items whose answers are judged, by (run, root key): filled by the worker.
         self.metas: dict[tuple[str, str], dict[str, Any]] = {}
@@ -122,7 +126,8 @@ class Executor:
             return Outcome(task, started, time.perf_counter() - t0, False, failure=classify(exc))
         ctx = self.context(task)
         try:
-            result = stage.fn(ctx, value)
+            result = self._group_call(task, stage, ctx, value) if isinstance(value, Group) else call_stage(
+                stage, ctx, value)
             outcome = self.settle(task, stage, value, result, started, time.perf_counter() - t0)
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
@@ -139,7 +144,9 @@ class Executor:
                 if self.stopping.is_set():
                     return
                 invoked, t0 = True, time.perf_counter()
-                result = await asyncio.wait_for(_contained(stage.fn(ctx, value)), stage.timeout)
+                call = (self._group_call_async(task, stage, ctx, value) if isinstance(value, Group)
+                        else call_stage(stage, ctx, value))
+                result = await asyncio.wait_for(_contained(call), stage.timeout)
             if ctx.batch is not None:
                 if ctx.batch.deferred:  # the stage swallowed the Deferred signal: it still waits
                     raise Deferred()
@@ -205,7 +212,40 @@ class Executor:
 
     def load(self, task: ClaimedTask) -> Any:
         data = task.input_inline if task.input_inline is not None else self.blobs.get(task.input_digest)
+        if task.input_kind == PARTS:
+            return load_parts(data, self.blobs)
+        if task.input_kind == MEMBERS:
+            return load_group(data, self.blobs)
         return decode(task.input_kind, data)
+
+    def _tree(self, task: ClaimedTask, stage: Stage, ctx: Context, group: Group) -> Tree | None:
+        """The batch-and-fold tree of a group larger than its stage's members per call (runtime/groups.py)."""
+        if stage.members_per_call is None or len(group.members) <= stage.members_per_call:
+            return None
+        return Tree(stage, ctx.params, group, StepMemo(self.store_url, task.run_id, stage.name),
+                    lambda value: store_value(*encode(value), self.blobs), lambda ref: load_value(ref, self.blobs),
+                    self.clock)
+
+    def _group_call(self, task: ClaimedTask, stage: Stage, ctx: Context, group: Group) -> Any:
+        tree = self._tree(task, stage, ctx, group)
+        if tree is None:
+            return stage.fn(ctx, group.key, group.members)
+        assert stage.fold is not None
+        for kind, _, argument in tree.steps():
+            tree.made(stage.fn(ctx, group.key, argument) if kind == "batch" else stage.fold(ctx, group.key, argument))
+        self.steps[task.id] = tree.memo.kept
+        return load_value(tree.result, self.blobs)
+
+    async def _group_call_async(self, task: ClaimedTask, stage: Stage, ctx: Context, group: Group) -> Any:
+        tree = self._tree(task, stage, ctx, group)
+        if tree is None:
+            return await stage.fn(ctx, group.key, group.members)
+        assert stage.fold is not None
+        for kind, _, argument in tree.steps():
+            made = stage.fn(ctx, group.key, argument) if kind == "batch" else stage.fold(ctx, group.key, argument)
+            tree.made(await made if inspect.isawaitable(made) else made)
+        self.steps[task.id] = tree.memo.kept
+        return load_value(tree.result, self.blobs)
 
     def settle(self, task: ClaimedTask, stage: Stage, source: Any, result: Any, started: float, duration: float,
                usage: Any = None) -> Outcome:
@@ -226,7 +266,8 @@ class Executor:
             output = self.store_output(stage, result)  # the record, as the memo keeps it
             publish_once(stage.into, self.context(task).idempotency_key, result)
             return Outcome(task, started, duration, True, output, usage=usage)
-        return Outcome(task, started, duration, True, self.store_output(stage, result), usage=usage)
+        return Outcome(task, started, duration, True, self.store_output(stage, result), usage=usage,
+                       steps=self.steps.pop(task.id, None))
 
     def store_output(self, stage: Stage, result: Any) -> Ref:
         if stage.kind == "fanout":

@@ -10,17 +10,19 @@ copied (store/replay.py). Planning only reads; runtime/transitions.py writes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline import params as run_params
+from conveyor.pipeline.graph import GROUP_KINDS
 from conveyor.runtime import provenance
 from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.memo import StageMemo
-from conveyor.runtime.values import Ref, parse_fanout
+from conveyor.runtime.values import Ref, parse_fanout, parts_ref
 from conveyor.store import CHILD_MARK, NewItem, NewTasks, SqlStore
 from conveyor.store.provenance import rows_for
 
@@ -36,6 +38,45 @@ class Seed(NamedTuple):
     root_key: str
     stage: str
     ref: Ref
+
+
+class Arrival(NamedTuple):
+    """A stage that a join or a gather waits on settled: ``parent`` of ``item_key`` (a join's item, or for a
+    gather the child ``child``) succeeded with ``ref``, or ended without an output (``ended``: its error class).
+    ``stage`` is the join or gather, ``item_key`` the item it runs on."""
+
+    run_id: str
+    item_key: str
+    root_key: str
+    stage: str
+    parent: str
+    ref: Ref | None
+    child: str | None = None
+    ended: str | None = None
+
+
+class Fanned(NamedTuple):
+    """A fan-out stage made ``children`` children of ``item_key``: what its gathers wait for."""
+
+    run_id: str
+    item_key: str
+    root_key: str
+    fanout: str
+    children: int
+
+
+Planned = Seed | Arrival | Fanned
+QUEUED = "queued"  # a task planned to run: what waits on it is not ready
+
+
+class Pending(NamedTuple):
+    """A join or gather whose readiness depends on tasks settled before this plan: decided in the transaction
+    that writes the plan (runtime/transitions/readiness.py), with the item locked."""
+
+    run_id: str
+    item_key: str
+    root_key: str
+    stage: str
 
 
 def _key_prefix(pipeline: str, stage: Stage) -> bytes:
@@ -75,9 +116,13 @@ class _StagePlan(NamedTuple):
     fanout: bool
     publish: bool
     max_attempts: int
-    children: tuple[str, ...]
+    children: tuple[str, ...]  # the stages that run on its output alone (joins and gathers wait: see below)
     memo: StageMemo
     params: tuple[str, ...]  # the run parameters it reads: part of its key, so its prefix is per run
+    joins: tuple[str, ...] = ()  # joins it is a parent of
+    gathers: tuple[str, ...] = ()  # gathers it is the gathered stage of (its success settles a child)
+    settles: tuple[str, ...] = ()  # gathers on whose path it lies (its ending settles a child)
+    fanned: tuple[str, ...] = ()  # a fan-out: the gathers of its children
 
 
 class Expander:
@@ -86,12 +131,11 @@ class Expander:
     def __init__(self, pipeline: Pipeline, store: SqlStore) -> None:
         self.pipeline = pipeline
         self.store = store
-        self._plans = {
-            s.name: _StagePlan(_key_prefix(pipeline.name, s), s.version, s.config_hash, s.kind == "fanout",
-                               s.kind == "publish", s.retry.max_attempts,
-                               tuple(c.name for c in pipeline.children(s.name)), StageMemo(s), s.params)
-            for s in pipeline
-        }
+        graph = pipeline.graph
+        self.gathers = dict(graph.gathers)
+        self._plans = {s.name: _stage_plan(pipeline, s) for s in pipeline}
+        self.has_barriers = bool(graph.joins or graph.gathers)
+        self._pending: list[Pending] = []
         # run -> its parameter values, and stage -> key prefix with the values it reads (read once per run)
         self._run_params: dict[str, tuple[dict[str, Any], dict[str, bytes]]] = {}
         # (run, stage) -> tasks answered from outputs that other code made under the same stage version
@@ -155,20 +199,49 @@ class Expander:
     def roots(self, run_id: str, item_key: str, source: Ref) -> list[Seed]:
         return [Seed(run_id, item_key, item_key, name, source) for name in self._roots]
 
-    def successors(self, seed: Seed, output: Ref, now: float) -> tuple[list[Seed], list[NewItem]]:
-        """The seeds that follow ``seed``'s stage having produced ``output``."""
+    def successors(self, seed: Seed, output: Ref, now: float) -> tuple[list[Planned], list[NewItem]]:
+        """What follows ``seed``'s stage having produced ``output``: seeds of the stages that run on it, and
+        arrivals at the joins and gathers that wait on it (``plan`` decides whether they are ready)."""
         plan = self._plans[seed.stage]
+        run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
         if not plan.fanout:
-            run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
-            return [Seed(run_id, item_key, root_key, c, output) for c in plan.children], []
+            seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output) for c in plan.children]
+            if plan.joins or plan.gathers:
+                seeds += self._arrivals(plan, seed, output)
+            return seeds, []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
-        seeds: list[Seed] = []
+        seeds = []
         items: list[NewItem] = []
-        for index, element in enumerate(parse_fanout(output.inline)):
-            key = child_key(seed.item_key, index)
-            items.append(NewItem(seed.run_id, key, seed.item_key, seed.root_key, element.digest, element.size, now))
-            seeds.extend(Seed(seed.run_id, key, seed.root_key, c, element) for c in plan.children)
+        elements = parse_fanout(output.inline)
+        for index, element in enumerate(elements):
+            key = child_key(item_key, index)
+            items.append(NewItem(run_id, key, item_key, root_key, element.digest, element.size, now))
+            seeds.extend(Seed(run_id, key, root_key, c, element) for c in plan.children)
+            seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element) for j in plan.joins)
+        seeds.extend(Fanned(run_id, item_key, root_key, seed.stage, len(elements)) for _ in plan.fanned[:1])
         return seeds, items
+
+    def _arrivals(self, plan: _StagePlan, seed: Seed, output: Ref) -> list[Planned]:
+        run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
+        found: list[Planned] = [Arrival(run_id, item_key, root_key, j, seed.stage, output) for j in plan.joins]
+        if plan.gathers:
+            parent = item_key.rpartition(CHILD_MARK)[0]
+            found += [Arrival(run_id, parent, root_key, g, seed.stage, output, item_key) for g in plan.gathers]
+        return found
+
+    def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str) -> list[Planned]:
+        """Arrivals at the gathers whose children ``stage`` ending on ``item_key`` settles (a task that failed,
+        was rejected or dead-lettered there); nothing for a stage on no gather's path."""
+        gathers = self._plans[stage].settles if stage in self._plans else ()
+        if not gathers:
+            return []
+        parent = item_key.rpartition(CHILD_MARK)[0]
+        return [Arrival(run_id, parent, root_key, g, stage, None, item_key, error_class) for g in gathers]
+
+    def take_pending(self) -> list[Pending]:
+        """The joins and gathers the last plans could not decide alone (see Pending)."""
+        pending, self._pending = self._pending, []
+        return pending
 
     def refuse_bad(self, tasks: NewTasks, run_id: str, bad: Sequence[tuple[str, str]], now: float) -> None:
         """Root task rows, failed with ``bad_input``, for items (key, why) whose source could not be read."""
@@ -201,64 +274,213 @@ class Expander:
         return self._provenance_bases[base]
 
     def plan(
-        self, seeds: Sequence[Seed], now: float, items: Sequence[NewItem] = (),
+        self, seeds: Sequence[Planned], now: float, items: Sequence[NewItem] = (),
     ) -> tuple[NewTasks, list[NewItem], int]:
         """The task and item rows for ``seeds``, following memo hits; reads only, so it may run
         before the transaction that writes them. Returns (tasks, items, cached count).
+
+        Arrivals at joins and gathers (from ``successors`` and ``ended``) are decided here when this plan
+        knows every task they wait on; the others are left for the writing transaction (``take_pending``).
 
         This runs once per task of a run (and of every cached re-run), so per-stage constants
         come from ``_plans`` and each row is one plain tuple in its shape's column order (NewTasks).
         """
         tasks = NewTasks()
-        queued, answered, refused = tasks.queued, tasks.cached, tasks.failed
-        new_items, frontier, cached = list(items), list(seeds), 0
-        plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
-        while frontier:
-            keys = []
-            for run_id, item_key, _, stage, ref in frontier:
-                p = plans[stage]
-                prefix = self.prefix(run_id, stage) if p.params else p.prefix
-                keys.append(sha256(prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
-            memo = self.store.memo_rows(keys)
-            next_frontier: list[Seed] = []
-            for seed, key in zip(frontier, keys, strict=True):
-                run_id, item_key, root_key, stage, ref = seed
-                p = plans[stage]
-                rank = ranks[run_id] if run_id in ranks else self.lane_rank(run_id)
-                hit = memo.get(key)
-                failure = None
-                if hit is not None and hit[1] == "failed" and (failure := p.memo.failure(hit[3])) is None:
-                    hit = None  # a refusal whose guard changed is no answer: run it again
-                if hit is None:
-                    queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                                   ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
-                    continue
-                cached += 1
-                _, kind, digest, inline, size, code, made_by = hit
-                if code is not None and code != p.memo.code:
-                    self.stale[run_id, stage] += 1
-                if made_by is not None:  # the answer is the output of a call with a provenance: the task has it
-                    tasks.provenance += rows_for(run_id, root_key, item_key, stage, provenance.decode(made_by) or {})
-                if failure is not None:
-                    # A memoised refusal keeps its input: `conveyor requeue` may run it again.
-                    refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                                    ref.digest, ref.kind, ref.inline, ref.size, failure.error_class, failure.message,
-                                    p.max_attempts, rank, now, now, now))
-                    continue
-                # A task answered from the memo never runs, so its row needs no copy of the input.
-                answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                                 ref.digest, ref.kind, ref.size, digest, kind, p.max_attempts, rank, now, now, now))
-                if not p.children:
-                    continue
-                output = Ref(kind, digest, size, inline)
-                if p.fanout:
-                    more, more_items = self.successors(seed, output, now)
-                    next_frontier += more
-                    new_items += more_items
-                else:
-                    next_frontier += [Seed(run_id, item_key, root_key, c, output) for c in p.children]
-            frontier = next_frontier
+        new_items, cached = list(items), 0
+        frontier = [s for s in seeds if type(s) is Seed]
+        barriers: list[Planned] = [s for s in seeds if type(s) is not Seed]
+        known: dict[tuple[str, str, str], Any] | None = {} if self.has_barriers else None
+        fanned: dict[tuple[str, str, str], int] = {}
+        while frontier or barriers:
+            while frontier:
+                frontier, more = self._plan_round(frontier, tasks, new_items, known, now)
+                cached += more[0]
+                barriers += more[1]
+            if barriers:
+                assert known is not None
+                frontier = self._decide(barriers, known, fanned, tasks, now)
+                barriers = []
         return tasks, new_items, cached
+
+    def _plan_round(self, frontier: list[Seed], tasks: NewTasks, new_items: list[NewItem],
+                    known: dict[tuple[str, str, str], Any] | None, now: float
+                    ) -> tuple[list[Seed], tuple[int, list[Planned]]]:
+        """One breadth of the plan: the memo lookups of ``frontier``, its rows, and what follows its hits."""
+        queued, answered, refused = tasks.queued, tasks.cached, tasks.failed
+        plans, pipeline, sha256, ranks = self._plans, self.pipeline.name, hashlib.sha256, self._lane_ranks
+        cached = 0
+        barriers: list[Planned] = []
+        keys = []
+        for run_id, item_key, _, stage, ref in frontier:
+            p = plans[stage]
+            prefix = self.prefix(run_id, stage) if p.params else p.prefix
+            keys.append(sha256(prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
+        memo = self.store.memo_rows(keys)
+        next_frontier: list[Seed] = []
+        for seed, key in zip(frontier, keys, strict=True):
+            run_id, item_key, root_key, stage, ref = seed
+            p = plans[stage]
+            rank = ranks[run_id] if run_id in ranks else self.lane_rank(run_id)
+            hit = memo.get(key)
+            failure = None
+            if hit is not None and hit[1] == "failed" and (failure := p.memo.failure(hit[3])) is None:
+                hit = None  # a refusal whose guard changed is no answer: run it again
+            if hit is None:
+                queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                               ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
+                if known is not None:
+                    known[run_id, item_key, stage] = QUEUED
+                continue
+            cached += 1
+            _, kind, digest, inline, size, code, made_by = hit
+            if code is not None and code != p.memo.code:
+                self.stale[run_id, stage] += 1
+            if made_by is not None:  # the answer is the output of a call with a provenance: the task has it
+                tasks.provenance += rows_for(run_id, root_key, item_key, stage, provenance.decode(made_by) or {})
+            if failure is not None:
+                # A memoised refusal keeps its input: `conveyor requeue` may run it again.
+                refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                                ref.digest, ref.kind, ref.inline, ref.size, failure.error_class, failure.message,
+                                p.max_attempts, rank, now, now, now))
+                if p.settles:
+                    barriers += self.ended(run_id, item_key, root_key, stage, failure.error_class)
+                continue
+            # A task answered from the memo never runs, so its row needs no copy of the input.
+            answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
+                             ref.digest, ref.kind, ref.size, digest, kind, p.max_attempts, rank, now, now, now))
+            if not (p.children or p.joins or p.gathers or p.fanned):
+                continue
+            output = Ref(kind, digest, size, inline)
+            if p.fanout or p.joins or p.gathers:
+                more, more_items = self.successors(seed, output, now)
+                for planned in more:
+                    if type(planned) is Seed:
+                        next_frontier.append(planned)
+                    else:
+                        barriers.append(planned)
+                new_items += more_items
+            else:
+                next_frontier += [Seed(run_id, item_key, root_key, c, output) for c in p.children]
+        return next_frontier, (cached, barriers)
+
+    def _decide(self, barriers: list[Planned], known: dict[tuple[str, str, str], Any],
+                fanned: dict[tuple[str, str, str], int], tasks: NewTasks, now: float) -> list[Seed]:
+        """The joins and gathers ``barriers`` arrived at that this plan can decide: seeds of those ready, a failed
+        row for a gather that fails on its children; the rest are pending (decided in the transaction)."""
+        targets: dict[tuple[str, str, str], str] = {}  # (run, item, stage) -> root key, in arrival order
+        for b in barriers:
+            if type(b) is Fanned:
+                fanned[b.run_id, b.item_key, b.fanout] = b.children
+                if b.children == 0:  # no child will ever arrive: its gathers are ready now
+                    for g in self._plans[b.fanout].fanned:
+                        targets[b.run_id, b.item_key, g] = b.root_key
+                continue
+            assert type(b) is Arrival
+            known[b.run_id, b.child or b.item_key, b.parent] = b.ref if b.ended is None else Ended(b.ended)
+            targets[b.run_id, b.item_key, b.stage] = b.root_key
+        ready: list[Seed] = []
+        for (run_id, item_key, stage), root_key in targets.items():
+            def state(item: str, at: str, run_id: str = run_id) -> Any:
+                return known.get((run_id, item, at))
+
+            if stage in self.gathers:
+                count = fanned.get((run_id, item_key, self.gathers[stage].fanout))
+                verdict = None if count is None else self.gathered(stage, item_key, count, state)
+            else:
+                verdict = self.joined(stage, functools.partial(state, item_key))
+            if verdict is None:
+                self._pending.append(Pending(run_id, item_key, root_key, stage))
+            elif verdict is not WAIT:
+                self.barrier_rows(Pending(run_id, item_key, root_key, stage), verdict, tasks, ready, now)
+        return ready
+
+    def joined(self, stage: str, state: Callable[[str], Any]) -> Verdict | None:
+        """A join's verdict from its parents' states (a Ref: succeeded; QUEUED or an Ended: not to run now;
+        None: not known here): its input, WAIT, or None when some state is not known."""
+        refs = [state(parent) for parent in self.pipeline[stage].parents]
+        if all(isinstance(r, Ref) for r in refs):
+            return Verdict(refs, [], None)
+        if any(r is not None for r in refs if not isinstance(r, Ref)):
+            return WAIT
+        return None
+
+    def gathered(self, stage: str, parent_key: str, count: int, state: Callable[[str, str], Any]
+                 ) -> Verdict | None:
+        """A gather's verdict from its ``count`` children's states at the stages of its path (as ``joined``)."""
+        gather = self.gathers[stage]
+        parts: list[Ref] = []
+        lost: list[tuple[str, str]] = []
+        unknown = False
+        for index in range(count):
+            child = child_key(parent_key, index)
+            at = state(child, gather.stage)
+            if isinstance(at, Ref):
+                parts.append(at)
+                continue
+            states = [at, *(state(child, s) for s in gather.path if s != gather.stage)]
+            ended = next((e for e in states if isinstance(e, Ended)), None)
+            if ended is not None:
+                lost.append((child, ended.error_class))
+            elif any(e is QUEUED for e in states):
+                return WAIT
+            else:
+                unknown = True
+        if unknown:
+            return None
+        if lost and self.pipeline[stage].on_child_failure == "fail":
+            shown = ", ".join(f"{k} ({c})" for k, c in lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5
+                                                                    else "")
+            why = (f"{len(lost)} of {count} children did not succeed at {gather.stage}: {shown} "
+                   "(on_child_failure=\"skip\" gathers the others)")
+            return Verdict(parts, lost, why)
+        return Verdict(parts, lost, None)
+
+    def barrier_rows(self, target: Pending, verdict: Verdict, tasks: NewTasks, ready: list[Seed], now: float) -> None:
+        """A ready join or gather: its seed, or (a gather failing on its children) its failed row."""
+        kind, data = parts_ref(verdict.parts, verdict.lost)
+        ref = Ref(kind, hashlib.sha256(data).hexdigest(), len(data), data)
+        if verdict.failure is None:
+            ready.append(Seed(target.run_id, target.item_key, target.root_key, target.stage, ref))
+            return
+        p = self._plans[target.stage]
+        key = self.key_of(target.run_id, target.stage, ref, target.item_key)
+        tasks.failed.append((target.run_id, self.pipeline.name, target.stage, target.item_key, target.root_key, key,
+                             p.version, p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, "child_failed",
+                             verdict.failure, p.max_attempts, self.lane_rank(target.run_id), now, now, now))
+
+
+class Ended(NamedTuple):
+    """A task that ended without an output (failed, rejected, dead-lettered), as a join or gather sees it."""
+
+    error_class: str
+
+
+class Verdict(NamedTuple):
+    """A join or gather that is ready: the outputs it takes (in order), the children it goes without, and why it
+    fails instead of running (a gather with on_child_failure="fail" that lost children)."""
+
+    parts: list[Ref]
+    lost: list[tuple[str, str]]
+    failure: str | None
+
+
+WAIT = Verdict([], [], "wait")  # not ready: something it waits on is still open (or ended, for a join)
+
+
+def _stage_plan(pipeline: Pipeline, stage: Stage) -> _StagePlan:
+    graph, name = pipeline.graph, stage.name
+    kids = [pipeline[c] for c in graph.children[name]]
+    gathers = tuple(g for g, spec in graph.gathers.items() if spec.stage == name)
+    return _StagePlan(
+        _key_prefix(pipeline.name, stage), stage.version, stage.config_hash, stage.kind == "fanout",
+        stage.kind == "publish", stage.retry.max_attempts,
+        tuple(c.name for c in kids if not c.is_join and c.kind not in ("gather", *GROUP_KINDS)), StageMemo(stage),
+        stage.params,
+        joins=tuple(c.name for c in kids if c.is_join),
+        gathers=gathers,
+        settles=tuple(g for g, spec in graph.gathers.items() if name in spec.path),
+        fanned=tuple(g for g, spec in graph.gathers.items() if spec.fanout == name),
+    )
 
 
 RUNS_REMEMBERED = 10_000  # per-run facts a long-lived worker keeps; the API makes a run per job

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.classify import Failure, classify
-from conveyor.runtime.context import Context
+from conveyor.runtime.context import Context, call_stage
 from conveyor.runtime.target import load_target
 
 STARTUP_TIMEOUT = 120.0  # seconds for a child to import the pipeline
@@ -81,7 +81,7 @@ def _serve(pipeline: Pipeline, raw: bytes) -> tuple[str, Any]:
     try:
         ctx = Context(**ctx_fields)
         with _address_space_limit(max_memory_bytes):
-            result = stage.fn(ctx, value)
+            result = call_stage(stage, ctx, value)
         return "ok", (result, dict(ctx.provenance))
     except BaseException as exc:  # SystemExit too: it must not end the child
         return "error", classify(exc, stage.retry.terminal, traceback.format_exc())

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline import params as run_params
+from conveyor.pipeline.graph import GROUP_KINDS
 from conveyor.runtime.expand import BAD_INPUT_KIND, task_key
 from conveyor.runtime.values import INLINE_MAX, Ref, parse_fanout
 from conveyor.store import CHILD_MARK, SqlStore
@@ -41,6 +42,7 @@ class Plan:
     run_of: dict[int, str] = field(default_factory=dict)
     answered: dict[int, bool] = field(default_factory=dict)  # re-opened task id -> the memo answers its new key
     corrected: list[tuple[str, str, int]] = field(default_factory=list)  # (root key, digest, size) read again
+    regroup: set[tuple[str, str]] = field(default_factory=set)  # (run, group stage) whose groups are made again
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, why: str) -> None:
@@ -57,6 +59,10 @@ class ReopenPlanner:
         run = store.get_run(run_id)
         self._params = run_params.decode(run.params if run else None)  # as the run recorded them
         self._below = {s.name: _below(pipeline, s.name) for s in pipeline}
+        groups = [s.name for s in pipeline if s.kind in GROUP_KINDS]
+        self._groups_below = {s.name: [g for g in groups if s.name in pipeline.graph.above(g)] for s in pipeline}
+        self._gathers_over = {s.name: [g for g, spec in pipeline.graph.gathers.items() if s.name in spec.path]
+                              for s in pipeline}
         self._fanout_at_or_below = {s.name: any(pipeline[n].kind == "fanout" for n in (s.name, *self._below[s.name]))
                                     for s in pipeline}
 
@@ -88,6 +94,18 @@ class ReopenPlanner:
             if self.downstream and (self._below[t.stage] or self._fanout_at_or_below[t.stage]):
                 p.downstream.append(Downstream(t.run_id, t.root_key, t.item_key, tuple(self._below[t.stage]),
                                                self._fanout_at_or_below[t.stage]))
+            if self.downstream:  # the groups it is a member of are made again once it settles (store/groups.py)
+                for group in self._groups_below[t.stage]:
+                    if (t.run_id, group) not in p.regroup:
+                        p.regroup.add((t.run_id, group))
+                        p.downstream += [Downstream(t.run_id, item, item, (group, *self._below[group]),
+                                                    self._fanout_at_or_below[group])
+                                         for item in self.store.group_item_keys(t.run_id)]
+            if self.downstream:  # a gather waiting on this child works on its parent item: it runs again too
+                parent_item = t.item_key.rpartition(CHILD_MARK)[0]
+                for gather in self._gathers_over[t.stage]:
+                    p.downstream.append(Downstream(t.run_id, t.root_key, parent_item,
+                                                   (gather, *self._below[gather]), self._fanout_at_or_below[gather]))
         memo = self.store.lookup_outputs(keys.values()) if keys else {}
         p.answered = {task_id: key in memo and memo[key].kind != "failed" for task_id, key in keys.items()}
         return p
@@ -97,10 +115,18 @@ class ReopenPlanner:
             p.skip("open" if t.status in ("queued", "running") else t.status)
             return None
         try:
-            return self.pipeline[t.stage]
+            stage = self.pipeline[t.stage]
         except Exception:
             p.skip("stage_not_declared")
             return None
+        if stage.is_join or stage.kind == "gather":
+            # Its input is made of other tasks' outputs: replaying those with --downstream makes it again.
+            p.skip("join_or_gather")
+            return None
+        if stage.kind in GROUP_KINDS:  # made again with its groups: replay its members' stage with --downstream
+            p.skip("group")
+            return None
+        return stage
 
     def _covered(self, t: SelectedTask, selected: set[tuple[str, str]]) -> bool:
         """Another selected task is upstream of ``t`` on its item (or on an item it descends from)."""

@@ -10,6 +10,7 @@ live inline in the database; larger ones in the blob store.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
@@ -91,6 +92,36 @@ def fanout_refs(elements: Any, blobs: Blobs) -> tuple[list[Ref], bytes]:
 
 def parse_fanout(data: bytes) -> list[Ref]:
     return [Ref(r["k"], r["d"], r["n"], _inline(r)) for r in orjson.loads(data)]
+
+
+PARTS = "parts"  # the input of a join, a gather or a group: references to several stored values
+
+
+class Parts(NamedTuple):
+    """A ``parts`` input, loaded: the values in order, and (a gather's skipped children) the keys left out with
+    their error classes."""
+
+    values: list[Any]
+    lost: list[tuple[str, str]]
+
+
+def parts_ref(parts: Sequence[Ref], lost: Sequence[tuple[str, str]] = ()) -> tuple[str, bytes]:
+    """(kind, bytes) of an input made of ``parts``: its digest hashes every part's kind and digest in order (and
+    the keys left out), so it is the same whichever process builds it."""
+    body: dict[str, Any] = {"p": [_ref_json(r) for r in parts]}
+    if lost:
+        body["l"] = [list(pair) for pair in lost]
+    return PARTS, orjson.dumps(body)
+
+
+def parse_parts(data: bytes) -> tuple[list[Ref], list[tuple[str, str]]]:
+    body = orjson.loads(data)
+    return [Ref(r["k"], r["d"], r["n"], _inline(r)) for r in body["p"]], [(k, c) for k, c in body.get("l", ())]
+
+
+def load_parts(data: bytes, blobs: Blobs) -> Parts:
+    refs, lost = parse_parts(data)
+    return Parts([load_value(r, blobs) for r in refs], lost)
 
 
 def failure_ref(data: bytes) -> Ref:

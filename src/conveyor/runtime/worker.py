@@ -105,6 +105,7 @@ class Worker:
         self._judged_with_checks = any(s.accept is not None and s.accept.checks for s in pipeline)
         self._reads_params = any(s.params for s in pipeline)  # stages that read run parameters (ctx.params)
         self._reviewed = any(s.accept is not None and s.accept.review is not None for s in pipeline)
+        self._grouped = any(s.kind in ("group", "reduce") for s in pipeline)  # it makes runs' groups when idle
         # Backpressure: stages not claimed while a stage after them has max_backlog tasks queued.
         self._downstream = {s.name: [c.name for c in pipeline.children(s.name)]
                             for s in pipeline if pipeline.children(s.name)}
@@ -288,6 +289,9 @@ class Worker:
             if self._results:
                 continue
             if await self._claim_suspect():
+                continue
+            if self._grouped and await self._call(self._make_groups):
+                claim_again = True
                 continue
             if self.opts.until_idle and await self._call(self._idle_for_good):
                 return
@@ -507,7 +511,8 @@ class Worker:
             # The leases are read here, on the event loop that changes them, not on the store's thread.
             held = [Lease(task_id, token) for task_id, token in self._leases.items()]
             steps = ((self._sync_clock, ()), (self._renew, (held,)), (self._reclaim, (len(held), self._done)),
-                     (self._expire_reviews, ()), (self._evaluate_alerts, ()), (self._compact_queue_counts, ()))
+                     (self._expire_reviews, ()), (self._evaluate_alerts, ()), (self._compact_queue_counts, ()),
+                     (self._make_groups, ()))
             for step, args in steps:
                 try:
                     await self._call(step, *args)
@@ -556,6 +561,13 @@ class Worker:
         if self._reviewed:
             counts = self.transitions.expire_reviews(self.clock())
             self.stats.update({f"review_{k}": v for k, v in counts.items()})
+
+    def _make_groups(self) -> bool:
+        """The groups of runs settled at a group stage's parent (runtime/transitions/groups.py): True if that
+        queued tasks."""
+        if not self._grouped:
+            return False
+        return self.transitions.make_groups(self.clock(), self.executor.blobs, self.opts.run_id) > 0
 
     def _compact_queue_counts(self) -> None:
         """Every COMPACT_EVERY_S: fold the open-task counts (store/queuecounts.py) so a scrape reads few rows."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.service import report, review
-from conveyor.service.plots import line_chart
+from conveyor.service.plots import graph_chart, line_chart
 from conveyor.service.progress import done_at, overview, progress_stages, timeline, timeline_bucket
 from conveyor.service.show import show_item
 from conveyor.store import RunRecord, SqlStore
@@ -92,6 +92,7 @@ def run_page(store: SqlStore, run_id: str, tenant: str | None, charts: bool = Tr
     status["dead_letter_classes"] = store.dead_letter_classes(run.run_id)
     status["waiting_for_workers"] = report.waiting_for_workers(store, run, status)
     status["charts"] = _charts(store, run, status["open_tasks"]) if charts else None
+    status["graph"] = graph_chart(json.loads(run.stages), status["stages"], title="Pipeline graph (tasks done)")
     return status
 
 

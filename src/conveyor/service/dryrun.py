@@ -53,6 +53,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
             good.append((item, ref))
         seeds = [seed for item, ref in good for seed in expander.roots(DRY_RUN_ID, item.key, ref)]
         tasks, _, _ = expander.plan(seeds, store.clock())
+        expander.take_pending()
         for row in tasks.cached:
             stages[row[2]]["memo"] += 1
         for row in tasks.failed:
@@ -115,12 +116,23 @@ def _ref(item: SourceItem) -> Ref | str:
 
 
 def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: History) -> None:
-    """Tasks after the ones that would run: one per stage after a map, a fan-out's children at its past ratio
-    (one each when it has no past)."""
-    for stage in pipeline:  # declaration order runs parents first
-        stages[stage.name]["estimated"] = 0
-    for stage in pipeline:
+    """Tasks after the ones that would run: one per stage after a map (a join: one per item of its parents), a
+    fan-out's children at its past ratio (one each when it has no past), a gather one per fanned-out item."""
+    graph = pipeline.graph
+    for name in graph.order:
+        stages[name]["estimated"] = 0
+    for name in graph.order:
+        stage = pipeline[name]
         if stage.after is None:
+            continue
+        if name in graph.gathers:  # once per item of the fan-out's own level
+            fanout = stages[graph.gathers[name].fanout]
+            stages[name]["estimated"] = fanout["run"] + fanout["estimated"]
+            continue
+        if stage.kind in ("group", "reduce"):  # once per group: one, or as many per member as last time
+            members = stages[stage.after]["run"] + stages[stage.after]["estimated"]
+            ratio = 0.0 if stage.kind == "reduce" else past.fanout.get(name, 0.0)
+            stages[name]["estimated"] = max(1, round(members * ratio)) if members else 0
             continue
         parent = stages[stage.after]
         upstream = parent["run"] + parent["estimated"]

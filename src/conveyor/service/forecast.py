@@ -121,6 +121,7 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage))
               for c in store.stage_costs(run_ids)}
     counts = store.stage_task_counts(run_ids)
+    # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
               if s.after is not None and counts.get(s.after) and s.name in counts}
     startups = store.run_startups(run_ids)

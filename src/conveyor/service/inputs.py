@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from conveyor.errors import InputError
+from conveyor.pipeline.graph import GROUP_PREFIX
 from conveyor.store import CHILD_MARK
 
 log = logging.getLogger("conveyor.submit")
@@ -41,7 +42,7 @@ _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text
 _TEXT_HINT = 'each line must be {"key": "...", "text": "..."} (optionally "meta": {...})'
 _NO_SOURCE = 'needs "path" or "text" (a string)'
 _CONTROL = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0))
-_BAD_KEY_CHAR = re.compile(f"[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
+_BAD_KEY_CHAR = re.compile(f"^{GROUP_PREFIX}|[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
 _NEEDS_ESCAPE = re.compile(f"[\\\\\x00-\x1f\x7f-\x9f{CHILD_MARK}\udc80-\udcff]")
 
 
@@ -166,6 +167,8 @@ def printable_name(raw: bytes) -> str:
     ``\\xNN``, control characters ``\\xNN``, the fan-out mark ``\\u00b6``, and a backslash ``\\\\``, so
     every name has its own key (no two names can meet) and the key prints readably."""
     text = raw.decode("utf-8", "surrogateescape")
+    if text.startswith(GROUP_PREFIX):  # group items' keys are the group stages' (``group:KEY``)
+        return "group\\x3a" + printable_name(text[len(GROUP_PREFIX):].encode("utf-8", "surrogateescape"))
     if _NEEDS_ESCAPE.search(text) is None:
         return text
     out = []
@@ -369,6 +372,8 @@ def key_problem(key: str) -> str | None:
         return None
     if bad.group() == CHILD_MARK:
         return f"key {key!r} holds {CHILD_MARK!r}, which names fan-out child items; use another character"
+    if bad.group() == GROUP_PREFIX:
+        return f"key {key!r} starts with {GROUP_PREFIX!r}, which names the items of group stages; rename it"
     return f"key {key!r} holds the control character {bad.group()!r}; keys must be printable"
 
 

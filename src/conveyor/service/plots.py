@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from html import escape
+from typing import Any
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
 # A series or bar named after what it counts has one colour wherever it is drawn (report and dashboard, whatever
@@ -83,6 +84,76 @@ def bar_chart(bars: Sequence[tuple[str, float]], *, title: str, y_label: str, wi
         parts += _bar(frame, index, slot, label, value)
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def graph_chart(stages: Sequence[Mapping[str, Any]], counts: Mapping[str, Mapping[str, float]], *,
+                title: str = "Pipeline") -> str:
+    """The pipeline's graph as boxes and arrows, a column per depth (a stage one column right of its deepest
+    parent), each box its stage's name, kind (when not a map) and tasks done of all, its border coloured by
+    state: red when some failed, amber when some wait for review, blue while some are open, green when all
+    succeeded. ``stages`` as a run records its graph (``name``, ``kind``, ``after``, ``parents``); ``counts``
+    by stage and status (queued, running, succeeded, failed, ...)."""
+    names = [str(s["name"]) for s in stages]
+    parents = {str(s["name"]): [str(p) for p in (s.get("parents") or ([s["after"]] if s.get("after") else []))]
+               for s in stages}
+    kinds = {str(s["name"]): str(s.get("kind") or "map") for s in stages}
+    depth: dict[str, int] = {}
+    for name in names:  # a run's graph lists parents first; a parent named later is placed on its own first
+        depth[name] = _depth(name, parents, depth, set())
+    columns: dict[int, list[str]] = {}
+    for name in names:
+        columns.setdefault(depth[name], []).append(name)
+    box_w, box_h, gap_x, gap_y, pad = 150, 40, 46, 14, 12
+    width = pad * 2 + len(columns) * box_w + (len(columns) - 1) * gap_x
+    rows = max((len(c) for c in columns.values()), default=1)
+    height = TITLE_H + pad * 2 + rows * box_h + (rows - 1) * gap_y
+    where = {name: (pad + d * (box_w + gap_x), TITLE_H + pad + i * (box_h + gap_y))
+             for d, column in columns.items() for i, name in enumerate(column)}
+    summary = f"{len(names)} stages; " + ", ".join(f"{n} after {' and '.join(parents[n])}" for n in names
+                                                    if parents[n])
+    parts = [_open(title, summary, width, height), _title(title, width)]
+    for name in names:
+        x, y = where[name]
+        for parent in parents[name]:
+            if parent in where:
+                px, py = where[parent]
+                x1, y1, x2, y2 = px + box_w, py + box_h / 2, x - 4, y + box_h / 2
+                bend = gap_x / 2
+                parts.append(f'<path class="cv-edge" d="M{_px(x1)},{_px(y1)} C{_px(x1 + bend)},{_px(y1)} '
+                             f'{_px(x2 - bend)},{_px(y2)} {_px(x2)},{_px(y2)}" fill="none" stroke="#9ca3af" '
+                             'stroke-width="1.5" marker-end="url(#cv-arrow)"/>')
+    for name in names:
+        x, y = where[name]
+        c = counts.get(name, {})
+        total = sum(float(v) for v in c.values())
+        done = float(c.get("succeeded", 0))
+        color = ("#dc2626" if any(c.get(k) for k in ("failed", "dead_lettered", "rejected")) else
+                 "#d97706" if c.get("awaiting_review") else
+                 "#2563eb" if any(c.get(k) for k in ("queued", "running", "open")) else
+                 "#16a34a" if total else "#9ca3af")
+        kind = "" if kinds[name] == "map" else f" ({kinds[name]})"
+        parts += [f'<g class="cv-stage" data-stage="{escape(name, quote=True)}">',
+                  f'<rect x="{_px(x)}" y="{_px(y)}" width="{box_w}" height="{box_h}" rx="6" fill="#fff" '
+                  f'stroke="{color}" stroke-width="2"/>',
+                  f'<text x="{_px(x + 8)}" y="{_px(y + 16)}" font-size="12" style="{FONT}" fill="#111827">'
+                  f'{escape(_fit(name + kind, (box_w - 16) / CHAR_W))}</text>',
+                  f'<text x="{_px(x + 8)}" y="{_px(y + 32)}" font-size="11" style="{FONT}" fill="#4b5563">'
+                  f'{_number(done)} / {_number(total)} done</text></g>']
+    marker = ('<defs><marker id="cv-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+              'orient="auto"><path d="M0,0L10,5L0,10z" fill="#9ca3af"/></marker></defs>')
+    parts.insert(1, marker)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _depth(name: str, parents: Mapping[str, list[str]], depth: dict[str, int], seen: set[str]) -> int:
+    if name in depth:
+        return depth[name]
+    if name in seen:  # a cycle cannot be declared; a damaged record is drawn flat rather than looping
+        return 0
+    seen.add(name)
+    found = [_depth(p, parents, depth, seen) for p in parents.get(name, []) if p in parents]
+    return 1 + max(found) if found else 0
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:

@@ -38,24 +38,60 @@ class RunGraph:
         accept = tuple(s["name"] for s in graph if s.get("accept"))
         publish = tuple(s["name"] for s in graph if s["kind"] == "publish")
         past = tuple(s["name"] for s in graph if _ancestors(graph, s) & set(accept))
-        return cls(OutcomeStages(publish, accept, past), record_stage(graph))
+        gathers = [s for s in graph if s["kind"] == "gather" and s.get("on_child_failure") == "skip"]
+        skipped = tuple(sorted({name for g in gathers for name in _gather_path(graph, g)}))
+        return cls(OutcomeStages(publish, accept, past, skipped, tuple(g["name"] for g in gathers)),
+                   record_stage(graph))
 
 
 def _ancestors(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> set[str]:
-    parents = {s["name"]: s.get("after") for s in graph}
-    found, parent = set(), stage.get("after")
-    while parent is not None and parent not in found:
-        found.add(parent)
-        parent = parents.get(parent)
+    """Every stage upstream of ``stage`` in a run's recorded graph (a join's every parent)."""
+    parents = {s["name"]: s.get("parents") or ([s["after"]] if s.get("after") is not None else []) for s in graph}
+    found: set[str] = set()
+    frontier = list(parents.get(stage["name"], []))
+    while frontier:
+        name = frontier.pop()
+        if name not in found:
+            found.add(name)
+            frontier += parents.get(name, [])
     return found
+
+
+def _gather_path(graph: Sequence[dict[str, Any]], gather: dict[str, Any]) -> set[str]:
+    """The stages a gather's children pass from their fan-out to the gathered stage (that one included)."""
+    by_name = {s["name"]: s for s in graph}
+    found: set[str] = set()
+    frontier = [gather["after"]]
+    while frontier:
+        name = frontier.pop()
+        stage = by_name.get(name)
+        if stage is None or stage["kind"] == "fanout" or name in found:
+            continue
+        found.add(name)
+        frontier += stage.get("parents") or ([stage["after"]] if stage.get("after") is not None else [])
+    return found
+
+
+def _depth(graph: Sequence[dict[str, Any]], stage: dict[str, Any]) -> int:
+    """How many fan-outs lie between a run's items and the items ``stage`` works on (a gather undoes one), as the
+    run's graph (runs.stages) records it; -1 for a group's items."""
+    by_name = {s["name"]: s for s in graph}
+    depth, seen, current = 0, set(), stage
+    while current.get("after") is not None and current["name"] not in seen:
+        seen.add(current["name"])
+        if current["kind"] in ("group", "reduce"):
+            return -1
+        depth -= 1 if current["kind"] == "gather" else 0
+        current = by_name.get(current["after"], {"name": None, "kind": "map"})
+        depth += 1 if current["kind"] == "fanout" else 0
+    return depth
 
 
 def record_stage(graph: Sequence[dict[str, Any]]) -> str | None:
     """The stage whose output is a root item's accepted record: among the map stages that run on the root
-    item itself (not after a fan-out), the last with an acceptance boundary, else the last (declaration
-    order runs parents first)."""
-    fanouts = {s["name"] for s in graph if s["kind"] == "fanout"}
-    own = [s for s in graph if s["kind"] == "map" and not _ancestors(graph, s) & fanouts]
+    item itself (not after a fan-out, unless gathered back), the last with an acceptance boundary, else the
+    last (declaration order runs parents first)."""
+    own = [s for s in graph if s["kind"] == "map" and _depth(graph, s) == 0]
     accepted = [s for s in own if s.get("accept")]
     return (accepted or own)[-1]["name"] if own else None
 

@@ -120,8 +120,32 @@ def budget_of(store: SqlStore, run: RunRecord) -> dict[str, Any] | None:
 
 
 def expected_items(store: SqlStore, run: RunRecord) -> int:
-    """The run's root items: fixed when its submission finished, counted while it is unfinished."""
-    return store.item_count(run.run_id) if run.status in UNFINISHED_RUNS else run.expected
+    """The run's root items: fixed when its submission finished (and the group items its group stages made, each
+    an item with an outcome of its own), counted while it is unfinished."""
+    if run.status in UNFINISHED_RUNS:
+        return store.item_count(run.run_id)
+    return run.expected + (store.group_item_count(run.run_id) if has_groups(run) else 0)
+
+
+def has_groups(run: RunRecord) -> bool:
+    """Whether the run's graph has group stages (whose items are ``group:KEY``)."""
+    return any(s.get("kind") in ("group", "reduce") for s in json.loads(run.stages))
+
+
+def groups_of(store: SqlStore, run: RunRecord) -> dict[str, dict[str, int]]:
+    """Per group stage of the run: its groups, its members (items that succeeded at its parent) and the items
+    of the run left out of every group (they did not succeed at the parent: ``not_done`` says why)."""
+    if not has_groups(run):
+        return {}
+    graph = json.loads(run.stages)
+    counts = {(k1, k2): int(v) for k1, k2, _, v in store.run_totals(run.run_id, "tasks")}
+    found = {}
+    for stage in (s for s in graph if s.get("kind") in ("group", "reduce")):
+        parent = stage["after"]
+        members = sum(v for (k1, k2), v in counts.items() if k1 == parent and k2 == "succeeded")
+        made = sum(v for (k1, _), v in counts.items() if k1 == stage["name"])
+        found[stage["name"]] = {"groups": made, "members": members, "left_out": max(0, run.expected - members)}
+    return found
 
 
 def stale_code(store: SqlStore, run_id: str) -> list[dict[str, Any]]:
@@ -180,6 +204,12 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs
         "per_accepted_item": per_accepted_item(attempts, outcomes),
         "attempt_errors": status["attempt_errors"],
     }
+    if has_groups(run):
+        report["groups"] = groups_of(store, run)
+    if graph.stages.skip_gathers:  # children a gather went on without (on_child_failure="skip"): their tasks say why
+        ended = {(k1, k2): v for k1, k2, _, v in store.run_totals(run.run_id, "tasks")}
+        report["lost_children"] = int(sum(ended.get((stage, status), 0) for stage in graph.stages.skipped
+                                          for status in ("failed", "dead_lettered", "rejected")))
     if blobs is not None:
         report["sample"] = quality_sample(store, blobs, run, graph, sample)
     return report

@@ -42,8 +42,18 @@ def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: 
         "run_id": run.run_id, "item_key": item.item_key, "pipeline": run.pipeline,
         "outcome": _outcome(store, run, root.root_key), "meta": json.loads(root.meta) if root.meta else None,
         "source": {"digest": root.source_digest, "size": root.source_size}, "trace_id": _trace_id(root),
-        "tasks": _tasks(store, blobs, run.run_id, tasks),
+        "tasks": [{**t, **_edges(run, t["stage"])} for t in _tasks(store, blobs, run.run_id, tasks)],
     }
+
+
+def _edges(run: RunRecord, stage: str) -> dict[str, Any]:
+    """A task's place in the run's graph: its stage's ``kind`` and ``after`` (every parent, in order: a join has
+    several, a first stage none), so the item's journey reads as the graph it followed."""
+    for s in json.loads(run.stages):
+        if s["name"] == stage:
+            return {"kind": s.get("kind", "map"),
+                    "after": s.get("parents") or ([s["after"]] if s.get("after") is not None else [])}
+    return {"kind": None, "after": []}
 
 
 def _trace_id(root: ItemRow) -> str | None:

@@ -86,14 +86,17 @@ def new_run_id(now: float) -> str:
 def stages_json(pipeline: Pipeline, params: Mapping[str, Any] | None = None) -> str:
     """The run's graph: each stage's name, version, kind, parent, config hash and code fingerprint; and
     ``accept`` (true) on a stage with an acceptance boundary, ``into`` on one that publishes into the
-    built-in target, ``params`` (their values) on one that reads run parameters (absent otherwise, so a
-    graph without them reads as it always did)."""
+    built-in target, ``params`` (their values) on one that reads run parameters, ``parents`` (every parent, in
+    order; ``after`` is the first) on a join, ``on_child_failure`` on a gather (absent otherwise, so a graph
+    without them reads as it always did)."""
     values = params or {}
     return json.dumps([
         {"name": s.name, "version": s.version, "kind": s.kind, "after": s.after, "config_hash": s.config_hash,
          "code": code_fingerprint(s.fn), **({"accept": True} if s.accept else {}),
          **({"into": s.into if isinstance(s.into, str) else type(s.into).__qualname__} if s.into else {}),
-         **({"params": {n: values.get(n) for n in s.params}} if s.params else {})}
+         **({"params": {n: values.get(n) for n in s.params}} if s.params else {}),
+         **({"parents": list(s.parents)} if s.is_join else {}),
+         **({"on_child_failure": s.on_child_failure} if s.kind == "gather" else {})}
         for s in pipeline
     ])
 
@@ -159,6 +162,11 @@ def submit(
             raise
     expected = store.item_count(run.run_id)
     store.set_run_status(run.run_id, "submitted", clock(), expected)
+    if any(s.kind in ("group", "reduce") for s in pipeline):
+        # A run answered whole from the memo has no worker to make its groups when nothing is left: made here.
+        queued = ingest.transitions.make_groups(clock(), blobs, run.run_id)
+        if queued and on_work is not None and not ingest.working:
+            on_work(run.run_id)
     return Submitted(run.run_id, expected, ingest.cached, resumed, stale_code(store, run.run_id))
 
 
@@ -271,6 +279,7 @@ class _Ingest:
         self.cached = 0
         self.pool: ThreadPoolExecutor | None = None  # reads sources (sources()), made at the first batch with files
         self.visible = False  # some of the run's work is committed: a worker may have started on it
+        self.working = False  # on_work was called: workers were told of the run
 
     def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
         batch: list[SourceItem] = []
@@ -284,6 +293,7 @@ class _Ingest:
                     if queued and on_work is not None:
                         on_work(self.run_id)
                         on_work = None
+                        self.working = True
         finally:
             if self.pool is not None:  # a failed batch's other reads are not started, and those running end
                 self.pool.shutdown(wait=True, cancel_futures=True)

@@ -198,17 +198,22 @@ class JobQueries:
                             part)
 
     def open_job_tasks(self, run_id: str) -> int:
-        """Tasks of a job's run that are not at an end (queued, running, awaiting review)."""
+        """Tasks of a job's run that are not at an end (queued, running, awaiting review), and its groups not
+        made yet (store/groups.py: they will be tasks)."""
         marks = ",".join("?" * len(OPEN_STATUSES))
-        rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE run_id = ? AND status IN ({marks})",
-                               (run_id, *OPEN_STATUSES))
-        return int(rows[0][0])
+        rows = self.db.execute(f"SELECT COUNT(*) FROM tasks WHERE run_id = ? AND status IN ({marks})"
+                               " UNION ALL SELECT COUNT(*) FROM group_waits WHERE run_id = ? AND made_at IS NULL",
+                               (run_id, *OPEN_STATUSES, run_id))
+        return sum(int(r[0]) for r in rows)
 
     def has_open_tasks(self, run_id: str) -> bool:
-        """Whether any task of the run is not at an end: stops at the first one (a batch is asked often)."""
+        """Whether any task of the run is not at an end, or a group of it is still to be made: stops at the first
+        one (a batch is asked often)."""
         marks = ",".join("?" * len(OPEN_STATUSES))
         return bool(self.db.execute(f"SELECT 1 FROM tasks WHERE run_id = ? AND status IN ({marks}) LIMIT 1",
-                                    (run_id, *OPEN_STATUSES)))
+                                    (run_id, *OPEN_STATUSES))
+                    or self.db.execute("SELECT 1 FROM group_waits WHERE run_id = ? AND made_at IS NULL LIMIT 1",
+                                       (run_id,)))
 
     def finish_job(self, job_id: str, outcome: str, now: float) -> bool:
         """Record the job's end; False when it had ended with this outcome already."""

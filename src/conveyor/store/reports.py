@@ -20,6 +20,12 @@ DLQ_COLUMNS = (
 
 OPEN = "t.status IN ('queued', 'running')"
 
+# An ending that makes its item's outcome: any of the item's tasks, except a fan-out child's on the path of a gather
+# with on_child_failure="skip" that succeeded for the item (the gather went on without it: reconcile counts it lost).
+ENDED = ("(SUM(CASE WHEN t.status = '{status}' AND NOT ({{skipped}}) THEN 1 ELSE 0 END) > 0 OR "
+         "(SUM(CASE WHEN t.status = '{status}' AND ({{skipped}}) THEN 1 ELSE 0 END) > 0 AND "
+         "SUM(CASE WHEN t.status = 'succeeded' AND ({{skip_gathers}}) THEN 1 ELSE 0 END) = 0))")
+
 # One outcome per expected (root) item, from all of its tasks and its children's, in this order:
 # in_progress (open, not past its acceptance stage), accepted (open only after it), awaiting_review,
 # dead_lettered, failed, rejected, published, completed; 'missing' when it has no task (unaccounted).
@@ -32,9 +38,9 @@ SELECT i.item_key,
              AND SUM(CASE WHEN {{accept}} AND t.status <> 'succeeded' THEN 1 ELSE 0 END) = 0
         THEN 'accepted' ELSE 'in_progress' END
     WHEN SUM(CASE WHEN t.status = 'awaiting_review' THEN 1 ELSE 0 END) > 0 THEN 'awaiting_review'
-    WHEN SUM(CASE WHEN t.status = 'dead_lettered' THEN 1 ELSE 0 END) > 0 THEN 'dead_lettered'
-    WHEN SUM(CASE WHEN t.status = 'failed' THEN 1 ELSE 0 END) > 0 THEN 'failed'
-    WHEN SUM(CASE WHEN t.status = 'rejected' THEN 1 ELSE 0 END) > 0 THEN 'rejected'
+    WHEN {ENDED.format(status="dead_lettered")} THEN 'dead_lettered'
+    WHEN {ENDED.format(status="failed")} THEN 'failed'
+    WHEN {ENDED.format(status="rejected")} THEN 'rejected'
     WHEN SUM(CASE WHEN t.status = 'succeeded' AND {{publish}} THEN 1 ELSE 0 END) > 0 THEN 'published'
     ELSE 'completed'
   END AS outcome
@@ -54,6 +60,8 @@ class OutcomeStages(NamedTuple):
     publish: tuple[str, ...] = ()
     accept: tuple[str, ...] = ()
     past_accept: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # stages on the path of a gather that skips children that did not succeed
+    skip_gathers: tuple[str, ...] = ()  # those gathers
 
 
 def outcome_query(stages: OutcomeStages, items: str = "") -> tuple[str, list[Any]]:
@@ -61,8 +69,11 @@ def outcome_query(stages: OutcomeStages, items: str = "") -> tuple[str, list[Any
     after the run id) narrowing the items; returns the SQL and the parameters that precede the run id."""
     past, accept = _among("t.stage", stages.past_accept), _among("t.stage", stages.accept)
     publish = _among("t.stage", stages.publish)
-    sql = ITEM_OUTCOMES.format(past=past[0], accept=accept[0], publish=publish[0], items=items)
-    return sql, [*past[1], *accept[1], *publish[1]]
+    skipped, gathers = _among("t.stage", stages.skipped), _among("t.stage", stages.skip_gathers)
+    sql = ITEM_OUTCOMES.format(past=past[0], accept=accept[0], publish=publish[0], items=items,
+                               skipped=skipped[0], skip_gathers=gathers[0])
+    ended = [*skipped[1], *skipped[1], *gathers[1]]  # each ENDED binds them in this order, three times
+    return sql, [*past[1], *accept[1], *ended, *ended, *ended, *publish[1]]
 
 
 def _among(column: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
@@ -226,6 +237,12 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
                 (run_id, *publish_stages))[0][0])
         counts = {"published": published, "completed": with_tasks - published, "missing": roots - with_tasks}
         return {k: v for k, v in counts.items() if v}
+
+    def group_item_count(self, run_id: str) -> int:
+        """The run's group items (``group:KEY``, made by its group stages)."""
+        rows = self.db.execute("SELECT COUNT(*) FROM items WHERE run_id = ? AND item_key >= 'group:' "
+                               "AND item_key < 'group;' AND parent_key IS NULL", (run_id,))
+        return int(rows[0][0])
 
     def item_count(self, run_id: str) -> int:
         rows = self.db.execute(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.store.dialect import Dialect
+from conveyor.store.groups import GroupQueries
 from conveyor.store.records import UNFINISHED_RUNS, RunRecord
 from conveyor.store.tasks import chunks
 
@@ -21,7 +22,7 @@ RUN_COLUMNS = (
 )
 
 
-class RunQueries:
+class RunQueries(GroupQueries):
     db: Dialect
 
     def create_run(self, run: RunRecord) -> None:
@@ -33,6 +34,8 @@ class RunQueries:
                  run.submitter, run.heartbeat_at, run.note, run.budget_usd, run.spent_usd, run.reserved_usd,
                  run.paused, run.params),
             )
+            if '"group"' in run.stages or '"reduce"' in run.stages:  # its group stages' waits (store/groups.py)
+                self.open_group_waits(run.run_id, run.pipeline, run.stages)
 
     def set_run_status(self, run_id: str, status: str, now: float, expected: int | None = None,
                        note: str | None = None) -> None:

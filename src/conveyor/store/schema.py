@@ -716,4 +716,28 @@ CREATE TABLE call_answers (
 );
 """,
     ),
+    (
+        23,
+        "group stages: the groups each run still has to make, and group keys memoised by output",
+        """
+-- A run's group stages (kind "group" or "reduce") make their groups once every item of the run has settled at
+-- their parent (runtime/transitions/groups.py): one row each from the run's creation; made_at once made.
+CREATE TABLE group_waits (
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    pipeline TEXT NOT NULL,
+    made_at {real},
+    PRIMARY KEY (run_id, stage)
+);
+CREATE INDEX group_waits_open ON group_waits (pipeline) WHERE made_at IS NULL;
+-- The group key a group stage's by= function gave a member's output (by the stage's declaration and the
+-- output's digest): a re-run groups its members without reading their outputs again.
+CREATE TABLE group_keys (
+    declaration TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    group_key TEXT NOT NULL,
+    PRIMARY KEY (declaration, digest)
+);
+""",
+    ),
 ]

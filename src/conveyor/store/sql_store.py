@@ -8,6 +8,7 @@ from typing import Any
 
 from conveyor.errors import StoreError
 from conveyor.store.alerts import AlertQueries
+from conveyor.store.barriers import BarrierQueries
 from conveyor.store.budget import BudgetQueries
 from conveyor.store.claimfloors import ClaimFloors, ReclaimFloors
 from conveyor.store.compare import CompareQueries
@@ -41,7 +42,7 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
                PublicationQueries, DiffQueries, ProvenanceQueries, SelectionQueries, ReopenQueries, CompareQueries,
                ShowQueries, ForecastQueries, BudgetQueries, JobQueries, WorkerQueries, MetricsQueries,
                ProgressQueries, AlertQueries, TraceQueries, ProviderBatchQueries, QueueCountQueries, DepthQueries,
-               JournalQueries):
+               JournalQueries, BarrierQueries):
     """A store over one connection. Not thread-safe: give each thread its own."""
 
     def __init__(self, db: Dialect, url: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from conveyor.runtime.transitions.admission import Admission
 from conveyor.runtime.transitions.batches import BatchWakes
 from conveyor.runtime.transitions.commits import Commits
+from conveyor.runtime.transitions.groups import Groups
 from conveyor.runtime.transitions.leases import Leases
 from conveyor.runtime.transitions.operator import reopen, replay_dead_letters
 from conveyor.runtime.transitions.outcome import Claim, LeaseLost, MemoTaken, Outcome, ReviewTaken, Writes
@@ -35,5 +36,5 @@ __all__ = ["Claim", "LeaseLost", "MemoTaken", "Outcome", "ReviewTaken", "Transit
            "replay_dead_letters"]
 
 
-class Transitions(Leases, Admission, Commits, Reviews, BatchWakes):
+class Transitions(Leases, Admission, Commits, Reviews, BatchWakes, Groups):
     """The one owner of task state changes for one pipeline (see the module's docstring)."""

@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conveyor.runtime import tracing
-from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.transitions.readiness import Readiness
 from conveyor.runtime.values import Ref
 from conveyor.store import NewItem
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 
-class Admission(Base):
+class Admission(Readiness):
     def admit(self, run_id: str, sources: Sequence[tuple[str, Ref]], now: float,
               bad: Sequence[tuple[str, str]] = (), metas: Mapping[str, Mapping[str, Any]] | None = None,
               ) -> tuple[int, int]:
@@ -31,6 +31,7 @@ class Admission(Base):
         replayed = set(self.store.settled_roots(base, [(key, ref.digest) for key, ref in sources])) if base else set()
         seeds = [seed for key, ref in sources if key not in replayed for seed in x.roots(run_id, key, ref)]
         tasks, new_items, cached = x.plan(seeds, now, items)
+        pending = x.take_pending()
         x.refuse_bad(tasks, run_id, bad, now)
         notices = self.stale_notices(x.take_stale(), now)
         tracer = tracing.active()
@@ -51,6 +52,8 @@ class Admission(Base):
                 self.store.copy_notices(base, run_id)
             if tasks:
                 self.store.insert_tasks(tasks, totals, opened)
+            if pending:  # joins and gathers on tasks of earlier commits (a submission taken over to be finished)
+                cached += self.decide_waiting(pending, now, totals, opened).cached
             self.store.add_run_totals(totals)  # once per transaction (see store.insert_tasks)
             self.store.add_open_tasks(opened)
             if notices:

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from conveyor.runtime.classify import Failure
-from conveyor.runtime.expand import Seed
+from conveyor.runtime.expand import Planned, Seed
 from conveyor.runtime.provenance import decode, encode
 from conveyor.runtime.transitions.events import JobEvents
 from conveyor.runtime.transitions.outcome import (
@@ -21,6 +21,7 @@ from conveyor.runtime.transitions.outcome import (
     _full,
     _memoised,
 )
+from conveyor.runtime.transitions.readiness import Readiness
 from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -47,7 +48,7 @@ log = logging.getLogger("conveyor.transitions")
 
 
 
-class Commits(JobEvents):
+class Commits(JobEvents, Readiness):
     def commit(self, outcomes: Sequence[Outcome], now: float) -> Counter[str]:
         """Commit a batch of outcomes in one transaction; return counts by what happened."""
         return self.commit_and_claim(outcomes, now, None)[0]
@@ -176,6 +177,8 @@ class Commits(JobEvents):
             raise MemoTaken  # a review they were to wait on was decided since they were claimed: see _rejoin
         if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
+        if w.steps:  # content-addressed steps: one already kept by another worker is the same answer
+            self.store.insert_outputs(w.steps)
         if w.notices:
             self.store.add_notices(w.notices)
         if w.publications:
@@ -194,6 +197,8 @@ class Commits(JobEvents):
             self.store.insert_items(w.items)
         totals, opened = run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
         fresh = self.store.insert_tasks(w.tasks, totals, opened) if w.tasks else []
+        if w.pending:
+            self._write_ready(w, totals, opened)
         if w.job_runs:  # every job this commit may settle, locked at once in one order (store/jobs.py)
             self.store.lock_jobs(sorted(w.job_runs))
         if w.events:
@@ -209,6 +214,15 @@ class Commits(JobEvents):
         self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
         self.store.add_open_tasks(opened)
         return fresh
+
+    def _write_ready(self, w: Writes, totals: RunTally, opened: OpenTally) -> None:
+        """The joins and gathers the plan left pending, decided now that this commit's rows are written."""
+        decided = self.decide_waiting(w.pending, w.now, totals, opened)
+        w.counts["cached"] += decided.cached
+        if decided.tasks.cached or decided.tasks.failed:
+            tally = Tally(self.pipeline)
+            tally.planned(decided.tasks)
+            w.tally += tally.rows()
 
     def _forget_batch_requests(self, w: Writes, where: dict[int, tuple[str, str]]) -> None:
         """Tasks of the provider batch lane that ended here, or will be tried again, no longer need their
@@ -231,8 +245,11 @@ class Commits(JobEvents):
         self._wait(w, [o for o in outcomes if o.waits is not None])
         journal = outcomes
         outcomes = [o for o in outcomes if not o.released and not o.deferred and o.waits is None]
-        self._succeed(w, [o for o in outcomes if o.failure is None], now)
-        self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        seeds = self._succeed(w, [o for o in outcomes if o.failure is None], now)
+        seeds += self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
+        w.pending = self.expander.take_pending()
+        w.counts["cached"] += cached
         self._journal(w, journal)
         stale = self.expander.take_stale()
         stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
@@ -255,11 +272,14 @@ class Commits(JobEvents):
             tally.planned(w.tasks)
         return tally.rows()
 
-    def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> None:
-        seeds: list[Seed] = []
+    def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> list[Planned]:
+        """Rows of the successes in ``done``; returns what follows them, to plan."""
+        seeds: list[Planned] = []
         for o in done:
             task, out = o.task, o.output
             assert out is not None
+            if o.steps:
+                w.steps += o.steps
             if not o.cached:
                 w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
                                            task.run_id, now, self.memos[task.stage].code, encode(o.provenance)))
@@ -280,8 +300,8 @@ class Commits(JobEvents):
                     o.duration, stage.config_hash))
             else:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
-        w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
-        w.counts.update(succeeded=len(done), cached=cached + sum(1 for o in done if o.cached))
+        w.counts.update(succeeded=len(done), cached=sum(1 for o in done if o.cached))
+        return seeds
 
     def _release(self, w: Writes, paused: Sequence[Outcome]) -> None:
         """Tasks whose run was paused during the attempt (its budget, its breaker): given back untouched, the
@@ -338,7 +358,9 @@ class Commits(JobEvents):
                               o.output.digest, json.dumps(staged["fields"], sort_keys=True, ensure_ascii=False),
                               staged["text"], staged["vectors"], now)
 
-    def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> None:
+    def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> list[Planned]:
+        """Rows of the failures in ``failed``; returns the arrivals of those that ended at gathers waiting on them."""
+        ended = len(w.ended)
         for o in failed:
             f, task = o.failure, o.task
             assert f is not None
@@ -372,6 +394,12 @@ class Commits(JobEvents):
                                        task.lease_token))
                 w.attempts.append(self._attempt(o, "retry", f))
                 w.counts["retried"] += 1
+        if not self.expander.has_barriers:
+            return []
+        tasks = {o.task.id: o.task for o in failed}
+        return [a for e in w.ended[ended:] if e.task_id in tasks
+                for a in self.expander.ended(tasks[e.task_id].run_id, tasks[e.task_id].item_key,
+                                             tasks[e.task_id].root_key, tasks[e.task_id].stage, e.error_class)]
 
     def _refused(self, w: Writes, o: Outcome, f: Failure, now: float) -> bool:
         """Route an answer its stage's acceptance boundary refused: a format fault is retried at the same

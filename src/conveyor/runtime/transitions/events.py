@@ -103,16 +103,13 @@ def outcome_stages(pipeline: Pipeline) -> OutcomeStages:
     accept = tuple(s.name for s in pipeline if s.accept)
     publish = tuple(s.name for s in pipeline if s.kind == "publish")
     past = tuple(s.name for s in pipeline if _ancestors(pipeline, s.name) & set(accept))
-    return OutcomeStages(publish, accept, past)
+    skips = {g: spec for g, spec in pipeline.graph.gathers.items() if pipeline[g].on_child_failure == "skip"}
+    skipped = tuple(sorted({name for spec in skips.values() for name in spec.path}))
+    return OutcomeStages(publish, accept, past, skipped, tuple(skips))
 
 
 def _ancestors(pipeline: Pipeline, name: str) -> set[str]:
-    found: set[str] = set()
-    parent = pipeline[name].after
-    while parent is not None and parent not in found:
-        found.add(parent)
-        parent = pipeline[parent].after
-    return found
+    return set(pipeline.graph.above(name))
 
 
 def event(job: JobRow, kind: str, now: float, **data: Any) -> NewEvent:

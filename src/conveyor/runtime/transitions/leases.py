@@ -16,6 +16,7 @@ from conveyor.runtime.transitions.outcome import (
     Outcome,
     Writes,
 )
+from conveyor.runtime.transitions.readiness import Readiness
 from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -35,7 +36,7 @@ from conveyor.store.runtotals import RunTally
 log = logging.getLogger("conveyor.transitions")
 
 
-class Leases(JobEvents):
+class Leases(JobEvents, Readiness):
     def claim(self, stages: Sequence[str], limit: int, now: float, lease_seconds: float, run_id: str | None = None,
               caps: Mapping[str, int] | None = None, paused: Sequence[str] = (),
               paused_stages: Collection[str] | None = None) -> list[ClaimedTask]:
@@ -202,8 +203,13 @@ class Leases(JobEvents):
                 self.store.forget_call_answers([d.task_id for d in w.dead])
             self.store.insert_attempts(w.attempts)
             self.store.add_metric_totals(tally.rows())
-            self.store.add_run_totals(_run_totals(expired, w))
-            self.store.add_open_tasks(_open_moves(self.pipeline.name, expired, w, now))
+            totals, opened = _run_totals(expired, w), _open_moves(self.pipeline.name, expired, w, now)
+            ended = [a for d in w.dead for lease in expired if lease.id == d.task_id
+                     for a in self.expander.ended(d.run_id, d.item_key, lease.root_key, d.stage, "lease_expired")]
+            if ended:  # gathers that waited on these children may be ready
+                self.write_planned(ended, (), now, totals, opened)
+            self.store.add_run_totals(totals)
+            self.store.add_open_tasks(opened)
             if w.dead:
                 self.settle_jobs({d.run_id for d in w.dead}, now)
             self.store.notify()

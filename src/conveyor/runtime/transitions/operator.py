@@ -17,6 +17,8 @@ def reopen(store: SqlStore, plan: Plan, replay_id: int, run_id: str, message: st
     with store.transaction():
         reopened = store.reopen(plan.reopen, plan.forget, message, worker, now, plan.run_of)
         superseded = store.supersede(plan.downstream, replay_id, message, worker, now) if plan.downstream else {}
+        if plan.regroup:  # made again once the re-opened members settle (runtime/transitions/groups.py)
+            store.reopen_group_waits(sorted(plan.regroup))
         if plan.corrected:
             store.correct_sources(run_id, plan.corrected)
         reopen_jobs(store, {run_id, *plan.run_of.values()}, now)

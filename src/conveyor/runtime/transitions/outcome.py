@@ -9,6 +9,7 @@ from typing import Any
 
 from conveyor.acceptance.judge import Verdict
 from conveyor.runtime.classify import Failure
+from conveyor.runtime.expand import Pending
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -62,6 +63,8 @@ class Outcome:
     # whatever this one comes to; ``journaled``: the task had answers kept by earlier attempts (dropped as it ends).
     answers: list[CallAnswer] | None = None
     journaled: bool = False
+    # A large group's batch and fold steps (runtime/groups.py): memo rows of their outputs, kept as it commits.
+    steps: list[NewOutput] | None = None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Writes:
     plain_attempts: list[PlainAttempt] = field(default_factory=list)
     tasks: NewTasks = field(default_factory=NewTasks)
     items: list[NewItem] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)  # joins and gathers decided in the transaction
     notices: list[Notice] = field(default_factory=list)
     publications: list[NewPublication] = field(default_factory=list)
     escalated: list[Escalated] = field(default_factory=list)
@@ -95,6 +99,7 @@ class Writes:
     joined: list[tuple[str, str]] = field(default_factory=list)  # (key, run) of tasks that joined a waiting answer
     reviewed_keys: set[str] = field(default_factory=set)  # keys whose answer this commit sends to review
     call_answers: list[CallAnswer] = field(default_factory=list)  # kept for the tasks' next attempts
+    steps: list[NewOutput] = field(default_factory=list)  # memo rows of large groups' steps (insert-or-ignore)
     forget_calls: list[int] = field(default_factory=list)  # tasks that ended: their journal goes
     counts: Counter[str] = field(default_factory=Counter)
 

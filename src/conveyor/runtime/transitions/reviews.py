@@ -9,6 +9,7 @@ from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Seed
 from conveyor.runtime.transitions.events import JobEvents, event
 from conveyor.runtime.transitions.outcome import ReviewTaken
+from conveyor.runtime.transitions.readiness import Readiness
 from conveyor.runtime.transitions.tally import Tally
 from conveyor.runtime.values import Ref
 from conveyor.store import (
@@ -25,7 +26,7 @@ DECIDED_STATUS = {"approved": "succeeded", "edited": "succeeded", "accepted": "s
                   "escalated": "queued"}
 
 
-class Reviews(JobEvents):
+class Reviews(JobEvents, Readiness):
     def decide(self, entry: ReviewEntry, decision: str, by: str, why: str | None, now: float,
                output: Ref | None = None, edits: str | None = None) -> int:
         """Apply a decision on a review entry in one transaction; returns the tasks it queued.
@@ -86,6 +87,9 @@ class Reviews(JobEvents):
             done = self.store.reject_reviewed(task.id, message, now)
             if done and memo:  # the memo's answer for this input: a re-run asks neither the model nor people
                 self.store.insert_outputs([self.refusal(task, Failure("rejected", False, message), now)])
+            ended = self.expander.ended(task.run_id, task.item_key, task.root_key, task.stage, "rejected")
+            if done and ended:  # a gather that waited on this child may be ready
+                return done, self.write_planned(ended, (), now, totals, opened)
             return done, 0
         tier = len(accept.tiers) + 1 if accept is not None else task.tier + 1
         return self.store.escalate_reviewed(task.id, tier, f"review deadline passed: {why or ''}", now), 0
@@ -127,12 +131,7 @@ class Reviews(JobEvents):
                                                  self.memos[task.stage].code)])
         seeds, items = self.expander.successors(
             Seed(task.run_id, task.item_key, task.root_key, task.stage, output), output, now)
-        tasks, items, _ = self.expander.plan(seeds, now, items)
-        if items:
-            self.store.insert_items(items)
-        if tasks:
-            self.store.insert_tasks(tasks, totals, opened)
-        return True, len(tasks.queued)
+        return True, self.write_planned(seeds, items, now, totals, opened)
 
     def expire_reviews(self, now: float, limit: int = 200, run_id: str | None = None) -> Counter[str]:
         """Entries of this pipeline (of one run, when given) whose deadline passed take the outcome recorded

@@ -1,0 +1,132 @@
+"""Making a run's groups: once every item of the run has settled at a group stage's parent, one task per group.
+
+A worker with nothing to claim asks for the group stages of its pipeline whose runs have settled upstream
+(store/groups.py: the run's task totals, not a scan of its items). For each, in one transaction: it takes the
+run's wait (one process makes a run's groups), reads the members (the items that succeeded at the parent, by
+key), gives each its group key (``by="meta.FIELD"``: the item's manifest meta; ``by=`` a function: of its output,
+memoised by the output's digest so a re-run reads no output again; ``kind="reduce"``: one group, ``*``) and
+plans one task per group on a group item ``group:KEY``, whose input hashes the sorted (item key, output digest)
+pairs of its members: an unchanged group is answered from the memo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.blobs import Blobs
+from conveyor.pipeline import GROUP_PREFIX, Stage
+from conveyor.runtime.expand import Seed
+from conveyor.runtime.groups import REDUCE_KEY, members_value
+from conveyor.runtime.transitions.readiness import Readiness
+from conveyor.runtime.values import Ref, load_value, store_value
+from conveyor.store import NewItem
+from conveyor.store.groups import Member
+from conveyor.store.queuecounts import OpenTally
+from conveyor.store.runtotals import RunTally
+
+log = logging.getLogger("conveyor.transitions")
+NO_KEY = "null"  # the group of members whose meta field is missing, or whose by= gave None
+
+
+class _NotReady(Exception):
+    """Rolls back taking a wait whose run turned out not to have settled."""
+
+
+class Groups(Readiness):
+    def make_groups(self, now: float, blobs: Blobs, run_id: str | None = None) -> int:
+        """Make the groups of every group stage whose run has settled at its parent (of one run, when given);
+        returns the tasks this queued (group tasks not answered from the memo, and what follows those that were)."""
+        made = 0
+        for run, stage in self.store.group_waits(self.pipeline.name, run_id):
+            if stage not in self.pipeline.graph.order or self.pipeline[stage].kind not in ("group", "reduce"):
+                continue  # a stage of another declaration: its workers make it
+            upstream = self.pipeline.graph.above(stage)
+            if self.store.open_tasks_at(run, upstream):
+                continue
+            try:
+                with self.store.transaction():
+                    if not self.store.take_group_wait(run, stage, now):
+                        continue
+                    if self.store.open_tasks_at(run, upstream):  # settled is read again with the wait held
+                        raise _NotReady
+                    made += self._make(run, self.pipeline[stage], now, blobs)
+            except _NotReady:
+                continue
+        return made
+
+    def _make(self, run_id: str, stage: Stage, now: float, blobs: Blobs) -> int:
+        assert stage.after is not None
+        members = list(self.store.group_members(run_id, stage.after))
+        refs = self._member_refs(members, blobs)
+        keys = self._group_keys(run_id, stage, members, refs, blobs)
+        groups: dict[str, list[tuple[str, Ref]]] = {}
+        for member in members:
+            key = keys.get(member.item_key)
+            if key is not None and member.task_key in refs:
+                groups.setdefault(key, []).append((member.item_key, refs[member.task_key]))
+        if stage.kind == "reduce" and not groups:
+            groups[REDUCE_KEY] = []  # one group for the whole run, even an empty one
+        seeds: list[Seed] = []
+        items: list[NewItem] = []
+        for key in sorted(groups):
+            ref = store_value(*members_value(key, groups[key]), blobs)
+            item = GROUP_PREFIX + key
+            seeds.append(Seed(run_id, item, item, stage.name, ref))
+            items.append(NewItem(run_id, item, None, item, ref.digest, ref.size, now))
+        totals, opened = RunTally(), OpenTally()
+        queued = self.write_planned(seeds, items, now, totals, opened)
+        self.store.add_run_totals(totals)
+        self.store.add_open_tasks(opened)
+        self.store.notify()
+        log.info("made %d group(s) of %s for run %s from %d member(s)", len(seeds), stage.name, run_id,
+                 len(members), extra={"event": "groups_made", "run": run_id, "stage": stage.name})
+        return queued
+
+    def _member_refs(self, members: Sequence[Member], blobs: Blobs) -> dict[str, Ref]:
+        """Task key -> each member's output, from the memo (with its inline bytes)."""
+        refs: dict[str, Ref] = {}
+        for start in range(0, len(members), 1000):
+            part = members[start:start + 1000]
+            memo = self.store.memo_rows([m.task_key for m in part])
+            for m in part:
+                hit = memo.get(m.task_key)
+                if hit is not None and hit[2] == m.output_digest:
+                    refs[m.task_key] = Ref(hit[1], hit[2], hit[4], hit[3])
+                elif blobs.exists(m.output_digest):  # not memoised (a 64-bit key taken): read from the blobs
+                    refs[m.task_key] = Ref(m.output_kind, m.output_digest, 0, None)
+        return refs
+
+    def _group_keys(self, run_id: str, stage: Stage, members: Sequence[Member], refs: dict[str, Ref],
+                    blobs: Blobs) -> dict[str, str]:
+        """Item key -> its group key (members whose key cannot be made are left out, and logged)."""
+        if stage.kind == "reduce":
+            return {m.item_key: REDUCE_KEY for m in members}
+        if isinstance(stage.by, str):
+            field = stage.by.removeprefix("meta.")
+            metas = self.store.item_metas({(run_id, m.root_key) for m in members})
+            return {m.item_key: _key(json.loads(metas[run_id, m.root_key]).get(field)
+                                     if (run_id, m.root_key) in metas else None) for m in members}
+        assert stage.by is not None
+        declaration = json.dumps([self.pipeline.name, stage.name, stage.version, stage.config_hash])
+        known = self.store.group_keys(declaration, [m.output_digest for m in members])
+        made: dict[str, str] = {}
+        for m in members:
+            if m.output_digest in known or m.output_digest in made or m.task_key not in refs:
+                continue
+            try:
+                made[m.output_digest] = _key(stage.by(load_value(refs[m.task_key], blobs)))
+            except Exception as exc:  # the by= function's error leaves this member out of every group
+                log.warning("group key of %s at %s failed: %s", m.item_key, stage.name, exc,
+                            extra={"event": "group_key_failed", "run": run_id, "stage": stage.name})
+        self.store.keep_group_keys(declaration, made)
+        known.update(made)
+        return {m.item_key: known[m.output_digest] for m in members if m.output_digest in known}
+
+
+def _key(value: Any) -> str:
+    if value is None:
+        return NO_KEY
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

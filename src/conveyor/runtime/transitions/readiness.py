@@ -1,0 +1,137 @@
+"""Readiness of joins and gathers that a plan could not decide alone: decided in the writing transaction.
+
+A plan (runtime/expand.py) decides a join or gather when it knows every task it waits on (a cached re-run, a
+commit that settles the last of them with the others). Otherwise it leaves it pending, and the transaction that
+writes the plan decides it here, after its own rows are written: it locks the waiting items (store/barriers.py:
+two commits settling the last two parents at once must not both miss the join), reads the states of the tasks
+they wait on, and plans the ready ones, which may in turn leave more pending (a cached join whose successor is
+another join), until none is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.runtime.expand import QUEUED, Ended, Pending, Planned, Seed, Verdict
+from conveyor.runtime.transitions.base import Base
+from conveyor.runtime.values import Ref
+from conveyor.store import NewItem, NewTasks
+from conveyor.store.barriers import StageState
+from conveyor.store.queuecounts import OpenTally
+from conveyor.store.runtotals import RunTally
+
+SUCCEEDED = "succeeded"
+
+
+class Decided:
+    """What ``decide_waiting`` wrote: tasks queued, answered from the memo, and the rows to tally."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.cached = 0
+        self.tasks = NewTasks()
+
+    def add(self, tasks: NewTasks, cached: int) -> None:
+        self.queued += len(tasks.queued)
+        self.cached += cached
+        self.tasks.cached.extend(tasks.cached)
+        self.tasks.failed.extend(tasks.failed)
+ENDINGS = ("failed", "dead_lettered", "rejected")
+
+
+class Readiness(Base):
+    def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
+                      opened: OpenTally) -> int:
+        """Plan ``planned`` and write its rows, then those of the joins and gathers it made ready, inside the
+        caller's transaction; returns the tasks queued."""
+        tasks, new_items, _ = self.expander.plan(planned, now, items)
+        pending = self.expander.take_pending()
+        if new_items:
+            self.store.insert_items(new_items)
+        if tasks:
+            self.store.insert_tasks(tasks, totals, opened)
+        queued = len(tasks.queued)
+        if pending:
+            queued += self.decide_waiting(pending, now, totals, opened).queued
+        return queued
+
+    def decide_waiting(self, pending: Sequence[Pending], now: float, totals: RunTally, opened: OpenTally) -> Decided:
+        """Write the rows of the pending joins and gathers that are ready now (inside the caller's transaction,
+        after its other writes), round by round: what a round plans (a cached join, say) is written before the
+        next round reads the states its own pending ones wait on."""
+        x = self.expander
+        decided = Decided()
+        seen: set[Pending] = set()
+        while pending:
+            waiting = [w for w in dict.fromkeys(pending) if w not in seen]
+            seen.update(waiting)
+            self.store.lock_items([(w.run_id, w.item_key) for w in waiting])
+            ready: list[Seed] = []
+            failed = NewTasks()
+            for w, verdict in self._verdicts(waiting):
+                if verdict is not None and verdict.failure != "wait":
+                    x.barrier_rows(w, verdict, failed, ready, now)
+            tasks, items, hits = x.plan(ready, now)
+            tasks.failed.extend(failed.failed)
+            pending = x.take_pending()
+            if items:
+                self.store.insert_items(items)
+            if tasks:
+                self.store.insert_tasks(tasks, totals, opened)
+            decided.add(tasks, hits)
+        return decided
+
+    def _verdicts(self, waiting: Sequence[Pending]) -> list[tuple[Pending, Verdict | None]]:
+        x = self.expander
+        found: list[tuple[Pending, Verdict | None]] = []
+        joins = [w for w in waiting if w.stage not in x.gathers]
+        by_run: dict[str, list[Pending]] = {}
+        for w in joins:
+            by_run.setdefault(w.run_id, []).append(w)
+        for run_id, ws in by_run.items():
+            wanted = [(w.root_key, w.item_key, p) for w in ws for p in self.pipeline[w.stage].parents]
+            rows = self.store.stage_states(run_id, wanted)
+            refs = self._refs(rows.values())
+            for w in ws:
+                def state(at: str, w: Pending = w, rows: dict[tuple[str, str], StageState] = rows,
+                          refs: dict[str, Ref] = refs) -> Any:
+                    return _seen(rows.get((w.item_key, at)), refs)
+                found.append((w, x.joined(w.stage, state)))
+        for w in waiting:
+            if w.stage not in x.gathers:
+                continue
+            count, states = self.store.children_states(w.run_id, w.root_key, w.item_key, x.gathers[w.stage].path)
+            refs = self._refs(states.values())
+
+            def child_state(child: str, at: str, states: dict[tuple[str, str], StageState] = states,
+                            refs: dict[str, Ref] = refs) -> Any:
+                return _seen(states.get((child, at)), refs)
+            found.append((w, x.gathered(w.stage, w.item_key, count, child_state)))
+        return found
+
+    def _refs(self, states: Any) -> dict[str, Ref]:
+        """Task key -> the output of each succeeded task among ``states``, from the memo (with its inline bytes)."""
+        succeeded = {s.task_key: s for s in states if s.status == SUCCEEDED}
+        memo = self.store.memo_rows(succeeded) if succeeded else {}
+        refs: dict[str, Ref] = {}
+        for key, s in succeeded.items():
+            hit = memo.get(key)
+            if hit is not None and hit[2] == s.output_digest:
+                refs[key] = Ref(hit[1], hit[2], hit[4], hit[3])
+            elif s.output_digest is not None and s.output_kind is not None:
+                # Not in the memo (a 64-bit key taken by another): the value is read from the blob store.
+                refs[key] = Ref(s.output_kind, s.output_digest, 0, None)
+        return refs
+
+
+def _seen(state: StageState | None, refs: dict[str, Ref]) -> Any:
+    """A task's state as ``Expander.joined``/``gathered`` take it: its output, Ended, or QUEUED (open, missing,
+    superseded by a replay: what waits on it is not ready)."""
+    if state is None:
+        return QUEUED
+    if state.status == SUCCEEDED:
+        return refs.get(state.task_key, QUEUED)
+    if state.status in ENDINGS:
+        return Ended(state.error_class or state.status)
+    return QUEUED

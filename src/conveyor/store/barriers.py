@@ -1,0 +1,78 @@
+"""What joins and gathers wait on, read in the transaction that decides whether they are ready.
+
+A join runs once every parent succeeded for its item; a gather once every child of its item settled. Two
+commits that settle the last two of them at once (two workers, PostgreSQL's READ COMMITTED) would each see the
+other's task still open and neither would make the join: so the deciding transaction first locks the item's row
+(``lock_items``), and the later of the two, once the lock is its, sees the other's commit. On SQLite one writer
+at a time makes the lock needless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from conveyor.store.dialect import Dialect
+from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.tasks import chunks
+
+
+class StageState(NamedTuple):
+    """A task's state as a join or gather sees it."""
+
+    status: str
+    task_key: str
+    output_kind: str | None
+    output_digest: str | None
+    error_class: str | None
+
+
+class BarrierQueries:
+    db: Dialect
+
+    def lock_items(self, items: Sequence[tuple[str, str]]) -> None:
+        """Hold these items' rows (run id, item key) until the transaction ends, taken in one order."""
+        if not self.db.row_lock:
+            return
+        by_run: dict[str, list[str]] = {}
+        for run_id, key in sorted(set(items)):
+            by_run.setdefault(run_id, []).append(key)
+        for run_id, keys in sorted(by_run.items()):
+            for part in chunks(keys, self.db.in_chunk):
+                where, params = self.db.one_of("item_key", part, "text")
+                self.db.execute(f"SELECT item_key FROM items WHERE run_id = ? AND {where} ORDER BY item_key"
+                                f"{self.db.row_lock}", [run_id, *params])
+
+    def stage_states(self, run_id: str, wanted: Sequence[tuple[str, str, str]]
+                     ) -> dict[tuple[str, str], StageState]:
+        """(item key, stage) -> its task's state, for ``wanted`` (root key, item key, stage) of a run."""
+        roots = sorted({root for root, _, _ in wanted})
+        stages = sorted({stage for _, _, stage in wanted})
+        items = {item for _, item, _ in wanted}
+        found: dict[tuple[str, str], StageState] = {}
+        marks = ",".join("?" * len(stages))
+        for part in chunks(roots, self.db.in_chunk):
+            where, params = self.db.one_of("root_key", part, "text")
+            for item, stage, *state in self.db.execute(
+                    "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
+                    f"WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
+                if item in items:
+                    found[item, stage] = StageState(*state)
+        return found
+
+    def children_states(self, run_id: str, root_key: str, parent_key: str, stages: Sequence[str]
+                        ) -> tuple[int, dict[tuple[str, str], StageState]]:
+        """The number of fan-out children of ``parent_key``, and (child key, stage) -> state of their tasks at
+        ``stages``: one range of the item's key each (a child's key is ``parent¶index``)."""
+        low, high = parent_key + CHILD_MARK, parent_key + CHILD_RANGE_END
+        count = self.db.execute("SELECT COUNT(*) FROM items WHERE run_id = ? AND item_key > ? AND item_key < ? "
+                                "AND parent_key = ?", (run_id, low, high, parent_key))[0][0]
+        marks = ",".join("?" * len(stages))
+        found: dict[tuple[str, str], StageState] = {}
+        for item, stage, *state in self.db.execute(
+                "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
+                f"WHERE run_id = ? AND root_key = ? AND item_key > ? AND item_key < ? AND stage IN ({marks})",
+                (run_id, root_key, low, high, *stages)):
+            if CHILD_MARK not in item[len(low):]:  # a child, not a grandchild
+                found[item, stage] = StageState(*state)
+        return int(count), found

@@ -1,0 +1,346 @@
+"""Joins and gathers (issue 28, points 1 and 2): a join runs once every parent succeeded for its item, with their
+outputs in declared order; a gather runs once per fanned-out item after every child settled, with the children's
+outputs in child order; re-runs cost lookups; both backends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import PipelineError
+from conveyor.pipeline import Pipeline
+from tests.helpers import make_docs, query, reconciled, submit_and_work, write_pipeline
+
+JOIN = """
+from conveyor import Pipeline
+
+pipe = Pipeline("joined")
+
+@pipe.stage()
+def parse(ctx, source):
+    return {"text": source.decode()}
+
+@pipe.stage(after=parse)
+def upper(ctx, doc):
+    return doc["text"].upper()
+
+@pipe.stage(after=parse)
+def length(ctx, doc):
+    if "bad" in doc["text"]:
+        raise ValueError("cannot measure a bad document")
+    return len(doc["text"])
+
+@pipe.stage(after=[upper, length, parse])
+def combine(ctx, up, size, doc):
+    return {"up": up, "size": size, "same": doc["text"].upper() == up}
+"""
+
+GATHER = """
+from conveyor import Pipeline, Retry
+
+pipe = Pipeline("gathered", retry=Retry(max_attempts=1))
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def shout(ctx, word):
+    if word == "poison":
+        raise ValueError("poison word")
+    return word.upper()
+
+@pipe.stage(after=shout, kind="gather", on_child_failure=ON_CHILD_FAILURE)
+def collect(ctx, words):
+    return {"words": words, "lost": [list(pair) for pair in ctx.lost]}
+
+@pipe.stage(after=collect)
+def count(ctx, collected):
+    return len(collected["words"])
+"""
+
+
+def _outputs(store_url: str, run_id: str, stage: str) -> dict[str, str | None]:
+    return {r[0]: r[1] for r in query(store_url, "SELECT item_key, status FROM tasks WHERE run_id = ? AND stage = ?",
+                                      run_id, stage)}
+
+
+def _value(store_url: str, run_id: str, item: str, stage: str) -> object:
+    rows = query(store_url, "SELECT o.inline FROM tasks t JOIN outputs o ON o.task_key = t.task_key "
+                            "WHERE t.run_id = ? AND t.item_key = ? AND t.stage = ?", run_id, item, stage)
+    assert rows, f"no output of {stage} for {item}"
+    return json.loads(bytes(rows[0][0]))
+
+
+def test_a_join_gets_its_parents_outputs_in_order_and_waits_for_all(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, JOIN)
+    docs = make_docs(tmp_path / "docs", 4)
+    (docs / "doc0003.txt").write_text("a bad one")
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    combined = _outputs(store_url, done.run_id, "combine")
+    assert set(combined) == {"doc0000.txt", "doc0001.txt", "doc0002.txt"}  # the bad one's join never ran
+    assert _value(store_url, done.run_id, "doc0001.txt", "combine") == {"up": "DOCUMENT 1", "size": 10,
+                                                                         "same": True}
+    report = reconciled(store_url, done.run_id)
+    assert report["unaccounted"] == 0
+    bad = [i for i in report["not_done"] if i["item_key"] == "doc0003.txt"]
+    assert [t["stage"] for t in bad[0]["tasks"]] == ["length"]  # the outcome names the parent that failed
+
+    again = submit_and_work(target, docs, store_url, tmp_path / "blobs")  # a re-run: lookups, no calls
+    assert _outputs(store_url, again.run_id, "combine") == combined
+    calls = query(store_url, "SELECT t.item_key, t.stage FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                             "WHERE a.run_id = ? AND a.invoked = 1", again.run_id)
+    assert {c for c in calls} == {("doc0003.txt", "length")}  # a dead letter is tried again; the rest is looked up
+
+
+def test_a_join_key_hashes_every_parent_output_so_one_change_runs_it_again(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, JOIN)
+    docs = make_docs(tmp_path / "docs", 3)
+    first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    (docs / "doc0001.txt").write_text("document one changed")
+    second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    ran = query(store_url, "SELECT t.item_key, t.stage FROM tasks t WHERE t.run_id = ? AND t.cached = 0 "
+                           "ORDER BY t.item_key, t.stage", second.run_id)
+    assert ran == [("doc0001.txt", s) for s in ("combine", "length", "parse", "upper")]
+    keys = {r[0]: r[1] for r in query(store_url, "SELECT run_id, task_key FROM tasks WHERE item_key = ? AND "
+                                                 "stage = 'combine'", "doc0000.txt")}
+    assert keys[first.run_id] == keys[second.run_id]
+
+
+@pytest.mark.parametrize("rule", ["fail", "skip"])
+def test_a_gather_waits_for_every_child_and_takes_them_in_order(tmp_path: Path, store_url: str, rule: str) -> None:
+    target = write_pipeline(tmp_path, GATHER.replace("ON_CHILD_FAILURE", repr(rule)))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two three four five six seven eight nine ten eleven twelve")
+    (docs / "b.txt").write_text("alpha poison omega")
+    (docs / "c.txt").write_text("")  # no children: gathered at once, empty
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=3)
+    assert _value(store_url, done.run_id, "a.txt", "collect") == {
+        "words": ["ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "ELEVEN",
+                  "TWELVE"], "lost": []}
+    assert _value(store_url, done.run_id, "c.txt", "collect") == {"words": [], "lost": []}
+    status = {r[0]: r[1:] for r in query(store_url, "SELECT item_key, status, error_class, last_error FROM tasks "
+                                                    "WHERE run_id = ? AND stage = 'collect'", done.run_id)}
+    if rule == "skip":
+        assert _value(store_url, done.run_id, "b.txt", "collect") == {"words": ["ALPHA", "OMEGA"],
+                                                                        "lost": [["b.txt\u00b61", "value_error"]]}
+        assert status["b.txt"][0] == "succeeded"
+        report = reconciled(store_url, done.run_id)
+        assert report["outcomes"] == {"completed": 3} and report["lost_children"] == 1  # b.txt made it, without one
+    else:
+        assert status["b.txt"][:2] == ("failed", "child_failed")
+        assert "b.txt\u00b61" in status["b.txt"][2]
+        assert not _outputs(store_url, done.run_id, "count").get("b.txt")
+    report = reconciled(store_url, done.run_id)
+    assert report["unaccounted"] == 0
+
+    again = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    calls = query(store_url, "SELECT t.item_key, t.stage FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                             "WHERE a.run_id = ? AND a.invoked = 1", again.run_id)
+    assert calls == [("b.txt\u00b61", "shout")]  # the dead letter is tried again; the rest is looked up
+    assert _outputs(store_url, again.run_id, "count") == _outputs(store_url, done.run_id, "count")
+
+
+def test_graph_declaration_errors_name_the_stages() -> None:
+    pipe = Pipeline("bad")
+
+    @pipe.stage(kind="fanout")
+    def split(ctx: object, source: bytes) -> list[str]:
+        return []
+
+    @pipe.stage(after=split)
+    def child(ctx: object, word: str) -> str:
+        return word
+
+    @pipe.stage()
+    def whole(ctx: object, source: bytes) -> bytes:
+        return source
+
+    with pytest.raises(PipelineError, match=r"joins parents at different item levels: child .*whole"):
+        pipe.stage(after=[child, whole], name="mixed")(lambda ctx, a, b: a)
+    with pytest.raises(PipelineError, match="not below a fan-out"):
+        pipe.stage(after=whole, kind="gather", name="nothing")(lambda ctx, xs: xs)
+    with pytest.raises(PipelineError, match=r"after fan-out stage 'split'"):
+        pipe.stage(after=split, kind="gather", name="too_soon")(lambda ctx, xs: xs)
+    with pytest.raises(PipelineError, match="twice"):
+        pipe.stage(after=[whole, whole], name="twice")(lambda ctx, a, b: a)
+
+    loop = Pipeline("loop")
+    loop.stage(after="b", name="a")(lambda ctx, x: x)
+    with pytest.raises(PipelineError, match=r"cycle: .*a -> b -> a|cycle: .*b -> a -> b"):
+        loop.stage(after="a", name="b")(lambda ctx, x: x)
+    dangling = Pipeline("dangling")
+    dangling.stage(after="missing", name="a")(lambda ctx, x: x)
+    with pytest.raises(PipelineError, match=r"'missing', which pipeline 'dangling' does not declare"):
+        dangling.validate()
+
+
+REPLAYED = """
+import os
+from conveyor import Pipeline
+
+pipe = Pipeline("replayed")
+SHOUT = os.environ.get("SHOUT", "1")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split, version=SHOUT)
+def shout(ctx, word):
+    return word.upper() + "!" * int(SHOUT)
+
+@pipe.stage(after=shout, kind="gather")
+def collect(ctx, words):
+    return " ".join(words)
+
+@pipe.stage()
+def size(ctx, source):
+    return len(source)
+
+@pipe.stage(after=[collect, size])
+def final(ctx, text, size):
+    return {"text": text, "size": size}
+"""
+
+
+def test_replay_downstream_of_a_child_runs_its_gather_and_join_again(tmp_path: Path, store_url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.runtime import target as target_module
+    from conveyor.service.replay import ReplayOptions, replay
+    from conveyor.service.selection import Selection
+    from conveyor.store import open_store
+    from tests.helpers import work
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two")
+    (docs / "b.txt").write_text("three")
+    monkeypatch.setenv("SHOUT", "1")
+    target_module._cache.clear()
+    first = write_pipeline(tmp_path, REPLAYED, name="v1.py")
+    done = submit_and_work(first, docs, store_url, tmp_path / "blobs")
+    assert _value(store_url, done.run_id, "a.txt", "final") == {"text": "ONE! TWO!", "size": 7}
+    monkeypatch.setenv("SHOUT", "2")
+    target_module._cache.clear()
+    second = write_pipeline(tmp_path, REPLAYED, name="v2.py")
+    store = open_store(store_url)
+    try:
+        plan = replay(store, FilesystemBlobs(tmp_path / "blobs"),
+                      Selection(runs=(done.run_id,), stages=("shout",), item_glob="a.txt*"),
+                      ReplayOptions(reason="reprocess", downstream=True, target=second))
+        skipped = replay(store, FilesystemBlobs(tmp_path / "blobs"),
+                         Selection(runs=(done.run_id,), stages=("final",)),
+                         ReplayOptions(reason="reprocess", target=second, dry_run=True))
+    finally:
+        store.close()
+    assert plan["reopened"] == 2
+    assert skipped["skipped"] == {"join_or_gather": 1, "superseded": 1}  # made again from its parents
+    status = _outputs(store_url, done.run_id, "final")
+    assert status == {"a.txt": "superseded", "b.txt": "succeeded"}
+    work(second, store_url, tmp_path / "blobs", run_id=done.run_id)
+    assert _value(store_url, done.run_id, "a.txt", "final") == {"text": "ONE!! TWO!!", "size": 7}
+    assert _value(store_url, done.run_id, "b.txt", "final") == {"text": "THREE!", "size": 5}
+    assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 2}
+
+
+RACE = """
+import time
+from conveyor import Pipeline
+
+pipe = Pipeline("race")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return [source.decode() + str(i) for i in range(3)]
+
+@pipe.stage(after=split)
+def left(ctx, part):
+    time.sleep(0.002)
+    return part + "L"
+
+@pipe.stage(after=split)
+def right(ctx, part):
+    time.sleep(0.002)
+    return part + "R"
+
+@pipe.stage(after=[left, right])
+def both(ctx, a, b):
+    return a + b
+
+@pipe.stage(after=both, kind="gather")
+def gathered(ctx, parts):
+    return parts
+"""
+
+
+def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str) -> None:
+    """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import SRC, submit_run
+
+    target = write_pipeline(tmp_path, RACE)
+    docs = make_docs(tmp_path / "docs", 60)
+    run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    workers = [subprocess.Popen([sys.executable, "-m", "conveyor", "worker", target, "--db", store_url, "--blobs",
+                                 str(tmp_path / "blobs"), "--until-idle", "--batch-size", "2"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        assert w.wait(120) == 0, w.stderr.read() if w.stderr else ""
+    assert query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? AND stage IN "
+                            "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
+        ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
+    assert reconciled(store_url, run_id)["outcomes"] == {"completed": 60}
+
+
+MEMO_GATHER = """
+from conveyor import Pipeline
+
+pipe = Pipeline("memo_gather")
+
+@pipe.stage(kind="fanout")
+def split(ctx, source):
+    return source.decode().split()
+
+@pipe.stage(after=split)
+def initial(ctx, word):
+    return word[0].upper()
+
+@pipe.stage(after=initial, kind="gather")
+def initials(ctx, letters):
+    return "".join(letters)
+
+@pipe.stage()
+def length(ctx, source):
+    return len(source)
+
+@pipe.stage(after=[initials, length])
+def both(ctx, letters, size):
+    return f"{letters}:{size}"
+"""
+
+
+def test_a_gather_answered_from_the_memo_in_the_writing_transaction_still_makes_its_join(
+        tmp_path: Path, store_url: str) -> None:
+    """The gather of y is decided in a commit (its children ran one commit each) and answered from the memo (x's
+    children gave the same outputs): the join after it must see that answer, written in the same transaction."""
+    target = write_pipeline(tmp_path, MEMO_GATHER)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "x.txt").write_text("pear quince")
+    (second / "y.txt").write_text("plum quail")
+    submit_and_work(target, first, store_url, tmp_path / "blobs")
+    done = submit_and_work(target, second, store_url, tmp_path / "blobs", batch_size=1)
+    rows = query(store_url, "SELECT stage, status, cached FROM tasks WHERE run_id = ? AND stage IN "
+                            "('initials', 'both') ORDER BY stage", done.run_id)
+    assert rows == [("both", "succeeded", 0), ("initials", "succeeded", 1)]
+    assert _value(store_url, done.run_id, "y.txt", "both") == "PQ:10"
