@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export soak chaos clean
+.PHONY: setup test demo check bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-startup soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ bench-tracing: setup
 
 bench-dashboard: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/dashboard.py
+
+# Issue 32 point 1: whole processes (--version, --help, status RUN on 10,000 items) beside a bare interpreter.
+bench-startup: setup
+	$(BIN)/python bench/startup.py
 
 # Issue 12 point 5: 30 minutes of work beside a reader holding an old snapshot, then without (an hour in all).
 bench-bloat: setup

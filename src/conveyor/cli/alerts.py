@@ -1,7 +1,5 @@
 """``conveyor alerts``: each declared alert of the store's pipelines, firing or ok (see conveyor.Alerts)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

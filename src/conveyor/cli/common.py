@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from conveyor.blobs import open_blobs
-from conveyor.store import DEFAULT_DB, SqlStore, lost_connection, new_store_note, open_store
+from conveyor.store import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from conveyor.store import SqlStore
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
@@ -59,6 +60,8 @@ AcceptCode = Annotated[list[str] | None, typer.Option(
 def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
     """The store at ``db`` (``create=False``: StoreMissing when there is none). A store this opening created is
     told on stderr once the command's work went through: a command that fails says one line, its error."""
+    from conveyor.store import lost_connection, new_store_note, open_store
+
     store = open_store(db or DEFAULT_DB, create=create)
     note = new_store_note(store)
     try:
@@ -81,6 +84,8 @@ def tell_new_store(note: str | None) -> None:
 
 def emit(data: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
     if as_json:
+        import json
+
         sys.stdout.write(json.dumps(data, default=str) + "\n")
         sys.stdout.flush()
     else:
@@ -110,6 +115,8 @@ def check_limits_env() -> None:
 
 
 def writable_blobs(url: str) -> Any:
+    from conveyor.blobs import open_blobs
+
     blobs = open_blobs(url)
     check = getattr(blobs, "check_writable", None)
     if check is not None:
@@ -188,6 +195,6 @@ def stages_progress(as_json: bool) -> Any:
 
 
 def default_workers() -> int:
-    from conveyor.service.runs import default_workers as one_per_core
+    from conveyor.service.fleet import default_workers as one_per_core
 
     return one_per_core()

@@ -1,15 +1,11 @@
 """``conveyor compare RUN_A RUN_B``: two runs side by side, so a cheaper model is judged on what an accepted
 item really costs and on whether its answers agree with the other run's (it only reads)."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from conveyor.blobs import open_blobs
 from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing
 from conveyor.service.money import usd
@@ -26,6 +22,7 @@ def compare(
 ) -> None:
     """Two runs side by side: tokens, cost, time and attempts per accepted item, acceptance, review, rejection
     and failure rates, and how often the items both accepted agree, field by field."""
+    from conveyor.blobs import open_blobs
     from conveyor.service.compare import compare_runs
 
     try:
@@ -57,6 +54,8 @@ ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
 
 def render_comparison(data: dict[str, Any]) -> None:
     """A column per run, a row per figure; then the agreement and the fields that agree least."""
+    from rich.table import Table
+
     from conveyor.cli.render import out
 
     table = Table(show_header=True)

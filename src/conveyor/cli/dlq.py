@@ -1,7 +1,5 @@
 """``conveyor dlq list|show|replay``: the dead-letter list."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

@@ -1,8 +1,6 @@
 """``conveyor export RUN | --collection NAME``: a run's items, or a collection's live versions, as a dataset
 (Parquet, JSON lines or CSV), streamed a batch at a time (it only reads)."""
 
-from __future__ import annotations
-
 import os
 from typing import Annotated, Any
 
@@ -11,7 +9,6 @@ import typer
 from conveyor.cli.common import DEFAULT_BLOBS, Blobs, Db, Json, app, emit, store_for
 from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB
-from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
 
 
 @app.command()
@@ -41,6 +38,8 @@ def export(
         raise UserError("--stage and --outcome are for a RUN; --collection exports the live published versions")
     # An export reads each page once, in key order: a small page cache serves it as well as a large one, and
     # the process's memory stays within its bound whatever the size of the run.
+    from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
+
     os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
     try:
         with store_for(db, create=False) as store:

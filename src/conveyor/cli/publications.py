@@ -1,7 +1,5 @@
 """``conveyor publications``, ``rollback`` and ``search``: the built-in publication target from the command line."""
 
-from __future__ import annotations
-
 import time
 from typing import Annotated, Any
 

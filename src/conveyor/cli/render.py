@@ -8,25 +8,56 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from conveyor.service.money import usd
 from conveyor.service.report import all_unpriced
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+
+class LazyConsole:
+    """A Rich console made when first used: a command that prints JSON, or nothing, never loads Rich."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console(), name)
+
+
 # Piped output gets room enough that ids and numbers are never cut.
-out = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True)
+out = LazyConsole(width=None if sys.stdout.isatty() else 140)
+err = LazyConsole(stderr=True)
 DONE = ("succeeded", "failed", "dead_lettered")
 # The task statuses `status RUN` always shows, so that a stage's row adds up to its tasks.
 STAGE_COLUMNS = ("queued", "running", "awaiting_review", "succeeded", "failed", "rejected", "dead_lettered")
 
 
 Status = Callable[[], dict[str, Any]]
+
+
+def new_table(**options: Any) -> Table:
+    from rich.table import Table
+
+    return Table(**options)
+
+
+def escape(markup: str) -> str:
+    """Rich's escape of markup (``[`` in names and messages)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(markup)
 
 
 @contextmanager
@@ -40,8 +71,10 @@ def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable
         every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
         yield ProgressLines(every) if every > 0 else None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     board = Progress(TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(),
-                     TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
+                     TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err.console(), transient=False)
     ids: dict[str, Any] = {}
     pace = _Pace(0.25)
 
@@ -119,7 +152,7 @@ def _clock(seconds: float) -> str:
 
 def summary(data: dict[str, Any]) -> None:
     out.print(f"[bold]run {data['run_id']}[/] ({data['pipeline']})")
-    table = Table(show_header=True)
+    table = new_table(show_header=True)
     table.add_column("outcome")
     table.add_column("items", justify="right")
     for outcome, count in data["outcomes"].items():
@@ -208,8 +241,8 @@ def status(data: dict[str, Any]) -> None:
     if "runs" in data:
         _runs(data["runs"])
         return
-    table = Table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
-                        f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
+    table = new_table(title=f"run {data['run_id']} ({data['pipeline']}): {data['status']}, {data['expected']} items, "
+                            f"{data['stage_calls']} stage calls, {data['cached']} cached, {data['retries']} retries")
     activity = data.get("stage_activity") or {}
     # Every status a stage's tasks are in gets a column (superseded ones too, once a replay made some).
     columns = (*STAGE_COLUMNS, *sorted({k for c in data["stages"].values() for k in c} - set(STAGE_COLUMNS)))
@@ -265,7 +298,7 @@ def workers(data: dict[str, Any]) -> None:
         out.print("no live workers (`--all` lists stopped ones too): `conveyor worker TARGET` or `conveyor run` "
                   "starts some")
         return
-    table = Table(title="workers")
+    table = new_table(title="workers")
     for column in ("worker", "state", "pipeline", "run", "started", "last beat", "held", "done", "serves"):
         table.add_column(column, justify="right" if column in ("last beat", "held", "done") else "left",
                          no_wrap=column == "worker")
@@ -283,7 +316,7 @@ def queue_depth(data: dict[str, Any]) -> None:
     if not data["stages"]:
         out.print("no task is ready to run or running")
         return
-    table = Table(title="queue depth")
+    table = new_table(title="queue depth")
     for column in ("pipeline", "stage", "runnable", "oldest waited", "running"):
         table.add_column(column, justify="left" if column in ("pipeline", "stage") else "right")
     for s in data["stages"]:
@@ -299,7 +332,7 @@ def alerts(data: dict[str, Any]) -> None:
         out.print("no alerts evaluated yet: declare them with Pipeline(..., alerts=Alerts(...)); workers evaluate "
                   "them every 30 s")
         return
-    table = Table(title="alerts")
+    table = new_table(title="alerts")
     for column in ("pipeline", "alert", "state", "value", "threshold", "since", "fired"):
         table.add_column(column, justify="right" if column in ("value", "threshold", "fired") else "left")
     for a in data["alerts"]:
@@ -320,7 +353,7 @@ def _runs(runs: list[dict[str, Any]]) -> None:
     if not runs:
         out.print("no runs yet: start one with `conveyor run TARGET --input PATH`")
         return
-    table = Table(title="recent runs")
+    table = new_table(title="recent runs")
     table.add_column("run", no_wrap=True, min_width=24)
     for column in ("pipeline", "status", "items", "tasks done", "failed", "dead", "calls", "cached"):
         table.add_column(column, justify="left" if column in ("pipeline", "status") else "right")
@@ -338,7 +371,7 @@ def _runs(runs: list[dict[str, Any]]) -> None:
 
 def dlq(data: dict[str, Any]) -> None:
     """The dead letters; ``replayed`` says when (UTC) and why an entry was queued again (``--all`` lists those)."""
-    table = Table(title=f"{len(data['entries'])} dead letter(s)")
+    table = new_table(title=f"{len(data['entries'])} dead letter(s)")
     for column in ("id", "run", "item", "stage", "error class", "attempts", "error", "replayed"):
         table.add_column(column)
     for e in data["entries"]:
@@ -365,7 +398,7 @@ def provider_batches(data: dict[str, Any]) -> None:
     if not data["batches"]:
         out.print("no provider batch yet (stages declare batch=True, or run with --provider-batch)")
     else:
-        table = Table(title="provider batches, newest first")
+        table = new_table(title="provider batches, newest first")
         for column in ("id", "provider batch", "model", "state", "status", "requests", "answered", "failed",
                        "retried", "direct"):
             table.add_column(column, justify="right" if column in ("requests", "answered", "failed", "retried",
@@ -388,7 +421,7 @@ def quota(data: dict[str, Any]) -> None:
     if not data["models"]:
         out.print("no provider model has been called under a declared limit yet")
         return
-    table = Table(title=f"the fleet's use of each limited model over the last {data['window_s']:g} s")
+    table = new_table(title=f"the fleet's use of each limited model over the last {data['window_s']:g} s")
     for column in ("model", "tokens", "requests", "in flight", "interactive", "paused"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for m in data["models"]:
@@ -403,8 +436,8 @@ def selection(data: dict[str, Any]) -> None:
     if not data["count"]:
         out.print("no task matches these filters")
         return
-    table = Table(title=f"{data['count']:,} task(s)" + (f", the first {len(data['items']):,}" if data["truncated"]
-                                                         else ""))
+    table = new_table(title=f"{data['count']:,} task(s)" + (f", the first {len(data['items']):,}" if data["truncated"]
+                                                             else ""))
     for column in ("run", "item", "stage", "status", "error class", "provenance"):
         table.add_column(column)
     for t in data["items"]:
@@ -425,7 +458,7 @@ def replay(data: dict[str, Any]) -> None:
     out.print(f"[bold]{head} {data['reopened']:,} task(s)[/] of {data['selected']:,} selected ({data['reason']}"
               + (f": {escape(data['note'])}" if data["note"] else "") + ")"
               + (f", superseding {data['superseded']:,} downstream" if data["superseded"] else ""))
-    table = Table()
+    table = new_table()
     for column in ("stage", "re-open", "memo answers", "will run", "superseded"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for stage, c in data["stages"].items():
@@ -462,7 +495,7 @@ def dry_run(data: dict[str, Any]) -> None:
     """What a run would do: per stage, the tasks, what the memo answers and what would run; the forecast."""
     out.print(f"[bold]dry run[/]: {data['items']:,} item(s) of {escape(str(data['input']))}"
               + (f", {data['bad_input']:,} without a readable source" if data["bad_input"] else ""))
-    table = Table()
+    table = new_table()
     for column in ("stage", "tasks", "memo answers", "would run"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for stage, c in data["stages"].items():

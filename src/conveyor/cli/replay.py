@@ -1,7 +1,5 @@
 """``conveyor select``, ``replay`` and ``requeue``: which tasks a filter names, and running them again."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

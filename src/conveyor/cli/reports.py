@@ -1,10 +1,7 @@
 """``conveyor status``, ``quota``, ``reconcile``, ``diff`` and ``report``: what runs did (they only read)."""
 
-from __future__ import annotations
-
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +9,6 @@ from typing import Annotated, TextIO
 
 import typer
 
-from conveyor.blobs import open_blobs
 from conveyor.cli.common import (
     DEFAULT_BLOBS,
     Blobs,
@@ -93,6 +89,7 @@ def reconcile(
 ) -> None:
     """Every expected item with its outcome, cost per accepted item and a quality sample; exits 3 when items
     are unaccounted or not done, 4 when some failed or were rejected, 5 when some await review."""
+    from conveyor.blobs import open_blobs
     from conveyor.cli import render
     from conveyor.service.records import SampleOptions
     from conveyor.service.report import exit_code, find_run
@@ -119,6 +116,7 @@ def diff(
 ) -> None:
     """What a reprocess changed, per item: new, removed, changed (field by field), unchanged, newly failing,
     newly accepted."""
+    from conveyor.blobs import open_blobs
     from conveyor.cli import render
     from conveyor.service.diff import diff_runs
 
@@ -143,6 +141,7 @@ def report(
     """A report you can mail: the reconciliation, throughput over time, time from submission to outcome,
     attempts and errors by class, cost per accepted item and a quality sample, as one HTML page with inline
     charts (--html FILE) or as data (--json). Exits 0 once written, whatever the run's outcomes."""
+    from conveyor.blobs import open_blobs
     from conveyor.cli.htmlreport import render_html
     from conveyor.service.records import SampleOptions
     from conveyor.service.report import find_run
@@ -175,6 +174,8 @@ def page_output(path: str | None) -> Iterator[Callable[[str], None] | None]:
     if path is None or path == "-":
         yield None if path is None else _stdout
         return
+    import tempfile
+
     target = Path(path)
     with _unwritable(path):
         fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

@@ -1,7 +1,5 @@
 """``conveyor review list|show|approve|edit|reject|expire``: the review queue from the command line."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

@@ -1,7 +1,5 @@
 """``conveyor run``, ``resume``, ``submit`` and ``worker``: processing runs."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import sys
@@ -39,7 +37,6 @@ from conveyor.cli.common import (
 )
 from conveyor.errors import NotFound, StoreMissing, UserError
 from conveyor.store import DEFAULT_DB, open_store
-from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
 
 
 @app.command()
@@ -191,6 +188,7 @@ def worker(
     from conveyor.runtime.target import load_target
     from conveyor.runtime.worker import Worker, WorkerOptions
     from conveyor.service.fleet import exit_with_parent
+    from conveyor.store.dialect import ENV_SQLITE_CACHE, WORKER_SQLITE_CACHE_MB
 
     exit_with_parent()  # a worker of `conveyor serve` stops when the server's process is gone
     # A worker's SQLite page cache is the small one (its memory), unless CONVEYOR_SQLITE_CACHE_MB says otherwise.

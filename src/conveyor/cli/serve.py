@@ -1,14 +1,11 @@
 """``conveyor serve`` (the HTTP API, with workers beside it) and ``conveyor token`` (API tokens)."""
 
-from __future__ import annotations
-
 import os
 import time
 from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli import render
 from conveyor.cli.common import (
     DEFAULT_BLOBS,
     Blobs,
@@ -153,6 +150,8 @@ def _token_created(data: dict[str, Any]) -> None:
 
 def _tokens(data: dict[str, Any]) -> None:
     from rich.table import Table
+
+    from conveyor.cli import render
 
     table = Table(title=f"{len(data['tokens'])} token(s)")
     for column in ("id", "tenant", "operator", "label", "created", "revoked"):

@@ -1,7 +1,5 @@
 """``conveyor show RUN ITEM``: one item's tasks, outputs, attempts, provenance and replay reasons (only reads)."""
 
-from __future__ import annotations
-
 import json
 import time
 from typing import Annotated, Any

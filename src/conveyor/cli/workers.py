@@ -1,7 +1,5 @@
 """``conveyor workers``: the fleet, as the workers themselves report it (live, lost lately, stopped)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

@@ -1,12 +1,20 @@
-"""Declaration API and graph: pure Python, no I/O."""
+"""Declaration API and graph: pure Python, no I/O.
 
-from conveyor.pipeline.alerts import Alerts
-from conveyor.pipeline.budget import Breaker
-from conveyor.pipeline.declare import KINDS, Pipeline, Stage
-from conveyor.pipeline.graph import GROUP_PREFIX, Gather, Graph
-from conveyor.pipeline.limits import RateLimit, find_limit, parse_limits
-from conveyor.pipeline.params import Param
-from conveyor.pipeline.retry import Retry
+The names below are imported from their modules when first used, so that what only reads a run's recorded
+declarations (``conveyor status``) does not load the whole declaration API."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.pipeline.alerts import Alerts
+    from conveyor.pipeline.budget import Breaker
+    from conveyor.pipeline.declare import KINDS, Pipeline, Stage
+    from conveyor.pipeline.graph import GROUP_PREFIX, Gather, Graph
+    from conveyor.pipeline.limits import RateLimit, find_limit, parse_limits
+    from conveyor.pipeline.params import Param
+    from conveyor.pipeline.retry import Retry
 
 __all__ = [
            "GROUP_PREFIX",
@@ -23,3 +31,28 @@ __all__ = [
            "find_limit",
            "parse_limits",
 ]
+
+_LAZY = {
+    "Alerts": "conveyor.pipeline.alerts",
+    "Breaker": "conveyor.pipeline.budget",
+    **dict.fromkeys(("KINDS", "Pipeline", "Stage"), "conveyor.pipeline.declare"),
+    **dict.fromkeys(("GROUP_PREFIX", "Gather", "Graph"), "conveyor.pipeline.graph"),
+    **dict.fromkeys(("RateLimit", "find_limit", "parse_limits"), "conveyor.pipeline.limits"),
+    "Param": "conveyor.pipeline.params",
+    "Retry": "conveyor.pipeline.retry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,9 +8,10 @@ which version, which config values. Pure: the rows come from the store.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor.pipeline.declare import Pipeline
+if TYPE_CHECKING:
+    from conveyor.pipeline.declare import Pipeline
 
 SHOWN = 3  # config values named in one difference, at most ("and N more")
 

@@ -20,13 +20,12 @@ from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline import params as run_params
 from conveyor.pipeline.graph import GROUP_KINDS
 from conveyor.runtime import provenance
+from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.memo import StageMemo
 from conveyor.runtime.values import Ref, parse_fanout, parts_ref
 from conveyor.store import CHILD_MARK, NewItem, NewTasks, SqlStore
 from conveyor.store.provenance import rows_for
 
-# Lanes, by claim order: an interactive run's tasks are claimed before any bulk task.
-LANE_RANKS = {"interactive": 0, "bulk": 1}
 # The input kind of a task whose item had no readable source: there is nothing to run again.
 BAD_INPUT_KIND = "missing"
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from conveyor.blobs import Blobs
 from conveyor.errors import TerminalError
+
+if TYPE_CHECKING:
+    from conveyor.blobs import Blobs
 
 INLINE_MAX = 8 * 1024
 # The passthrough options hand datetimes, dataclasses and subclasses of str/int/dict/list to

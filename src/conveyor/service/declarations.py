@@ -9,14 +9,16 @@ queued tasks wait for a worker of their declaration, with the difference to the 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import UserError
-from conveyor.pipeline import Pipeline
 from conveyor.pipeline.declarations import difference
 from conveyor.runtime.fleet import worker_state
 from conveyor.service.workers import LIMIT, SHOW_LOST_S
 from conveyor.store import RunRecord, SqlStore, WorkerRow
+
+if TYPE_CHECKING:
+    from conveyor.pipeline import Pipeline
 
 
 def recorded(run: RunRecord) -> dict[str, tuple[str, str]]:

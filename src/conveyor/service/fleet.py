@@ -1,4 +1,5 @@
-"""Worker processes kept beside a long-running server (``conveyor serve``), and stopping processes.
+"""Worker processes: how many a run starts by default, those kept beside a long-running server
+(``conveyor serve``), and stopping processes.
 
 The workers are `conveyor worker TARGET` processes that never go idle-exit. They are started with the server,
 stopped with it (its app's shutdown stops them, before uvicorn re-raises the signal it caught), and started
@@ -57,6 +58,11 @@ class ServingFleet:
             self.stopping.set()
             procs = list(self.procs)
         stop_processes(procs, grace_s=15)
+
+
+def default_workers() -> int:
+    """One worker process per CPU core (``conveyor run``'s and ``resume``'s default, shown in their --help)."""
+    return max(1, os.cpu_count() or 1)
 
 
 def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:

@@ -22,7 +22,7 @@ from conveyor.blobs import Blobs
 from conveyor.errors import Conflict, UserError
 from conveyor.pipeline import Pipeline
 from conveyor.pipeline import params as params_rule
-from conveyor.runtime.expand import LANE_RANKS
+from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.transitions.events import event, outcome_stages, settle

@@ -9,14 +9,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from conveyor.blobs import Blobs
 from conveyor.errors import BlobError
 from conveyor.runtime.values import decode
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
 from conveyor.store.reports import OutcomeStages
+
+if TYPE_CHECKING:
+    from conveyor.blobs import Blobs
 
 MAX_SLICE_VALUES = 50
 KEY_CHUNK = 5000

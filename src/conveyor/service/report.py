@@ -9,16 +9,17 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor.blobs import Blobs
 from conveyor.errors import NotFound, StateConflict, UserError
-from conveyor.runtime import transitions
-from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.heartbeat import stopped
+from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.service.records import RunGraph, SampleOptions, quality_sample
 from conveyor.service.tenancy import tenant_runs, visible
 from conveyor.store import UNFINISHED_RUNS, DeadLetter, RunRecord, SqlStore
+
+if TYPE_CHECKING:
+    from conveyor.blobs import Blobs
 
 TaskCounts = Sequence[tuple[str, str, int, int]]  # store.task_counts: (stage, status, cached, count)
 USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", "unpriced_calls")
@@ -365,6 +366,8 @@ def dlq_replay(
         if run_id is None and stage is None and error_class is None and not everything:
             raise UserError("name dead-letter ids, or select them with --run/--stage/--error-class (or --all)")
         ids = [e.id for e in store.dead_letters(run_id, stage, error_class, False, 1_000_000)]
+    from conveyor.runtime import transitions  # here: a write; the reports that only read do not load it
+
     replayed = transitions.replay_dead_letters(store, ids, reason, store.clock())
     return {"replayed": len(replayed), "ids": ids, "reason": reason,
             "skipped": _not_replayed(store, sorted(set(ids) - set(replayed)))}

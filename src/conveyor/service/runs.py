@@ -21,7 +21,7 @@ from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.declarations import check_same
-from conveyor.service.fleet import USER_ERROR_EXIT, stop_processes
+from conveyor.service.fleet import USER_ERROR_EXIT, default_workers, stop_processes
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
@@ -31,11 +31,6 @@ from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
 
 log = logging.getLogger("conveyor.run")
-
-
-def default_workers() -> int:
-    """One worker process per CPU core."""
-    return max(1, os.cpu_count() or 1)
 
 
 @dataclass

@@ -28,9 +28,9 @@ from conveyor.blobs import Blobs
 from conveyor.errors import InputError, UserError
 from conveyor.pipeline import Pipeline, declarations
 from conveyor.pipeline import params as params_rule
-from conveyor.runtime.expand import LANE_RANKS
 from conveyor.runtime.fingerprint import code_fingerprint
 from conveyor.runtime.heartbeat import ABANDON_AFTER_S, Heartbeat, submitter_gone, submitter_id
+from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.values import INLINE_MAX, Ref

@@ -4,33 +4,36 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import BackendUnavailable, ConveyorError, StoreError, StoreMissing, UrlError
-from conveyor.store.records import (
-    CHILD_MARK,
-    UNFINISHED_RUNS,
-    AttemptRecord,
-    ClaimedTask,
-    Crashed,
-    DeadLetter,
-    Ended,
-    ExpiredLease,
-    Lease,
-    NewDeadLetter,
-    NewItem,
-    NewOutput,
-    NewPublication,
-    NewTasks,
-    Notice,
-    PlainAttempt,
-    Retried,
-    RunRecord,
-    StoredOutput,
-    Succeeded,
-    TaskStatus,
-)
-from conveyor.store.sql_store import SqlStore
-from conveyor.store.workers import Declaration, WorkerRow
+
+if TYPE_CHECKING:
+    from conveyor.store.records import (
+        CHILD_MARK,
+        UNFINISHED_RUNS,
+        AttemptRecord,
+        ClaimedTask,
+        Crashed,
+        DeadLetter,
+        Ended,
+        ExpiredLease,
+        Lease,
+        NewDeadLetter,
+        NewItem,
+        NewOutput,
+        NewPublication,
+        NewTasks,
+        Notice,
+        PlainAttempt,
+        Retried,
+        RunRecord,
+        StoredOutput,
+        Succeeded,
+        TaskStatus,
+    )
+    from conveyor.store.sql_store import SqlStore
+    from conveyor.store.workers import Declaration, WorkerRow
 
 DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
@@ -42,6 +45,32 @@ __all__ = [
     "lost_connection", "new_store_note", "open_store", "sqlite_path",
 ]
 
+# The records and the store, by the module that defines each: imported when first used, so that a command
+# that only names DEFAULT_DB (every command's --db default) does not load the store's modules.
+_LAZY = {
+    **dict.fromkeys(("CHILD_MARK", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter",
+                     "Ended", "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication",
+                     "NewTasks", "Notice", "PlainAttempt", "Retried", "RunRecord", "StoredOutput", "Succeeded",
+                     "TaskStatus"), "conveyor.store.records"),
+    "SqlStore": "conveyor.store.sql_store",
+    **dict.fromkeys(("Declaration", "WorkerRow"), "conveyor.store.workers"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 def open_store(url: str | None = None, *, migrate: bool = True, create: bool = True) -> SqlStore:
     """Open ``sqlite:///path.db`` or ``postgresql://...``; apply migrations unless told not to.
@@ -49,6 +78,8 @@ def open_store(url: str | None = None, *, migrate: bool = True, create: bool = T
     ``create=False`` is for commands that only read: a SQLite file that does not exist yet, or a database
     with no conveyor schema, raises ``StoreMissing`` instead of being created (with its folder).
     """
+    from conveyor.store.sql_store import SqlStore
+
     url = url or os.environ.get("CONVEYOR_DB") or DEFAULT_DB
     store = SqlStore(_dialect(url, create), url)
     if not create and not store.initialised():

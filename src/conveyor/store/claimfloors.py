@@ -39,7 +39,7 @@ from typing import TypeVar
 SLOW_CLAIM_S = 0.05  # a claim statement this slow is walking dead entries
 FLOOR_RESCAN_S = 30.0  # floors are dropped this long after they were set
 FLOOR_MARGIN_S = 5.0  # how far below a claim's clock its floor is set when the queue was exhausted
-LANES = (0, 1)  # lane ranks (runtime/expand.py LANE_RANKS), claimed in this order
+LANES = (0, 1)  # lane ranks (runtime/lanes.py LANE_RANKS), claimed in this order
 
 
 K = TypeVar("K")

@@ -310,7 +310,11 @@ class ProviderBatchQueries(QueueCountQueries):
         return {str(s): int(n) for s, n in rows}
 
     def waiting_tasks(self, run_id: str) -> dict[str, int]:
-        """Tasks of a run parked on requests not settled yet, by stage."""
+        """Tasks of a run parked on requests not settled yet, by stage. A run with none parked (most runs: every
+        `conveyor status` asks) is told by the waiters alone, which hold only the tasks parked now, instead of a
+        walk over every task of the run."""
+        if not self.db.execute("SELECT 1 FROM provider_batch_waiters WHERE run_id = ? LIMIT 1", (run_id,)):
+            return {}
         rows = self.db.execute(
             "SELECT t.stage, COUNT(DISTINCT t.id) FROM tasks t JOIN provider_batch_waiters w ON w.task_id = t.id "
             "JOIN provider_batch_requests r ON r.custom_id = w.custom_id WHERE t.run_id = ? AND w.run_id = ? "
