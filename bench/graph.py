@@ -5,10 +5,12 @@
 The pipelines of bench/graph_pipelines.py, each run whole through `conveyor run --workers 2` in a fresh store,
 on SQLite and on PostgreSQL (CONVEYOR_TEST_PG, or 127.0.0.1:5432), alternated for ``--rounds`` rounds:
 
-- chain a → b → c: 3 transitions an item; chain4 a → b → c → d: 4; join a → {b, c} → d: 4; gather (2 children
-  each) a → b → g: 4. A join (or gather) adds no more than one transition an item when the join pipeline takes
-  no longer than chain4 (the chain and one transition more): the ratio printed is (join or gather tasks/s) /
-  (chain4 tasks/s), target >= 1.0 (each run's wall time includes the command's start-up, the same for all).
+- chain a → b → c (3 transitions an item) and chain4 a → b → c → d (4): what one transition costs an item is
+  the difference of their times; join a → {b, c} → d (the chain's stages with d a join of b and c); fanout a
+  (2 children) → b, and gather, the same with g gathering b's outputs. What a join adds is join − chain, what a
+  gather adds is gather − fanout: each, divided by one transition, is the figure (target <= 1.0: a join or
+  gather adds no more than one transition's cost an item). Each run's wall time includes the command's
+  start-up, the same for every pipeline, so it cancels in the differences.
 - a reduce of ``--group-items`` members (batches of 1,000 folded up a tree) on SQLite: the peak resident memory
   of the command and its worker processes (target <= 200 MB each), and the run's wall time.
 """
@@ -35,7 +37,7 @@ from results import markers, pg_database, write_section  # noqa: E402
 
 SCRIPT = "graph"
 BEGIN, END = markers(f"{SCRIPT}.py")
-TASKS_PER_ITEM = {"chain": 3, "chain4": 4, "join": 4, "gather": 4}
+TASKS_PER_ITEM = {"chain": 3, "chain4": 4, "join": 4, "fanout": 3, "gather": 4}
 ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -116,16 +118,17 @@ def main() -> None:
              f"--group-items {args.group_items}", "",
              f"{args.items:,} items through `conveyor run --workers 2` in a fresh store each, pipelines alternated "
              f"over {args.rounds} rounds (medians; the command's start-up is in every figure). A join or gather "
-             "adds at most one transition an item when its pipeline (4 transitions an item) runs at chain4's "
-             "tasks/s (the chain of 3 and one more stage): ratio >= 1.0.", "",
-             "| backend | chain tasks/s | chain4 tasks/s | join tasks/s | join / chain4 | gather tasks/s | "
-             "gather / chain4 | met |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "adds at most one transition's cost an item when (join - chain) / (chain4 - chain) and "
+             "(gather - fanout) / (chain4 - chain) are at most 1.0 (per-item seconds, medians).", "",
+             "| backend | chain | chain4 | join | fanout | gather | one transition | join adds | gather adds | met |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for backend, by_name in rates.items():
-        med = {name: statistics.median(values) for name, values in by_name.items()}
-        j, g = med["join"] / med["chain4"], med["gather"] / med["chain4"]
-        lines.append(f"| {backend} | {med['chain']:,.0f} | {med['chain4']:,.0f} | {med['join']:,.0f} | {j:.2f} | "
-                     f"{med['gather']:,.0f} | {g:.2f} | {'yes' if min(j, g) >= 1.0 else 'no'} |")
+        per_item = {name: TASKS_PER_ITEM[name] / statistics.median(values) * 1e6 for name, values in by_name.items()}
+        step = per_item["chain4"] - per_item["chain"]
+        join, gather = (per_item["join"] - per_item["chain"]) / step, (per_item["gather"] - per_item["fanout"]) / step
+        cells = " | ".join(f"{per_item[n]:.0f} µs" for n in ("chain", "chain4", "join", "fanout", "gather"))
+        lines.append(f"| {backend} | {cells} | {step:.0f} µs | {join:.2f} | {gather:.2f} | "
+                     f"{'yes' if max(join, gather) <= 1.0 else 'no'} |")
     lines += ["", f"A reduce of {args.group_items:,} members (batches of 1,000, folded) on SQLite: the run took "
               f"{wall:.1f} s; peak resident memory of the command and its workers {peak_mb:.0f} MB (target <= 200 "
               f"MB: {'met' if peak_mb <= 200 else 'not met'}); outcomes {out['outcomes']}. One member added, the "

@@ -3,6 +3,7 @@
 - ``chain``: a → b → c (3 transitions an item), as bench/noop_pipeline.py;
 - ``join``: a → {b, c} → d, d a join of b and c (4 transitions an item: the chain's 3 and the join);
 - ``gather``: a fans out 2 children → b on each → g gathers them (4 transitions an item);
+- ``chain4`` (a → b → c → d) and ``fanout`` (the gather's pipeline without its gather): the yardsticks;
 - ``reduce``: a → total, one group of every item, called on batches of 1,000 members folded up a tree.
 """
 
@@ -15,6 +16,7 @@ from conveyor.pipeline import Pipeline
 chain = Pipeline("bench_graph_chain")
 join = Pipeline("bench_graph_join")
 gather = Pipeline("bench_graph_gather")
+fanout = Pipeline("bench_graph_fanout")
 reduce = Pipeline("bench_graph_reduce")
 
 
@@ -68,3 +70,7 @@ chain4.stage(name="a")(same)
 chain4.stage(name="b", after="a")(same)
 chain4.stage(name="c", after="b")(same)
 chain4.stage(name="d", after="c")(same)
+
+# The gather's pipeline without its gather (a fans out 2 children → b on each: 3 transitions an item).
+fanout.stage(name="a", kind="fanout")(split.fn)
+fanout.stage(name="b", after="a")(same)
