@@ -156,6 +156,8 @@ def test_the_command_line_makes_groups_of_a_run_answered_whole_from_the_memo(tmp
     again = cli_json("run", target, *common, cwd=tmp_path)
     assert first["outcomes"] == {"completed": 3, "published": 2} and first["unaccounted"] == 0
     assert again["outcomes"] == first["outcomes"] and again["stage_calls"] == 0
+    status = cli_json("status", again["run_id"], "--db", store_url, cwd=tmp_path)
+    assert status["groups_waiting"] == []
     report = cli_json("reconcile", again["run_id"], "--db", store_url, cwd=tmp_path)
     assert report["groups"] == {"by_letter": {"groups": 2, "members": 2, "left_out": 0},
                                 "everything": {"groups": 1, "members": 2, "left_out": 0}}

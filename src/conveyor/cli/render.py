@@ -259,6 +259,9 @@ def status(data: dict[str, Any]) -> None:
         out.print(f"note: {escape(data['note'])}")
     for wait in data.get("waiting_for_workers") or []:
         out.print(f"[yellow]waiting:[/] {escape(wait['message'])}")
+    for stage in data.get("groups_waiting") or []:
+        out.print(f"groups of {escape(stage)}: made once every item of the run has settled before it "
+                  "(items awaiting review or still running hold them back)")
     waiting = data.get("provider_batch_waiting")
     if waiting:
         out.print("waiting on provider batches: " + ", ".join(f"{stage} {n:,}" for stage, n in waiting.items())

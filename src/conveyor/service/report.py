@@ -260,6 +260,8 @@ def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     status["stage_activity"] = stage_activity(store, run, counts)
     status["provider_batch_waiting"] = store.waiting_tasks(run.run_id)  # parked on the provider batch lane
     status["waiting_for_workers"] = waiting_for_workers(store, run, status)
+    if has_groups(run):  # group stages whose groups are not made yet: they wait for every item to settle
+        status["groups_waiting"] = [stage for _, stage in store.group_waits(run.pipeline, run.run_id)]
     outcomes = outcomes_of(store, run, status)
     status["outcomes"] = outcomes
     status["unaccounted"] = status["expected"] - sum(outcomes.values())
