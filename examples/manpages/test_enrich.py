@@ -106,14 +106,17 @@ def test_the_parser_gives_the_running_text_when_asked() -> None:
 def test_the_pipeline_is_declared_as_the_demo_describes() -> None:
     from pipeline import LIMITS, STRONG_MODEL, pipe
 
-    shape = {s.name: (s.after, s.kind) for s in pipe}
-    assert shape == {"parse": (None, "map"), "embed": ("parse", "map"), "extract": ("embed", "map"),
-                     "publish": ("extract", "publish")}
-    assert pipe["extract"].is_async and pipe["embed"].is_async
-    assert pipe["publish"].into == "manuals"
-    # The prompt is a run parameter the stage reads: its value is in extract's task keys, no other stage's.
+    shape = {s.name: (s.parents, s.kind) for s in pipe}
+    assert shape == {"parse": ((), "map"), "chunk": (("parse",), "fanout"), "embed": (("chunk",), "map"),
+                     "vectors": (("embed",), "gather"), "extract": (("parse",), "map"),
+                     "publish": (("extract", "vectors"), "publish"), "sections": (("extract",), "group"),
+                     "publish_section": (("sections",), "publish")}
+    assert pipe["extract"].is_async and pipe["embed"].is_async and pipe["sections"].is_async
+    assert pipe["publish"].into == "manuals" and pipe["publish_section"].into == "sections"
+    # The prompt and the embedding model are run parameters: each in its own stage's task keys, no other stage's.
     assert pipe["extract"].params == ("prompt_version",) and pipe.params["prompt_version"].default == DEFAULT_PROMPT
-    assert [s.name for s in pipe if s.params] == ["extract"]
+    assert {s.name: s.params for s in pipe if s.params} == {"extract": ("prompt_version",),
+                                                            "embed": ("embed_model",)}
     accept = pipe["extract"].accept
     assert accept is not None and accept.repair and accept.schema is ManualRecord
     assert accept.threshold == 0.7 and accept.tiers == ({"model": STRONG_MODEL},)

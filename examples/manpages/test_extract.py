@@ -99,14 +99,11 @@ def stages() -> Any:
     return pipe
 
 
-def embedded() -> dict[str, Any]:
-    return {"page": PAGE, "vectors": [pack_vector([0.5] * 384)]}
-
-
 def verdict(pipe: Any, record: dict[str, Any] | str) -> Any:
+    """The extract stage's boundary on an answer for PAGE (extract's input is the parsed page)."""
     text = record if isinstance(record, str) else json.dumps(record)
-    known = {"title": "GZIP", "section": "1", "description": PAGE["description"], "vectors": embedded()["vectors"]}
-    return judge(pipe["extract"].accept, Answer(text, known=known), embedded(), {})
+    known = {"title": "GZIP", "section": "1", "description": PAGE["description"]}
+    return judge(pipe["extract"].accept, Answer(text, known=known), PAGE, {})
 
 
 def test_an_answer_is_accepted_with_the_fields_known_by_rule(stages: Any) -> None:
@@ -149,10 +146,11 @@ def test_the_simulators_answer_cut_anywhere_is_never_accepted_unfinished(stages:
         assert v.refusal == "invalid_format" or (v.record == whole.record and "}" not in fenced[cut:]), cut
 
 
-def test_publish_hands_the_record_its_text_and_its_vectors_to_the_built_in_target(stages: Any) -> None:
+def test_publish_joins_the_record_and_the_gathered_vectors_for_the_built_in_target(stages: Any) -> None:
     record = {"names": ["gzip"], "summary": "Compresses.", "keywords": ["zip"], "confidence": 0.9,
-              "description": "compress or expand files", "vectors": embedded()["vectors"]}
-    published = stages["publish"].fn(None, record)
+              "description": "compress or expand files"}
+    packed = [pack_vector([0.5] * 384), pack_vector([0.25] * 384)]
+    published = stages["publish"].fn(None, record, packed)  # a join: the record, then the vectors gather's list
     assert isinstance(published, Record) and "vectors" not in published.fields
     assert published.text == "gzip compress or expand files Compresses. zip"
-    assert [list(v) for v in published.vectors] == [unpack_vector(record["vectors"][0])]
+    assert [list(v) for v in published.vectors] == [unpack_vector(p) for p in packed]
