@@ -11,7 +11,7 @@ import conveyor
 SRC = Path(conveyor.__file__).parent
 
 # Which layers each layer may import (besides itself and the package root's modules, which import no layer).
-ROOT_MODULES = {"errors", "retry_after"}
+ROOT_MODULES = {"errors", "lazy", "retry_after"}
 ALLOWED = {
     "cli": {"api", "metrics", "service", "runtime", "pipeline", "acceptance", "store", "blobs", "providers"},
     "api": {"metrics", "service", "runtime", "pipeline", "acceptance", "store", "blobs"},

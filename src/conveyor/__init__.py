@@ -34,6 +34,8 @@ _LAZY = {
 }
 
 
+# Written out rather than conveyor.lazy.lazy_names (which store, pipeline and providers use): `conveyor
+# --version` imports this package and no module of it beyond the CLI's (tests/test_startup_imports.py).
 def __getattr__(name: str) -> Any:
     import importlib
 

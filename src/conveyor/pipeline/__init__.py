@@ -5,7 +5,9 @@ declarations (``conveyor status``) does not load the whole declaration API."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from conveyor.lazy import lazy_names
 
 if TYPE_CHECKING:
     from conveyor.pipeline.alerts import Alerts
@@ -43,16 +45,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)

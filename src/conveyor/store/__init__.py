@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from conveyor.errors import BackendUnavailable, ConveyorError, StoreError, StoreMissing, UrlError
+from conveyor.lazy import lazy_names
 
 if TYPE_CHECKING:
     from conveyor.store.records import (
@@ -57,19 +58,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
 
 
 def open_store(url: str | None = None, *, migrate: bool = True, create: bool = True) -> SqlStore:
