@@ -211,6 +211,67 @@ def test_the_wall_time_is_held_to_the_models_quota_and_to_the_measured_latency()
     assert small["seconds"] == pytest.approx(3.0 + 40 * 2.0 / 8 + 2.0)
 
 
+def _spread_history(span: float = 0.0) -> StageHistory:
+    """50 attempts of 1,000 tokens with a spread of 300 (500 of them an answer's unused room at max_tokens 600)."""
+    return StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * (1000.0**2 + 300.0**2), 0.05, 0.0, 100.0, 200.0,
+                                      50, 0), {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)],
+                           span=span)
+
+
+def _quota_pipe() -> Pipeline:
+    pipe = Pipeline("cliff", limits={"m": RateLimit(tpm=100_000)})
+
+    @pipe.stage(version="1", concurrency=4, config={"model": "m", "max_tokens": 600})
+    async def ask(ctx: Any, text: str) -> str:
+        return text
+
+    return pipe
+
+
+def test_a_run_at_its_quota_gives_both_sides_of_the_minute_and_the_chance_of_each() -> None:
+    past = History({"ask": _spread_history(span=100.0)}, ("r1",), "history", {}, startup=3.0)
+    # 100 tasks of 1,000 tokens (± their spread) against 100,000 a minute: the run may fit, or its last grants
+    # wait for the first ones to age out, a minute later. Both are said, and which is likelier.
+    at = forecast(_quota_pipe(), past, {"ask": 100}, workers=2, prices=[])
+    low, high = at["seconds_range"]
+    # Under: the stages' own 25 s (2 s a call, 8 at once). Over: the last grants a minute after the first.
+    assert low == pytest.approx(3.0 + 100 * 2.0 / 8 + 2.0) and high == pytest.approx(3.0 + 60.0 + 2.0)
+    cliff = at["quota_cliff"]
+    assert cliff["model"] == "m" and cliff["limit"] == 100_000 and 0.0 < cliff["chance_paced"] < 1.0
+    assert at["seconds"] == (high if cliff["chance_paced"] >= 0.5 else low)
+    assert "m's quota may pace it" in at["basis"] and "seconds_range" in at["basis"]
+    # Far from a multiple of the limit, one figure: the range is that figure, and no cliff is named.
+    far = forecast(_quota_pipe(), past, {"ask": 40}, workers=2, prices=[])
+    assert far["quota_cliff"] is None and far["seconds_range"] == [far["seconds"], far["seconds"]]
+
+
+def test_calls_in_flight_hold_room_for_as_many_as_the_stage_had_in_flight() -> None:
+    # The same 97 tasks: measured with 8 attempts in flight (100 s of attempts over 12.5 s), the calls in flight
+    # hold 8 x 500 tokens; measured with 1 in flight, 500. 97,000 + 4,000 passes a minute's 100,000; + 500 does not.
+    crowded = History({"ask": _spread_history(span=12.5)}, ("r1",), "history", {})
+    sparse = History({"ask": _spread_history(span=100.0)}, ("r1",), "history", {})
+    assert crowded.stages["ask"].in_flight == pytest.approx(8.0) and sparse.stages["ask"].in_flight == 1.0
+    many = forecast(_quota_pipe(), crowded, {"ask": 97}, workers=2, prices=[])
+    few = forecast(_quota_pipe(), sparse, {"ask": 97}, workers=2, prices=[])
+    assert many["quota_cliff"]["used"] == pytest.approx(97_000 + 8 * 500)
+    assert few["quota_cliff"]["used"] == pytest.approx(97_000 + 500)
+    assert many["quota_cliff"]["chance_paced"] > 0.5 > few["quota_cliff"]["chance_paced"]
+
+
+def test_a_dry_run_counts_a_task_equal_to_an_earlier_one_as_a_memo_answer(
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SINK", str(tmp_path / "sink.log"))
+    target = write_pipeline(tmp_path, FAKE)
+    docs = make_docs(tmp_path / "docs", 6, "a question with six words {i}")
+    for i in range(3):  # three more pages, each the same as one of the first
+        (docs / f"copy{i}.txt").write_bytes((docs / sorted(p.name for p in docs.iterdir())[i]).read_bytes())
+    submit_and_work(target, make_docs(tmp_path / "other", 4, "some other words {i}"), store_url, tmp_path / "blobs")
+    plan = _plan(target, docs, store_url, tmp_path / "blobs")
+    assert plan["stages"]["read"] == {"tasks": 9, "memo": 3, "run": 6, "estimated": 0}
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    assert reconciled(store_url, run_id)["usage"]["provider_calls"] == 6
+
+
 SLOW = """
     import asyncio
     from conveyor import Pipeline

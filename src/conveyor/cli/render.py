@@ -491,6 +491,9 @@ def _forecast(forecast: dict[str, Any]) -> None:
             line += f" (± {usd(forecast['cost_margin'])})"
     if seconds is not None:
         line += f", about {_clock(seconds)}"
+        low, high = forecast.get("seconds_range") or (seconds, seconds)
+        if high > low:  # at a quota's minute: either side may happen
+            line += f" ({_clock(low)} to {_clock(high)})"
     out.print(line + f" ({forecast['basis']})")
 
 

@@ -16,7 +16,13 @@ overlap), plus one attempt of each stage (the last item still has to pass throug
 its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean).
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
-limit: T / L minutes). Near a multiple of L a small error in the tokens moves that by a minute.
+limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
+many calls as the stage had in flight on average, not as many as it may have. Near a multiple of L a small error
+in the tokens moves that by a minute: where the tokens' 95% margin straddles one, the forecast takes the likelier
+side, gives both (``seconds_range``) and says so (``quota_cliff``, with the chance of the wait).
+
+A task equal to another of the same run (the same input, version and config) is one call: the dry run counts
+the second as a memo answer (service/dryrun.py).
 """
 
 from __future__ import annotations
@@ -68,15 +74,17 @@ class StageHistory:
     tiers: Mapping[int, TierUse] = field(default_factory=dict)
     paid: tuple[ModelUse, ...] = ()  # what each model's calls cost: a price for a model the table lacks
     asked: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)  # (version, config) -> models
+    in_flight: float = 0.0  # attempts it had running at once, on average over its span (0: not measured)
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
-           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> StageHistory:
+           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None, span: float = 0.0) -> StageHistory:
         n = max(c.attempts, 1)
         return cls(c.attempts, c.attempts / max(c.tasks, 1), c.tokens / n, _sd(c.tokens, c.tokens_sq, n), c.cost / n,
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
-                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}))
+                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
+                   max(1.0, c.seconds / span) if span > 0 else 0.0)
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -118,7 +126,9 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     asked: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
     for (stage, version, config), by_model in store.declared_models(run_ids).items():
         asked.setdefault(stage, {})[(version, config)] = by_model
-    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage))
+    spans = store.stage_spans(run_ids)
+    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
+                                       spans.get(c.stage, 0.0))
               for c in store.stage_costs(run_ids)}
     counts = store.stage_task_counts(run_ids)
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
@@ -190,8 +200,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    slowest = fill = by_slots = 0.0
-    by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight]
+    fill = by_slots = 0.0
+    by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
     for name, count in to_run.items():
         if count <= 0:
             continue
@@ -208,11 +218,16 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         slots = _slots(stage, workers)
         seconds = attempts * h.seconds / slots
         by_slots = max(by_slots, seconds)
+        # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
+        # average (a stage fed by a slower one fills few of its slots), at most its slots.
+        holding = min(slots, h.in_flight) if h.in_flight else slots
         for model, per_attempt in priced.tokens.items():
-            own = (attempts * per_attempt, attempts * priced.calls[model], slots * priced.reserve[model])
-            use = by_model.setdefault(model, [0.0, 0.0, 0.0])
+            own = (attempts * per_attempt, attempts * priced.calls[model], holding * priced.reserve[model])
+            share = per_attempt / h.tokens if h.tokens else 0.0
+            use = by_model.setdefault(model, [0.0, 0.0, 0.0, 0.0])
             use[0], use[1], use[2] = use[0] + own[0], use[1] + own[1], max(use[2], own[2])
-            seconds = max(seconds, _quota_seconds(limits, model, *own))
+            use[3] += t_var * share * share
+            seconds = max(seconds, _quota_pace(limits, model, *own, t_var * share * share).seconds)
         stage_cost = None if priced.cost is None else attempts * priced.cost
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
@@ -224,19 +239,28 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         cost += stage_cost or 0.0
         tokens_var += t_var
         cost_var += t_var * per_token * per_token + attempts * attempts * priced.mix_var
-        slowest = max(slowest, seconds)
         fill += h.seconds
-    quota, pacer = max(((_quota_seconds(limits, m, *use), m) for m, use in by_model.items()), default=(0.0, ""))
-    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None)
-    busy = max(slowest, quota)
+    paces = {m: _quota_pace(limits, m, *use) for m, use in by_model.items()}
+    quota, pacer = max(((p.seconds, m) for m, p in paces.items()), default=(0.0, ""))
+    # A model's quota over every stage that calls it holds at least as long as over any one of them.
+    busy = max(by_slots, quota)
     seconds = past.startup + busy + fill if busy else 0.0
+    low = max((p.low for p in paces.values()), default=0.0)
+    high = max((p.high for p in paces.values()), default=0.0)
+    span = [past.startup + max(by_slots, low) + fill if busy else 0.0,
+            past.startup + max(by_slots, high) + fill if busy else 0.0]
+    cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
+                key=lambda p: p.high)
+    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff)
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
             "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
-            "seconds": seconds, "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
+            "seconds": seconds, "seconds_range": span, "quota_cliff": None if cliff is None else cliff.cliff,
+            "confidence": 0.95, "workers": workers, "unknown_stages": unknown,
             "unpriced_stages": unpriced, "startup_seconds": past.startup if busy else 0.0, "stages": stages}
 
 
-def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None) -> str:
+def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None,
+           cliff: QuotaPace | None = None) -> str:
     """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
@@ -246,7 +270,12 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
     if unpriced:
         basis += (f"; cost leaves out {', '.join(unpriced)}: the model it will call is not known or has no price "
                   "(declare it: config={'model': ...}; price it: CONVEYOR_PRICES)")
-    if pacer:
+    if cliff is not None and cliff.cliff is not None:
+        c = cliff.cliff
+        basis += (f"; {c['model']}'s quota may pace it: its {c['used']:,.0f} {c['unit']} (± {c['margin']:,.0f}) sit "
+                  f"at its limit of {c['limit']:,.0f} a minute, a {c['chance_paced']:.0%} chance of waiting "
+                  f"{WINDOW_S:.0f} s more (seconds_range)")
+    elif pacer:
         basis += f"; {pacer}'s quota paces it"
     return basis
 
@@ -362,6 +391,49 @@ def same_model(asked: str, reported: str) -> bool:
     ``gpt-4o-mini-2024-07-18`` are ``sim-1`` and ``gpt-4o-mini``."""
     base = reported.split("@", 1)[0]
     return asked in (reported, base) or (base.startswith(asked + "-") and not base[len(asked) + 1:][:1].isalpha())
+
+
+@dataclass(frozen=True)
+class QuotaPace:
+    """How long a model's quota holds a run: ``seconds`` as forecast, between ``low`` and ``high``; ``cliff``
+    says why they differ (the run's tokens or calls sit within their margin of a whole minute's limit)."""
+
+    seconds: float
+    low: float
+    high: float
+    cliff: dict[str, Any] | None = None
+
+
+def _quota_pace(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float, held: float,
+                tokens_var: float) -> QuotaPace:
+    """``_quota_seconds``, and its range when the tokens' 95% margin crosses a multiple of the limit.
+
+    A sliding minute is a cliff: a run just under a minute's limit never waits, one just over it waits a whole
+    minute for its last grants. Where the margin straddles it, the forecast takes the likelier side (the chance
+    from the tokens' spread, a normal) and gives both."""
+    seconds = _quota_seconds(limits, model, tokens, calls, held)
+    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    if limit is None or limit.spread or not tokens:
+        return QuotaPace(seconds, seconds, seconds)
+    rel = math.sqrt(tokens_var) / tokens
+    for used, per_minute, unit in ((tokens + held, limit.tpm, "tokens"), (calls, limit.rpm, "calls")):
+        if not per_minute or used <= 0:
+            continue
+        margin = Z95 * rel * used
+        edge = max(1, round(used / per_minute)) * per_minute
+        if not used - margin < edge <= used + margin:
+            continue
+        chance = 0.5 * (1.0 + math.erf((used - edge) / (margin / Z95) / math.sqrt(2.0)))
+        below = _quota_seconds(limits, model, *_scaled(tokens, calls, held, (edge - 1) / used))
+        above = max(below + WINDOW_S, seconds)
+        cliff = {"model": model, "unit": unit, "used": used, "margin": margin, "limit": per_minute,
+                 "chance_paced": chance}
+        return QuotaPace(above if chance >= 0.5 else below, below, above, cliff)
+    return QuotaPace(seconds, seconds, seconds)
+
+
+def _scaled(tokens: float, calls: float, held: float, by: float) -> tuple[float, float, float]:
+    return tokens * by, calls * by, held * by
 
 
 def _quota_seconds(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float,

@@ -91,6 +91,22 @@ class ForecastQueries:
                 by_model[str(model)] = by_model.get(str(model), 0) + int(count)
         return found
 
+    def stage_spans(self, run_ids: Sequence[str]) -> dict[str, float]:
+        """stage -> the seconds its invoked attempts spanned, from the first one's start to the last one's end,
+        added over these runs (its attempts' seconds over this: how many it had in flight on average)."""
+        if not run_ids:
+            return {}
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT t.stage, MAX(a.started_at + COALESCE(a.duration, 0)) - MIN(a.started_at)
+            FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id IN ({marks}) AND a.invoked = 1 AND a.started_at IS NOT NULL
+            GROUP BY a.run_id, t.stage""", list(run_ids))
+        spans: dict[str, float] = {}
+        for stage, span in rows:
+            spans[str(stage)] = spans.get(str(stage), 0.0) + max(0.0, float(span or 0.0))
+        return spans
+
     def run_startups(self, run_ids: Sequence[str]) -> list[float]:
         """Per run, the seconds from its creation to its first attempt (submission, workers starting)."""
         if not run_ids:
