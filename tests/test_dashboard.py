@@ -181,7 +181,8 @@ def test_actions_need_the_csrf_value_and_do_what_the_api_does(server: Server) ->
         assert by_class.status_code == 303 and "replayed=" in by_class.headers["location"]
 
         queue = b.get("/reviews").text
-        entries = re.findall(r'data-review="(\d+)">\s*<header>\s*<strong>#\d+</strong> <a href="/runs/([^/]+)/', queue)
+        entries = re.findall(r'data-review="(\d+)"[^>]*>\s*<header>\s*<input[^>]*>\s*<strong>#\d+</strong> '
+                             r'<a href="/runs/([^/]+)/', queue)
         ids = dict(entries)
         by_run = {run: int(review_id) for review_id, run in ids.items()}
         approved, edited, rejected = (by_run[j] for j in unsure)
@@ -209,6 +210,39 @@ def test_actions_need_the_csrf_value_and_do_what_the_api_does(server: Server) ->
         listed = api.get("/v1/reviews", params={"all": True}).json()["reviews"]
     decided = {e["id"]: (e["status"], e["decided_by"]) for e in listed}
     assert decided[approved] == ("approved", "dashboard:acme") and decided[rejected] == ("rejected", "dashboard:acme")
+
+
+def test_the_review_queue_is_grouped_by_reason_and_decides_a_selection(server: Server) -> None:
+    acme, globex = server.token("acme"), server.token("globex")
+    mine = [submit(server, acme, f"unsure {n}", ("awaiting_review",)) for n in range(4)]
+    theirs = submit(server, globex, "unsure of globex", ("awaiting_review",))
+    with browser(server, globex) as other:
+        their_id = int(re.search(r'data-review="(\d+)"', other.get("/reviews").text).group(1))  # type: ignore[union-attr]
+    with browser(server, acme) as b:
+        queue = b.get("/reviews").text
+        ids = [int(i) for i in re.findall(r'name="ids" value="(\d+)" form="bulk"', queue)]
+        assert len(ids) == 4 and their_id not in ids
+        assert "low_confidence (4)" in queue and "all (4)" in queue  # counted by reason class, this tenant's only
+        assert 'data-reason-class="low_confidence"' in queue and "data-deadline=" in queue
+        assert 'data-review="' not in b.get("/reviews?reason=invalid_content").text
+        assert len(re.findall(r'data-review="', b.get("/reviews?reason=low_confidence").text)) == 4
+        token = csrf(queue)
+        assert b.post("/reviews/decide", data={"decision": "approve", "ids": ids[:2]}).status_code == 403
+        # Another tenant's entry in the selection is skipped, never decided, never named.
+        done = b.post("/reviews/decide", data={"csrf": token, "decision": "approve", "ids": [*ids[:2], their_id],
+                                               "next": "/reviews"})
+        assert done.status_code == 303 and done.headers["location"] == "/reviews?decided=approved&many=2&skipped=1"
+        assert "2 review(s) approved; 1 skipped" in b.get(done.headers["location"]).text
+        no_reason = b.post("/reviews/decide", data={"csrf": token, "decision": "reject", "ids": ids[2:]})
+        assert no_reason.status_code == 422 and "needs a reason" in no_reason.text
+        # A reviewer who decides twice: the entry approved a moment ago is skipped; the other is rejected.
+        again = b.post("/reviews/decide", data={"csrf": token, "decision": "reject", "ids": [ids[0], ids[2]],
+                                                "why": "off topic"})
+        assert again.headers["location"] == "/reviews?decided=rejected&many=1&skipped=1"
+        assert b.post("/reviews/decide", data={"csrf": token, "decision": "maybe", "ids": ids}).status_code == 422
+    assert [server.wait_for(acme, job, FINAL)["status"] for job in mine[:3]] == ["published", "published", "rejected"]
+    with server.client(globex) as api:
+        assert api.get(f"/v1/jobs/{theirs}").json()["status"] == "awaiting_review"
 
 
 def walk(b: httpx.Client, path: str | None, pattern: str) -> list[str]:

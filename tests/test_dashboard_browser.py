@@ -168,3 +168,48 @@ def test_replay_a_dead_letter_and_approve_a_review_by_clicking(chromium: Any, se
     page.goto(f"{server.url}/runs/{unsure}")
     expect(page.locator('[data-outcome="published"]')).to_have_text("1")
     shot(page, "run-after-approve")
+
+
+def test_the_review_queue_by_keyboard_and_by_selection(chromium: Any, server: Server) -> None:
+    from playwright.sync_api import expect
+
+    acme = server.token("acme")
+    jobs = [submit(server, acme, f"unsure page {n}", ("awaiting_review",)) for n in range(4)]
+    page = logged_in(chromium, server, acme)
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{server.url}/reviews")
+    entries = page.locator("article[data-review]")
+    expect(entries).to_have_count(4)
+    expect(page.locator("[data-deadline]").first).to_contain_text("due in 59m")  # a countdown from the 1 h deadline
+    expect(page.locator(".reasons")).to_contain_text("low_confidence (4)")
+    shot(page, "reviews-compact")
+
+    page.keyboard.press("j")  # the first entry
+    expect(entries.first).to_have_class("review compact current")
+    page.keyboard.press("o")
+    expect(entries.first.locator("pre.candidate")).to_be_visible()
+    page.keyboard.press("a")  # approved, back to the queue
+    expect(page.locator("[data-notice]")).to_contain_text("approved: its item goes on")
+    expect(entries).to_have_count(3)
+
+    page.keyboard.press("j")
+    page.keyboard.press("x")
+    page.keyboard.press("j")
+    page.keyboard.press("x")
+    expect(page.locator("[data-selected-count]")).to_have_text("2 selected")
+    page.fill('form#bulk input[name="why"]', "not a manual page")
+    page.get_by_role("button", name="Reject selected").click()
+    expect(page.locator("[data-notice]")).to_contain_text("2 review(s) rejected")
+    expect(entries).to_have_count(1)
+
+    page.keyboard.press("j")
+    page.keyboard.press("r")  # opens the entry and puts the cursor in its reason box
+    expect(entries.first.locator("[data-why]")).to_be_focused()
+    page.keyboard.type("unsure of it")
+    page.keyboard.press("Enter")
+    expect(page.locator("[data-notice]")).to_contain_text("rejected")
+    expect(entries).to_have_count(0)
+    assert [server.wait_for(acme, job, FINAL)["status"] for job in jobs].count("rejected") == 3
+    assert not errors, errors

@@ -138,13 +138,24 @@ def dead_letters_page(store: SqlStore, run_id: str, tenant: str | None, error_cl
 
 
 def reviews_page(store: SqlStore, blobs: Blobs, tenant: str | None, run_id: str | None, stage: str | None,
-                 limit: int, after: int | None = None) -> dict[str, Any]:
-    """A page of the open review queue, each entry with a preview of its answer."""
-    entries = review.review_list(store, run_id, stage, False, limit + 1, None, tenant, after)["reviews"]
+                 limit: int, after: int | None = None, reason_class: str | None = None) -> dict[str, Any]:
+    """A page of the open review queue (of one reason class, when given), each entry with a preview of its
+    answer, grouped on the page by reason class; the open entries counted by reason class; the store's time
+    (the deadlines' countdowns start from it, not from the browser's clock)."""
+    entries = review.review_list(store, run_id, stage, False, limit + 1, None, tenant, after,
+                                 reason_class)["reviews"]
     shown = entries[:limit]
     for entry in shown:
         entry["preview"] = preview(review.review_candidate(store, blobs, entry["id"], tenant))
-    return {"reviews": shown, "run": run_id, "stage": stage,
+    reasons = review.review_reasons(store, run_id, stage, tenant)
+    order = {r["reason_class"]: i for i, r in enumerate(reasons)}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in sorted(shown, key=lambda e: (order.get(e["reason_class"], len(order)), e["id"])):
+        groups.setdefault(entry["reason_class"], []).append(entry)
+    return {"reviews": shown, "groups": [{"reason_class": reason, "open": dict(
+                (r["reason_class"], r["open"]) for r in reasons).get(reason, len(members)), "reviews": members}
+                for reason, members in groups.items()],
+            "reasons": reasons, "reason": reason_class, "run": run_id, "stage": stage, "now": store.clock(),
             "next_after": shown[-1]["id"] if len(entries) > limit else None}
 
 

@@ -99,8 +99,13 @@ def item_page(view: TenantView, blobs: Blobs, run_id: str, item_key: str, offset
 
 
 def reviews_page(view: TenantView, blobs: Blobs, run_id: str | None, stage: str | None, limit: int,
-                 after: int | None) -> dict[str, Any]:
-    return dashboard.reviews_page(view.store, blobs, view.scope, run_id, stage, limit, after)
+                 after: int | None, reason_class: str | None = None) -> dict[str, Any]:
+    return dashboard.reviews_page(view.store, blobs, view.scope, run_id, stage, limit, after, reason_class)
+
+
+def decide_many(view: TenantView, blobs: Blobs, ids: Sequence[int], decision: str, by: str,
+                why: str | None) -> dict[str, Any]:
+    return review.decide_many(view.store, blobs, ids, decision, by, why, view.scope)
 
 
 def review_page(view: TenantView, blobs: Blobs, review_id: int) -> dict[str, Any]:

@@ -71,16 +71,48 @@ def _due_by_run(store: SqlStore, now: float, run_id: str | None) -> dict[str, _D
 
 def review_list(store: SqlStore, run_id: str | None = None, stage: str | None = None,
                 include_decided: bool = False, limit: int = 1000, now: float | None = None,
-                tenant: str | None = None, after: int | None = None) -> dict[str, Any]:
+                tenant: str | None = None, after: int | None = None, reason_class: str | None = None
+                ) -> dict[str, Any]:
     """The queue by id (``after``: the entries after that id, the next page). Reads only: ``overdue`` counts
     the listed open entries past their deadline, which a worker or `conveyor review expire` decides."""
     now = store.clock() if now is None else now
     if tenant is None:
-        entries = store.reviews(run_id, stage, include_decided, limit, after)
+        entries = store.reviews(run_id, stage, include_decided, limit, after, reason_class)
     else:
-        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit, after)
+        entries = store.tenant_reviews(tenant, run_id, stage, include_decided, limit, after, reason_class)
     return {"reviews": [_summary(e) for e in entries],
             "overdue": sum(1 for e in entries if e.open and e.deadline_at <= now)}
+
+
+def review_reasons(store: SqlStore, run_id: str | None = None, stage: str | None = None,
+                   tenant: str | None = None) -> list[dict[str, Any]]:
+    """The open queue's entries counted by reason class (``low_confidence``, ``invalid_content``...), largest
+    first: what a reviewer can take one kind at a time."""
+    rows = (store.review_reasons(run_id, stage) if tenant is None
+            else store.tenant_review_reasons(tenant, run_id, stage))
+    return [{"reason_class": reason, "open": count} for reason, count in rows]
+
+
+def decide_many(store: SqlStore, blobs: Blobs, ids: Sequence[int], decision: str, by: str | None = None,
+                why: str | None = None, tenant: str | None = None) -> dict[str, Any]:
+    """Approve or reject each of ``ids``; an entry decided meanwhile (by another reviewer, or twice here) or not
+    the caller's is skipped with why, and the others are decided: a selection is never half refused."""
+    if decision not in ("approve", "reject"):
+        raise UserError(f"decision {decision!r} is not one; use approve or reject")
+    if decision == "reject" and (not why or not why.strip()):
+        raise UserError("a rejection needs a reason; it is recorded with each item")
+    by = by or reviewer()
+    decided: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for review_id in dict.fromkeys(ids):  # each once, in the order given
+        try:
+            done = (approve(store, blobs, [review_id], by, why, None, tenant) if decision == "approve"
+                    else reject(store, [review_id], why or "", by, None, tenant))
+        except (StateConflict, NotFound) as exc:
+            skipped.append({"id": review_id, "why": str(exc)})
+            continue
+        decided += done["decided"]
+    return {"decided": decided, "skipped": skipped, "by": by, "why": why}
 
 
 def review_show(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | None = None) -> dict[str, Any]:

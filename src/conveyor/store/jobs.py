@@ -382,14 +382,22 @@ class JobQueries:
     # --- what a tenant sees: the runs of its own jobs -------------------------
 
     def tenant_reviews(self, tenant: str, run_id: str | None, stage: str | None, include_decided: bool,
-                       limit: int, after: int | None = None) -> list[ReviewEntry]:
+                       limit: int, after: int | None = None, reason_class: str | None = None) -> list[ReviewEntry]:
         """Review entries of ``tenant``'s jobs, as ``reviews()`` lists them."""
-        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage)), after)
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage), ("reason_class", reason_class)),
+                                    after)
         if not include_decided:
             clauses.append("decided_at IS NULL")
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE {' AND '.join(clauses)} ORDER BY id "
                                "LIMIT ?", (*params, limit))
         return [ReviewEntry(*r) for r in rows]
+
+    def tenant_review_reasons(self, tenant: str, run_id: str | None, stage: str | None) -> list[tuple[str, int]]:
+        """(reason class, open entries) of ``tenant``'s queue, as ``review_reasons()`` counts them."""
+        clauses, params = _narrowed(tenant, (("run_id", run_id), ("stage", stage)))
+        rows = self.db.execute(f"SELECT reason_class, COUNT(*) FROM reviews WHERE {' AND '.join(clauses)} AND "
+                               "decided_at IS NULL GROUP BY reason_class ORDER BY COUNT(*) DESC, reason_class", params)
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     def tenant_dead_letters(self, tenant: str, run_id: str | None, stage: str | None, error_class: str | None,
                             include_replayed: bool, limit: int, after: int | None = None) -> list[DeadLetter]:

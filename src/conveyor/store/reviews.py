@@ -183,23 +183,23 @@ class ReviewQueries:
     # --- reading the queue ----------------------------------------------------------------------------
 
     def reviews(self, run_id: str | None = None, stage: str | None = None, include_decided: bool = False,
-                limit: int = 1000, after: int | None = None) -> list[ReviewEntry]:
+                limit: int = 1000, after: int | None = None, reason_class: str | None = None) -> list[ReviewEntry]:
         """Review entries by id (those after id ``after``, when given: the next page). A run's entries are its own
         and those its tasks wait on: a task whose key waited for review already joined that entry (a re-run)."""
-        clauses: list[str] = [] if include_decided else ["decided_at IS NULL"]
-        params: list[str | int] = []
-        if run_id is not None:
-            clauses.append(f"(run_id = ? OR {WAITED_ON_BY_RUN})")
-            params += [run_id, run_id]
-        if stage is not None:
-            clauses.append("stage = ?")
-            params.append(stage)
+        clauses, params = _review_filters(run_id, stage, include_decided, reason_class)
         if after is not None:
             clauses.append("id > ?")
             params.append(after)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews {where} ORDER BY id LIMIT ?", (*params, limit))
         return [ReviewEntry(*r) for r in rows]
+
+    def review_reasons(self, run_id: str | None = None, stage: str | None = None) -> list[tuple[str, int]]:
+        """(reason class, open entries) of the queue as ``reviews`` narrows it, the largest first."""
+        clauses, params = _review_filters(run_id, stage, False, None)
+        rows = self.db.execute(f"SELECT reason_class, COUNT(*) FROM reviews WHERE {' AND '.join(clauses)} "
+                               "GROUP BY reason_class ORDER BY COUNT(*) DESC, reason_class", params)
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     def review(self, review_id: int) -> ReviewEntry | None:
         rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE id = ?", (review_id,))
@@ -267,3 +267,19 @@ class ReviewQueries:
         rows = self.db.execute("SELECT COALESCE(decision, 'open'), COUNT(*) FROM reviews WHERE run_id = ? "
                                "GROUP BY COALESCE(decision, 'open')", (run_id,))
         return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _review_filters(run_id: str | None, stage: str | None, include_decided: bool,
+                    reason_class: str | None) -> tuple[list[str], list[str | int]]:
+    clauses: list[str] = [] if include_decided else ["decided_at IS NULL"]
+    params: list[str | int] = []
+    if run_id is not None:
+        clauses.append(f"(run_id = ? OR {WAITED_ON_BY_RUN})")
+        params += [run_id, run_id]
+    if stage is not None:
+        clauses.append("stage = ?")
+        params.append(stage)
+    if reason_class is not None:
+        clauses.append("reason_class = ?")
+        params.append(reason_class)
+    return clauses, params

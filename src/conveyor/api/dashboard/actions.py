@@ -9,7 +9,7 @@ what was done through a query parameter of fixed meaning (``?replayed=N``, ``?de
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, Query, Request
@@ -32,13 +32,15 @@ from conveyor.api.dashboard.session import (
 )
 from conveyor.api.operations import Name, RowId
 from conveyor.api.settings import MAX_JSON
-from conveyor.errors import Unauthorized
+from conveyor.errors import Unauthorized, UserError
 from conveyor.service import operations as ops
+from conveyor.service.dashboard import MAX_PAGE
 from conveyor.service.tokens import authenticate
 
-# A form is a handful of fields and no file; a review's edited fields may be large (the 16 MiB body limit).
+# A form is a handful of fields (a selection of review entries: one a page's entry) and no file; a review's
+# edited fields may be large (the 16 MiB body limit).
 router = APIRouter(route_class=PageRoute, include_in_schema=False,
-                   form_limits={"max_files": 0, "max_fields": 16, "max_part_size": MAX_JSON})
+                   form_limits={"max_files": 0, "max_fields": 16 + MAX_PAGE, "max_part_size": MAX_JSON})
 TEXT = r"^[^\x00]*$"
 Who = Annotated[Viewer, Depends(viewer)]
 Csrf = Annotated[str | None, Form(max_length=200)]
@@ -139,6 +141,22 @@ async def reject(review_id: RowId, who: Who, view: View, why: Why, csrf: Csrf = 
     check_csrf(who, csrf)
     await view.call(ops.reject, review_id, why, who.by)
     return _back(safe_next(next or "/reviews"), decided="rejected", id=review_id)
+
+
+@router.post("/reviews/decide")
+async def decide_selected(svc: Svc, who: Who, view: View,
+                          decision: Annotated[Literal["approve", "reject"], Form()],
+                          ids: Annotated[list[int], Form(max_length=MAX_PAGE)], csrf: Csrf = None,
+                          why: Annotated[str | None, Form(max_length=10_000, pattern=TEXT)] = None,
+                          next: Next = None) -> Response:
+    """Approve or reject the selected entries (a rejection needs its reason); an entry decided meanwhile is
+    skipped and counted (``?skipped=N``), the others are decided."""
+    check_csrf(who, csrf)
+    if any(i < 1 for i in ids):
+        raise UserError("review ids are positive whole numbers")
+    done = await view.call(ops.decide_many, svc.blobs, ids, decision, who.by, why or None)
+    told = "approved" if decision == "approve" else "rejected"
+    return _back(safe_next(next or "/reviews"), decided=told, many=len(done["decided"]), skipped=len(done["skipped"]))
 
 
 def _back(path: str, **told: object) -> RedirectResponse:

@@ -82,10 +82,13 @@ async def item(request: Request, run_id: Name, item_key: str, svc: Svc, view: Vi
 
 @router.get("/reviews", response_class=HTMLResponse)
 async def reviews(request: Request, svc: Svc, view: View, run: Filter = None, stage: Filter = None,
-                  after: After = None, limit: Limit = 20, decided: Decided = None, id: Count = None) -> HTMLResponse:
-    """The open review queue with Approve, Edit and Reject per entry."""
-    data = await view.call(ops.reviews_page, svc.blobs, run, stage, limit, after)
-    return page(request, "reviews.html", data=data, limit=limit, decided=decided, decided_id=id)
+                  reason: Filter = None, after: After = None, limit: Limit = 50, decided: Decided = None,
+                  id: Count = None, many: Count = None, skipped: Count = None) -> HTMLResponse:
+    """The open review queue, one line an entry (expandable), grouped by reason class, with Approve, Edit and
+    Reject per entry, the same decisions on a selection, and keyboard shortcuts (static/reviews.js)."""
+    data = await view.call(ops.reviews_page, svc.blobs, run, stage, limit, after, reason)
+    return page(request, "reviews.html", data=data, limit=limit, decided=decided, decided_id=id, many=many,
+                skipped=skipped)
 
 
 @router.get("/reviews/{review_id}", response_class=HTMLResponse)
