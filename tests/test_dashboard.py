@@ -245,6 +245,41 @@ def test_the_review_queue_is_grouped_by_reason_and_decides_a_selection(server: S
         assert api.get(f"/v1/jobs/{theirs}").json()["status"] == "awaiting_review"
 
 
+def _events(stream: Any, wanted: str) -> list[str]:
+    """The stream's event names up to and including ``wanted`` (comments and retry lines left out)."""
+    seen: list[str] = []
+    for line in stream.iter_lines():
+        if line.startswith("event: "):
+            seen.append(line.removeprefix("event: "))
+            if seen[-1] == wanted:
+                return seen
+    return seen
+
+
+def test_live_pages_are_told_when_they_change_over_server_sent_events(server: Server) -> None:
+    acme, globex = server.token("acme"), server.token("globex")
+    done = submit(server, acme, "a sure thing")
+    with browser(server, acme) as b:
+        page = b.get(f"/runs/{done}").text
+        assert f'data-changes="/runs/{done}/changes"' not in page  # a finished run's page is not live
+        with b.stream("GET", f"/runs/{done}/changes") as stream:  # asked anyway: it says the run is over
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert _events(stream, "end") == ["end"]
+        with b.stream("GET", "/changes") as stream:
+            submit(server, acme, "another sure thing")  # the runs list changes: its page is told, once it moved
+            assert _events(stream, "changed")[-1] == "changed"
+        assert b.get("/runs/nope/changes").status_code == 404
+    with browser(server, globex) as other:
+        assert other.get(f"/runs/{done}/changes").status_code == 404  # another tenant's run does not exist
+    with browser(server, acme) as b, b.stream("GET", "/changes") as stream:
+        store = open_store(server.store_url)
+        try:
+            revoke_token(store, acme)
+        finally:
+            store.close()
+        assert _events(stream, "changed") == []  # the stream ends when its token is revoked
+
+
 def walk(b: httpx.Client, path: str | None, pattern: str) -> list[str]:
     """Every match of ``pattern`` on a page and the pages after it (its rel="next" links)."""
     seen: list[str] = []

@@ -9,6 +9,7 @@ narrows every call as it does for the API (None: an operator, who sees every run
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -17,6 +18,7 @@ from conveyor.service import report, review
 from conveyor.service.plots import graph_chart, line_chart
 from conveyor.service.progress import done_at, overview, progress_stages, timeline, timeline_bucket
 from conveyor.service.show import show_item
+from conveyor.service.tenancy import tenant_runs
 from conveyor.store import RunRecord, SqlStore
 
 MAX_PAGE = 100
@@ -36,6 +38,27 @@ def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | N
         status["progress"] = progress_of(run, status) if run is not None else None
         mark_ends(status)
     return {"runs": shown, "next_before": shown[-1]["created_at"] if len(runs) > limit else None}
+
+
+def change_key(store: SqlStore, tenant: str | None, run_id: str | None = None, limit: int = 20) -> str:
+    """What a live page's content depends on, cheaply: one run's status and its running totals of tasks and
+    attempts (``run_id``), or the newest ``limit`` runs' (the runs list). Equal keys, equal pages; the page's
+    stream tells its browser to fetch the page again only when the key moves (api/dashboard/live.py)."""
+    runs = ([report.find_run(store, run_id, tenant)] if run_id is not None
+            else store.list_runs(limit) if tenant is None else tenant_runs(store, tenant, limit))
+    parts = []
+    for run in runs:
+        parts.append(f"{run.run_id}:{run.status}:{run.paused}:{run.expected}")
+        if run.status != "finished" or run_id is not None:
+            for name in ("tasks", "attempts"):
+                parts += [f"{name}:{a}:{b}:{c}:{v:g}" for a, b, c, v in sorted(store.run_totals(run.run_id, name))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def run_over(store: SqlStore, tenant: str | None, run_id: str) -> bool:
+    """Whether a run's page can change no more: its status is ``finished`` (as ``run_page`` says it)."""
+    run = report.find_run(store, run_id, tenant)
+    return report.run_state(store, run, int(store.any_open_tasks(run.pipeline, run.run_id))) == "finished"
 
 
 def mark_ends(status: dict[str, Any]) -> None:

@@ -85,6 +85,14 @@ def runs_page(view: TenantView, limit: int, before: float | None) -> dict[str, A
     return dashboard.runs_page(view.store, view.scope, limit, before)
 
 
+def change_key(view: TenantView, run_id: str | None) -> str:
+    return dashboard.change_key(view.store, view.scope, run_id)
+
+
+def run_over(view: TenantView, run_id: str) -> bool:
+    return dashboard.run_over(view.store, view.scope, run_id)
+
+
 def run_page(view: TenantView, run_id: str) -> dict[str, Any]:
     return dashboard.run_page(view.store, run_id, view.scope)
 

@@ -62,7 +62,7 @@ def run_status(store: SqlStore, run: RunRecord, attempts: dict[str, Any] | None 
     attempts = attempts if attempts is not None else store.attempt_counts(run.run_id)
     open_tasks = sum(c.get("queued", 0) + c.get("running", 0) for c in stages.values())
     return {
-        "run_id": run.run_id, "pipeline": run.pipeline, "status": _run_state(store, run, open_tasks),
+        "run_id": run.run_id, "pipeline": run.pipeline, "status": run_state(store, run, open_tasks),
         "expected": expected_items(store, run), "created_at": run.created_at,
         "stages": {name: dict(stages.get(name, {})) for name in order},
         "open_tasks": open_tasks, "cached": cached, "stage_calls": attempts.get("stage_calls", 0),
@@ -98,7 +98,7 @@ def run_progress(store: SqlStore, run: RunRecord) -> dict[str, Any]:
             "open_tasks": sum(open_ for _, open_ in counts.values())}
 
 
-def _run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
+def run_state(store: SqlStore, run: RunRecord, open_tasks: int) -> str:
     """submitting | abandoned (the submission stopped; resumable) | paused_budget | paused_breaker (tasks open,
     none claimed: `conveyor resume`) | submitted (tasks open) | finished."""
     if run.status == "submitting":

@@ -1,7 +1,8 @@
 """The dashboard: server-rendered pages at ``/`` over the same service functions and tokens as the API.
 
 Pages (GET): ``/`` runs, ``/runs/{run_id}``, ``/runs/{run_id}/dead-letters``, ``/runs/{run_id}/items/{item_key}``,
-``/reviews``, ``/reviews/{review_id}``, ``/workers``; ``/login`` and ``/logout``; ``/static/dashboard/`` its
+``/reviews``, ``/reviews/{review_id}``, ``/workers``; ``/changes`` and ``/runs/{run_id}/changes`` (when the runs
+list and a run's page changed: live.py); ``/login`` and ``/logout``; ``/static/dashboard/`` its
 stylesheet and script; ``/favicon.ico`` its icon (an SVG, served without a login, so no browser console
 shows a 404). No front-end build step: Jinja templates and one small plain-JavaScript file.
 """
@@ -14,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from conveyor.api.dashboard import actions, pages
+from conveyor.api.dashboard import actions, live, pages
 from conveyor.api.dashboard.session import local_secret
 
 
@@ -22,6 +23,7 @@ def install(app: FastAPI) -> None:
     """Add the dashboard's pages, forms and static files to ``app``."""
     app.state.dashboard_secret = local_secret()
     app.include_router(actions.router)
+    app.include_router(live.router)
     app.include_router(pages.router)
     app.add_api_route("/favicon.ico", favicon, methods=["GET"], include_in_schema=False)
     app.mount("/static/dashboard", StaticFiles(directory=str(files("conveyor.api.dashboard") / "static")),

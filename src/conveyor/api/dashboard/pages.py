@@ -1,6 +1,7 @@
 """The dashboard's pages (GET): runs, one run, its dead letters, the review queue, one review, one item's
 journey, the workers. Each is one call of service/dashboard.py in the thread pool, rendered by a template; a
-page with a ``live`` block is refreshed every 2 s by static/dashboard.js through ``?fragment=1``."""
+page with a ``live`` block is refreshed by static/dashboard.js through ``?fragment=1`` when its stream says it
+changed (live.py), or every 2 s."""
 
 from __future__ import annotations
 
