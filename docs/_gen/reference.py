@@ -48,11 +48,13 @@ def _click_app() -> Any:
 
 def _context(command: Any, info_name: str, parent: Any = None) -> Any:
     """A Click context for ``command`` (the Click that Typer carries: its own, or the click package)."""
+    import importlib
+
     try:
-        from typer._click.core import Context
+        core = importlib.import_module("typer._click.core")
     except ImportError:  # a Typer that uses the click package
-        from click import Context
-    return Context(command, info_name=info_name, parent=parent)
+        core = importlib.import_module("click")
+    return core.Context(command, info_name=info_name, parent=parent)
 
 
 def _anchor(path: list[str]) -> str:
@@ -130,7 +132,8 @@ def openapi_document() -> dict[str, Any]:
         settings = ApiSettings(db=f"sqlite:///{tmp}/store.db", blobs=f"{tmp}/blobs", relay=False)
         app = create_app(settings)
         try:
-            return app.openapi()
+            doc: dict[str, Any] = app.openapi()
+            return doc
         finally:
             app.state.services.close()
 
@@ -339,7 +342,8 @@ MEANINGS = {
     "<exception type>": ("retried", "any other exception, as its type in snake case (`key_error`)"),
 }
 
-_LITERAL = re.compile(r"""(?:Failure\(\s*|error_class\s*=\s*|_class\s*=\s*|ProviderError\(\s*)["']([a-z][a-z0-9_]+)["']""")
+_LITERAL = re.compile(r"""(?:Failure\(\s*|error_class\s*=\s*|_class\s*=\s*|ProviderError\(\s*)"""
+                      r"""["']([a-z][a-z0-9_]+)["']""")
 
 
 def error_classes() -> dict[str, list[str]]:
