@@ -187,6 +187,11 @@ def http_page(doc: dict[str, Any] | None = None) -> str:
             if body:
                 out.append(f"Body: {_body(body.get('content'))}" + (" (required)" if body.get("required") else "")
                            + "\n")
+                for kind, media in body.get("content", {}).items():  # an inline body: its fields
+                    inline = media.get("schema", {})
+                    if inline.get("properties"):
+                        out.append(f"Fields of the {kind} body:\n")
+                        out.append(_fields(inline))
             out.append(_table(["status", "meaning", "body"],
                               [[f"`{status}`", answer.get("description", ""), _body(answer.get("content"))]
                                for status, answer in op.get("responses", {}).items()]))
@@ -197,15 +202,19 @@ def http_page(doc: dict[str, Any] | None = None) -> str:
         out.append(f"### `{name}` {{#schema-{name.lower()}}}\n")
         if schema.get("description"):
             out.append(schema["description"].strip() + "\n")
-        props = schema.get("properties", {})
-        required = set(schema.get("required", []))
-        if props:
-            out.append(_table(["field", "type", "required", "meaning"],
-                              [[f"`{field}`", _schema_name(spec) or _enum(spec), "yes" if field in required else "",
-                                spec.get("description", "")] for field, spec in props.items()]))
+        if schema.get("properties"):
+            out.append(_fields(schema))
         elif "enum" in schema:
             out.append("One of " + ", ".join(f"`{v}`" for v in schema["enum"]) + ".\n")
     return "\n".join(out)
+
+
+def _fields(schema: dict[str, Any]) -> str:
+    """An object schema's fields as a table: name, type, whether required, meaning."""
+    required = set(schema.get("required", []))
+    return _table(["field", "type", "required", "meaning"],
+                  [[f"`{field}`", _schema_name(spec) or _enum(spec), "yes" if field in required else "",
+                    spec.get("description", "")] for field, spec in schema["properties"].items()])
 
 
 def _enum(spec: dict[str, Any]) -> str:
