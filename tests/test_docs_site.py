@@ -121,6 +121,22 @@ def test_every_environment_variable_the_code_reads_is_listed() -> None:
     assert not missing, f"list these in docs/reference/environment.md: {missing}"
 
 
+def test_the_exit_codes_page_lists_every_code_the_code_returns() -> None:
+    import ast
+    import inspect
+
+    from conveyor.cli.common import INTERRUPTED
+    from conveyor.service.fleet import USER_ERROR_EXIT
+    from conveyor.service.report import exit_code
+
+    listed = {int(code) for code in re.findall(r"^\| (\d+) \|", (DOCS / "reference" / "exit-codes.md").read_text(
+        encoding="utf-8"), re.M)}
+    returned = {node.value for node in ast.walk(ast.parse(inspect.getsource(exit_code)))
+                if isinstance(node, ast.Constant) and isinstance(node.value, int)}
+    assert returned == {0, 3, 4, 5}
+    assert listed == returned | {INTERRUPTED, USER_ERROR_EXIT}
+
+
 def test_the_site_fetches_nothing(site: Path) -> None:
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert re.search(r"^\s+font: false$", config, re.M)
