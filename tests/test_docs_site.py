@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SRC = ROOT / "src" / "conveyor"
@@ -29,21 +27,23 @@ def _reference() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
+def test_the_site_builds_strict_and_its_reference_says_what_the_code_does(tmp_path: Path) -> None:
+    """One build (10-20 s) for every check of what it made, so that test processes do not build it each."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-6000:]
-    return out
+    for check in (every_page_of_the_nav_is_built, the_cli_reference_has_every_command_and_option,
+                  the_http_reference_has_every_route, the_metrics_reference_has_every_family,
+                  the_tables_reference_has_every_table_and_migration, the_site_fetches_nothing):
+        check(tmp_path)
 
 
 def _page(site: Path, uri: str) -> str:
     return (site / uri / "index.html").read_text(encoding="utf-8")
 
 
-def test_every_page_of_the_nav_is_built(site: Path) -> None:
+def every_page_of_the_nav_is_built(site: Path) -> None:
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     pages = re.findall(r"(?:- |: )([\w/-]+)\.md$", nav, re.M)
     assert len(pages) >= 35
@@ -52,7 +52,7 @@ def test_every_page_of_the_nav_is_built(site: Path) -> None:
         assert built.is_file(), page
 
 
-def test_the_cli_reference_has_every_command_and_option(site: Path) -> None:
+def the_cli_reference_has_every_command_and_option(site: Path) -> None:
     import typer
 
     from conveyor.cli.commands import app
@@ -68,7 +68,7 @@ def test_the_cli_reference_has_every_command_and_option(site: Path) -> None:
     assert "--batch-create-delay-s" in html  # provider-sim's argparse flags, from its own --help
 
 
-def test_the_http_reference_has_every_route(site: Path) -> None:
+def the_http_reference_has_every_route(site: Path) -> None:
     doc = _reference().openapi_document()
     html = _page(site, "reference/http")
     assert len(doc["paths"]) > 10
@@ -76,7 +76,7 @@ def test_the_http_reference_has_every_route(site: Path) -> None:
         assert f"<code>{path}</code>" in html, path
 
 
-def test_the_metrics_reference_has_every_family(site: Path) -> None:
+def the_metrics_reference_has_every_family(site: Path) -> None:
     html = _page(site, "reference/metrics")
     from conveyor.metrics.families import COUNTERS
 
@@ -86,7 +86,7 @@ def test_the_metrics_reference_has_every_family(site: Path) -> None:
         assert gauge in html
 
 
-def test_the_tables_reference_has_every_table_and_migration(site: Path) -> None:
+def the_tables_reference_has_every_table_and_migration(site: Path) -> None:
     from conveyor.store.schema import MIGRATIONS
 
     html = _page(site, "reference/tables")
@@ -137,7 +137,7 @@ def test_the_exit_codes_page_lists_every_code_the_code_returns() -> None:
     assert listed == returned | {INTERRUPTED, USER_ERROR_EXIT}
 
 
-def test_the_site_fetches_nothing(site: Path) -> None:
+def the_site_fetches_nothing(site: Path) -> None:
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert re.search(r"^\s+font: false$", config, re.M)
     for html in (site / "index.html", site / "tutorial" / "index.html"):
