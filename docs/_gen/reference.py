@@ -340,6 +340,10 @@ MEANINGS = {
                                        "\"fail\"`)"),
     "blob_unavailable": ("retried", "the blob store (a folder, S3) did not answer or refused, after its "
                                     "client's own retries"),
+    "blob_corrupt": ("retried", "a blob's bytes are not its digest's (an object altered in the bucket): the "
+                                "wrong bytes are never handed to a stage"),
+    "blob_not_found": ("retried", "a blob the task needs is not in the blob store"),
+    "blob_too_large": ("retried", "a blob is larger than the reader allowed (`max_bytes`)"),
     "input_too_large": ("failed at once, memoised", "the stored input is larger than the stage's "
                                                     "`max_input_bytes`; it was never read"),
     "review_deadline": ("asked again at the strongest tier", "a review entry's deadline with "
