@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-startup soak chaos clean
+.PHONY: setup test demo check docs docs-serve bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-startup soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ test: setup
 demo: setup
 	$(BIN)/python examples/manpages/demo.py
 	$(BIN)/python examples/provider_batch/demo.py
+
+# The documentation site (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a missing page or
+# an anchor that is not there fails. `make test` builds it too (tests/test_docs_site.py). Nothing is fetched.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve --strict
 
 check: setup
 	$(BIN)/ruff check src tests examples bench
@@ -85,4 +93,4 @@ chaos: setup
 	PYTHONPATH=src $(BIN)/python -m pytest -q -p no:cacheprovider -m chaos -s tests/test_chaos.py
 
 clean:
-	rm -rf .conveyor .pytest_cache
+	rm -rf .conveyor .pytest_cache site
