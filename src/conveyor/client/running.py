@@ -166,6 +166,7 @@ class _Job:
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.known = threading.Event()  # the run exists, or the work ended before it did
+        self.ended = threading.Event()  # waited on rather than Thread.join, which Ctrl-C can leave confused
         self.thread: threading.Thread | None = None
 
     def here(self) -> None:
@@ -181,7 +182,7 @@ class _Job:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the end (at most ``timeout`` seconds: False when it has not come); raise what it stopped on."""
-        if self.thread is not None and not self._until(lambda: _joined(self.thread, timeout)):
+        if self.thread is not None and not self._until(lambda: self.ended.wait(timeout)):
             return False
         self._raise()
         return True
@@ -193,6 +194,7 @@ class _Job:
             self.error = exc
         finally:
             self.known.set()
+            self.ended.set()
 
     def _note(self, run_id: str) -> None:
         self.run_id = run_id
@@ -203,10 +205,10 @@ class _Job:
         try:
             return wait()
         except KeyboardInterrupt:
-            if self.thread is None or not self.thread.is_alive():
+            if self.thread is None or self.ended.is_set():
                 raise
             _interrupt(self.thread)
-            self.thread.join()
+            self.ended.wait()
             self._raise()
             raise
 
@@ -219,12 +221,6 @@ class _Job:
             hint = f"run.resume(), or from a shell: {self.workspace.resume_command(error.run_id)}"
             raise Interrupted(error.run_id, hint) from None
         raise error
-
-
-def _joined(thread: threading.Thread | None, timeout: float | None) -> bool:
-    assert thread is not None
-    thread.join(timeout)
-    return not thread.is_alive()
 
 
 def _interrupt(thread: threading.Thread) -> None:

@@ -44,10 +44,14 @@ class Workspace:
     def run(self, run_id: str) -> Run:
         """The run ``run_id`` (NotFound when the store has none such), to read, reconcile or resume."""
         from conveyor.client.run import Run
+        from conveyor.errors import NotFound, StoreMissing
         from conveyor.service.report import find_run
 
-        with self.opened(create=False) as store:
-            find_run(store, run_id)
+        try:
+            with self.opened(create=False) as store:
+                find_run(store, run_id)
+        except StoreMissing as exc:
+            raise NotFound(f"no run {run_id!r}: {exc}") from None
         return Run(self, run_id)
 
     def collection(self, name: str) -> Collection:
