@@ -206,6 +206,16 @@ def test_a_pipeline_no_worker_can_import_runs_in_this_process(ws: conveyor.Works
                                                                          ("b", "Y", "completed")]
 
 
+def test_a_file_that_runs_as_it_is_imported_is_refused_in_the_worker(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # where conveyor.open()'s default store would be
+    monkeypatch.delenv("CONVEYOR_DB", raising=False)
+    target = write_pipeline(tmp_path, PIPE + "\n    pipe.run([('a', 'x')])\n", name="script.py")
+    with pytest.raises(UserError, match='put pipe.run.* under `if __name__ == "__main__":`'):
+        load_target(target)  # what each worker process does first
+    assert not (tmp_path / ".conveyor").exists(), "no store, no run"
+
+
 @pytest.mark.parametrize(("inputs", "message"), [
     ([("a", "x"), ("b", "y"), ("a", "z")], "inputs[2]: key 'a' is also inputs[0]"),
     ([{"key": "a", "text": "x"}, {"text": "no key"}], 'inputs[1]: missing or empty "key"'),

@@ -26,7 +26,7 @@ from conveyor.errors import Interrupted, UserError
 from conveyor.pipeline import Pipeline, parse_limits
 from conveyor.pipeline.budget import budget
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
-from conveyor.runtime.target import target_of
+from conveyor.runtime.target import loading_target, target_of
 from conveyor.service.fleet import default_workers
 from conveyor.service.report import find_run
 from conveyor.service.runs import Progress, RunOptions, resume_run, run_pipeline
@@ -89,6 +89,10 @@ def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: 
 def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: int | None,
              budget_usd: float | None, params: Mapping[str, Any] | None, progress: bool) -> Work:
     """The work of a new run, its input read and checked here (a bad one raises before anything exists)."""
+    loading = loading_target()
+    if loading is not None:
+        raise UserError(f"{loading} starts a run when it is imported (a worker imports it to load the pipeline): "
+                        'put pipe.run(...) under `if __name__ == "__main__":`')
     pipeline.validate()
     parse_limits(os.environ.get(LIMITS_ENV))  # before any worker starts: a bad CONVEYOR_LIMITS stops every one
     source = _items_of(inputs)

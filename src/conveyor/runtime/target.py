@@ -14,6 +14,7 @@ from conveyor.errors import ConveyorError, TargetError
 from conveyor.pipeline import Pipeline
 
 _cache: dict[str, Pipeline] = {}
+_loading: list[str] = []  # the targets being imported now (innermost last)
 _FILE_MODULE = "conveyor_target_"  # the module name of a pipeline file load_target imports (and a hash of its path)
 
 
@@ -24,7 +25,11 @@ def load_target(target: str) -> Pipeline:
     module_ref, sep, attr = target.rpartition(":")
     if not sep or not module_ref or not attr:
         raise TargetError(f"TARGET {target!r} must look like file.py:pipeline or package.module:pipeline")
-    module = _import(module_ref, target)
+    _loading.append(target)
+    try:
+        module = _import(module_ref, target)
+    finally:
+        _loading.pop()
     obj = getattr(module, attr, None)
     if obj is None:
         raise TargetError(f"{module_ref} has no attribute {attr!r}; name the Pipeline object after the colon")
@@ -32,6 +37,12 @@ def load_target(target: str) -> Pipeline:
         raise TargetError(f"{target} is a {type(obj).__name__}, not a conveyor Pipeline")
     _cache[target] = obj.validate()
     return obj
+
+
+def loading_target() -> str | None:
+    """The TARGET whose module is being imported now, if any: code it runs at import (a script's ``pipe.run(...)``
+    outside ``if __name__ == "__main__":``) must not start a run in every worker that loads it."""
+    return _loading[-1] if _loading else None
 
 
 def target_of(pipeline: Pipeline) -> str | None:
@@ -46,7 +57,7 @@ def target_of(pipeline: Pipeline) -> str | None:
             continue
         file = getattr(module, "__file__", None)
         if module.__name__ == "__main__" or module.__name__.startswith(_FILE_MODULE):
-            return f"{os.path.abspath(file)}:{name}" if file else None
+            return f"{os.path.abspath(file)}:{name}" if file and os.path.isfile(file) else None
         return f"{module.__name__}:{name}"
     return None
 
