@@ -211,7 +211,7 @@ def test_a_file_that_runs_as_it_is_imported_is_refused_in_the_worker(monkeypatch
     monkeypatch.chdir(tmp_path)  # where conveyor.open()'s default store would be
     monkeypatch.delenv("CONVEYOR_DB", raising=False)
     target = write_pipeline(tmp_path, PIPE + "\n    pipe.run([('a', 'x')])\n", name="script.py")
-    with pytest.raises(UserError, match='put pipe.run.* under `if __name__ == "__main__":`'):
+    with pytest.raises(UserError, match=r'put pipe\.run.* under `if __name__ == "__main__":`'):
         load_target(target)  # what each worker process does first
     assert not (tmp_path / ".conveyor").exists(), "no store, no run"
 
