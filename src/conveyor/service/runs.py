@@ -132,8 +132,9 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
         if options.workers <= 0:
             done = submission(None)
             fleet.run_id = done.run_id
-            Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True,
-                                                                    provider_batch=options.provider_batch)).run()
+            with _shown(fleet, progress):
+                Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True,
+                                                                        provider_batch=options.provider_batch)).run()
         else:
             done = submission(fleet.start)
             fleet.run_id = done.run_id
@@ -144,6 +145,29 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
     summary["workers"] = options.workers
     summary["resumed"] = done.resumed
     return summary
+
+
+@contextmanager
+def _shown(fleet: Fleet, progress: Progress | None) -> Iterator[None]:
+    """Progress while this process works the run itself (no fleet to watch): drawn from a thread every poll,
+    with the caller's store, which nothing else uses meanwhile (the worker has its own)."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.wait(fleet.options.poll):
+            progress(fleet.status)
+
+    drawer = threading.Thread(target=draw, name="conveyor-progress", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        drawer.join()
+    progress(fleet.status)
 
 
 def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
