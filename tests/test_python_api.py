@@ -148,8 +148,8 @@ def _interrupt_when_working(store_url: str) -> threading.Thread:
 
 def test_ctrl_c_leaves_the_run_resumable(monkeypatch: pytest.MonkeyPatch, store_url: str, pipe: Pipeline,
                                           ws: conveyor.Workspace) -> None:
-    monkeypatch.setenv("PYAPI_SLOW", "0.25")
-    pairs = [(f"k{i:02d}", f"text {i}") for i in range(16)]
+    monkeypatch.setenv("PYAPI_SLOW", "0.2")
+    pairs = [(f"k{i:02d}", f"text {i}") for i in range(12)]
     run = pipe.submit(pairs, store=ws, workers=1)  # worked by a thread of this process: Ctrl-C is passed on
     watcher = _interrupt_when_working(store_url)
     with pytest.raises(Interrupted) as stopped:
@@ -160,7 +160,7 @@ def test_ctrl_c_leaves_the_run_resumable(monkeypatch: pytest.MonkeyPatch, store_
     monkeypatch.setenv("PYAPI_SLOW", "0")
     conveyor.open(ws.db, ws.blobs).run(run.id).resume(workers=0, progress=False)
     report = run.reconcile()
-    assert report["outcomes"] == {"published": 16} and report["unaccounted"] == 0
+    assert report["outcomes"] == {"published": 12} and report["unaccounted"] == 0
     calls = query(store_url, "SELECT item_key, count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id "
                   "WHERE t.stage = 'publish' AND a.outcome = 'succeeded' GROUP BY item_key")
     assert sorted(calls) == [(key, 1) for key, _ in pairs], "each item published once"
@@ -204,6 +204,10 @@ def test_a_pipeline_no_worker_can_import_runs_in_this_process(ws: conveyor.Works
     run = pipe.run([("a", "x"), ("b", "y")], store=ws)  # by default, then, in this process
     assert [(r.item_key, r.value, r.outcome) for r in run.results()] == [("a", "X", "completed"),
                                                                          ("b", "Y", "completed")]
+    found = conveyor.open(ws.db, ws.blobs).run(run.id)
+    with pytest.raises(UserError, match=r"run\(.*, pipeline=pipe\)\.resume\(\)"):
+        found.resume()
+    assert conveyor.open(ws.db, ws.blobs).run(run.id, pipeline=pipe).resume().status()["status"] == "finished"
 
 
 def test_a_file_that_runs_as_it_is_imported_is_refused_in_the_worker(monkeypatch: pytest.MonkeyPatch,

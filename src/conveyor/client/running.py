@@ -70,6 +70,9 @@ def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: 
     with workspace.opened(create=False) as store:
         recorded = find_run(store, handle.id).target
     target = None if recorded.startswith(INTERACTIVE) else recorded
+    if target is None and handle.pipeline is None:
+        raise UserError(f"run {handle.id}'s pipeline was declared where it cannot be loaded again (a notebook cell): "
+                        f"resume it with its Pipeline, conveyor.open(...).run({handle.id!r}, pipeline=pipe).resume()")
 
     def work(on_run: Callable[[str], None]) -> dict[str, Any]:
         on_run(handle.id)

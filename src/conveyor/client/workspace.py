@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from conveyor.blobs import Blobs
     from conveyor.client.datasets import Collection
     from conveyor.client.run import Run
+    from conveyor.pipeline import Pipeline
     from conveyor.store import SqlStore
 
 
@@ -41,8 +42,10 @@ class Workspace:
     def __repr__(self) -> str:
         return f"Workspace(db={self.db!r}, blobs={self.blobs!r})"
 
-    def run(self, run_id: str) -> Run:
-        """The run ``run_id`` (NotFound when the store has none such), to read, reconcile or resume."""
+    def run(self, run_id: str, pipeline: Pipeline | None = None) -> Run:
+        """The run ``run_id`` (NotFound when the store has none such), to read, reconcile or resume. ``pipeline``:
+        its Pipeline, to resume a run of one declared where it cannot be loaded again (a notebook cell); by
+        default a resume loads it from the run's recorded target, as ``conveyor resume`` does."""
         from conveyor.client.run import Run
         from conveyor.errors import NotFound, StoreMissing
         from conveyor.service.report import find_run
@@ -52,7 +55,7 @@ class Workspace:
                 find_run(store, run_id)
         except StoreMissing as exc:
             raise NotFound(f"no run {run_id!r}: {exc}") from None
-        return Run(self, run_id)
+        return Run(self, run_id, pipeline)
 
     def collection(self, name: str) -> Collection:
         """The collection ``name`` of the built-in target: its live published versions as data."""
