@@ -155,7 +155,10 @@ def test_ctrl_c_leaves_the_run_resumable(monkeypatch: pytest.MonkeyPatch, store_
     with pytest.raises(Interrupted) as stopped:
         run.wait()
     watcher.join()
-    assert stopped.value.run_id == run.id and "run.resume()" in str(stopped.value) and "\n" not in str(stopped.value)
+    said = str(stopped.value)
+    assert stopped.value.run_id == run.id and "\n" not in said
+    assert f"conveyor.open(db={ws.db!r}, blobs={ws.blobs!r}).run({run.id!r}).resume()" in said
+    assert f"conveyor resume {run.id} --db" in said
     # Its worker finished or released what it had claimed; what is left, resume does.
     monkeypatch.setenv("PYAPI_SLOW", "0")
     conveyor.open(ws.db, ws.blobs).run(run.id).resume(workers=0, progress=False)

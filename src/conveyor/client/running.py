@@ -225,7 +225,8 @@ class _Job:
             return
         self.error = None  # raised once; a later wait() returns
         if isinstance(error, Interrupted) and error.hint is None:
-            hint = f"run.resume(), or from a shell: {self.workspace.resume_command(error.run_id)}"
+            hint = f"{self.workspace.python_open()}.run({error.run_id!r}).resume(), or from a shell: " \
+                   f"{self.workspace.resume_command(error.run_id)}"
             raise Interrupted(error.run_id, hint) from None
         raise error
 

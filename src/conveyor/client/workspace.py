@@ -90,6 +90,13 @@ class Workspace:
             check()
         return blobs
 
+    def python_open(self) -> str:
+        """The ``conveyor.open(...)`` call that gives this handle again (its arguments when not the defaults)."""
+        args = [repr(value) if value != default else None for value, default in
+                ((self.db, db_url()), (self.blobs, blobs_url()))]
+        given = [f"{name}={arg}" for name, arg in zip(("db", "blobs"), args, strict=True) if arg is not None]
+        return f"conveyor.open({', '.join(given)})"
+
     def resume_command(self, run_id: str) -> str:
         """The shell command that resumes ``run_id`` on this store."""
         return resume_command(run_id, self.db, self.blobs)
