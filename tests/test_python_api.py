@@ -131,27 +131,25 @@ def test_it_runs_inside_a_running_event_loop(pipe: Pipeline, ws: conveyor.Worksp
     assert here.reconcile()["outcomes"] == {"published": 1} and later.reconcile()["outcomes"] == {"published": 1}
 
 
-def _interrupt_when_working(store_url: str) -> threading.Thread:
-    """Ctrl-C to this process once some item is published (the run is under way, far from its end)."""
-    def watch() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if query(store_url, "SELECT count(*) FROM tasks WHERE stage = 'publish' AND status = 'succeeded'")[0][0]:
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.05)
+def _interrupt_soon(after: float) -> threading.Thread:
+    """Ctrl-C to this process ``after`` seconds from now (the run under way, far from its end)."""
+    def press() -> None:
+        time.sleep(after)
+        os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=watch, daemon=True)
+    thread = threading.Thread(target=press, daemon=True)
     thread.start()
     return thread
 
 
+@pytest.mark.parametrize("workers", [0, 1])
 def test_ctrl_c_leaves_the_run_resumable(monkeypatch: pytest.MonkeyPatch, store_url: str, pipe: Pipeline,
-                                          ws: conveyor.Workspace) -> None:
-    monkeypatch.setenv("PYAPI_SLOW", "0.2")
+                                          ws: conveyor.Workspace, workers: int) -> None:
+    monkeypatch.setenv("PYAPI_SLOW", "0.3")  # 12 items one at a time: 3.6 s at the least, Ctrl-C at 1 s
     pairs = [(f"k{i:02d}", f"text {i}") for i in range(12)]
-    run = pipe.submit(pairs, store=ws, workers=1)  # worked by a thread of this process: Ctrl-C is passed on
-    watcher = _interrupt_when_working(store_url)
+    # Worked by a thread of this process (by a worker process, or in that thread): Ctrl-C is passed on to it.
+    run = pipe.submit(pairs, store=ws, workers=workers)
+    watcher = _interrupt_soon(1.0)
     with pytest.raises(Interrupted) as stopped:
         run.wait()
     watcher.join()
@@ -164,9 +162,10 @@ def test_ctrl_c_leaves_the_run_resumable(monkeypatch: pytest.MonkeyPatch, store_
     conveyor.open(ws.db, ws.blobs).run(run.id).resume(workers=0, progress=False)
     report = run.reconcile()
     assert report["outcomes"] == {"published": 12} and report["unaccounted"] == 0
-    calls = query(store_url, "SELECT item_key, count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id "
-                  "WHERE t.stage = 'publish' AND a.outcome = 'succeeded' GROUP BY item_key")
-    assert sorted(calls) == [(key, 1) for key, _ in pairs], "each item published once"
+    for stage in ("parse", "publish"):
+        calls = query(store_url, "SELECT item_key, count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                      "WHERE t.stage = ? AND a.outcome = 'succeeded' GROUP BY item_key", stage)
+        assert sorted(calls) == [(key, 1) for key, _ in pairs], f"each item through {stage} once"
 
 
 def test_a_stopped_submission_from_python_needs_its_inputs_again(

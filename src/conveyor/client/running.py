@@ -4,14 +4,15 @@ run`` does (its fleet of worker processes, its reconciliation, its resumable int
 Where the work happens: in the calling thread, as on the command line; in a thread of its own when the caller's
 thread runs an event loop (a Jupyter cell: the in-process worker runs its own loop with ``asyncio.run``, which
 cannot nest), and always for ``submit``, which returns once the run exists. Ctrl-C while the caller waits for
-such a thread is passed on to it, so it stops the way the command line stops: the workers finish or release
-their tasks and the run is left resumable (``Interrupted``, with the run id and how to resume).
+such a thread sets the run's stop event (service/runs.py ``RunOptions.stop``), so it stops the way the command
+line stops: the submission between items, the workers finishing or releasing their tasks (nothing paid for is
+lost), and the run is left resumable (``Interrupted``, with the run id and how to resume). A second Ctrl-C stops
+waiting for that.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -33,7 +34,8 @@ from conveyor.service.runs import Progress, RunOptions, resume_run, run_pipeline
 from conveyor.service.submit import SubmitOptions
 
 INTERACTIVE = "<interactive>"  # the target a run records for a pipeline no other process can import
-Work = Callable[[Callable[[str], None]], dict[str, Any]]  # given a callback told the run's id, returns its summary
+# The work on a run, given a callback told the run's id and the event that stops it; returns the run's summary.
+Work = Callable[[Callable[[str], None], threading.Event], dict[str, Any]]
 
 
 def run(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
@@ -41,7 +43,7 @@ def run(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = N
     """``Pipeline.run``: submit ``inputs`` and process them to the end; the finished ``Run``."""
     workspace = _workspace(store)
     work = _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress)
-    job = _Job(workspace, work)
+    job = _Job(workspace, work, loadable=target_of(pipeline) is not None)
     if _loop_running():
         job.start()
     else:
@@ -55,7 +57,8 @@ def submit(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None 
            budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = False) -> Run:
     """``Pipeline.submit``: the ``Run`` as soon as it exists, processed in the background (``Run.wait()``)."""
     workspace = _workspace(store)
-    job = _Job(workspace, _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress))
+    job = _Job(workspace, _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress),
+               loadable=target_of(pipeline) is not None)
     job.start()
     assert job.run_id is not None
     return Run(workspace, job.run_id, pipeline, job)
@@ -74,14 +77,14 @@ def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: 
         raise UserError(f"run {handle.id}'s pipeline was declared where it cannot be loaded again (a notebook cell): "
                         f"resume it with its Pipeline, conveyor.open(...).run({handle.id!r}, pipeline=pipe).resume()")
 
-    def work(on_run: Callable[[str], None]) -> dict[str, Any]:
+    def work(on_run: Callable[[str], None], stop: threading.Event) -> dict[str, Any]:
         on_run(handle.id)
-        options = _options(_worker_count(workers, target, handle.pipeline_name), budget_usd, None, True, None)
+        options = _options(_worker_count(workers, target, handle.pipeline_name), budget_usd, None, True, None, stop)
         with workspace.opened() as store, _progress(progress) as bar:
             return resume_run(handle.id, store, workspace.blob_store(writable=True), options, bar,
                               pipeline=handle.pipeline, items=items)
 
-    job = _Job(workspace, work)
+    job = _Job(workspace, work, loadable=target is not None)
     if _loop_running():
         job.start()
     else:
@@ -103,8 +106,8 @@ def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: 
     count = _worker_count(workers, target, pipeline.name)
     blobs = workspace.blob_store(writable=True)
 
-    def work(on_run: Callable[[str], None]) -> dict[str, Any]:
-        options = _options(count, budget_usd, params, source.items is None, on_run)
+    def work(on_run: Callable[[str], None], stop: threading.Event) -> dict[str, Any]:
+        options = _options(count, budget_usd, params, source.items is None, on_run, stop)
         with workspace.opened() as store, _progress(progress) as bar:
             return run_pipeline(pipeline, target or f"{INTERACTIVE}:{pipeline.name}", source.path, store, blobs,
                                 options, bar, items=source.items)
@@ -113,11 +116,12 @@ def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: 
 
 
 def _options(workers: int, budget_usd: float | None, params: Mapping[str, Any] | None, same_input: bool,
-             on_run: Callable[[str], None] | None) -> RunOptions:
+             on_run: Callable[[str], None] | None, stop: threading.Event) -> RunOptions:
     """``same_input``: a run of a path finishes an unfinished run of the same input, as ``conveyor run`` again
     does; Python objects have no such identity (their label is their type), so they always make a new run."""
-    submit = SubmitOptions(budget_usd=budget(budget_usd, "budget_usd"), params=params, resume_same=same_input)
-    return RunOptions(workers=workers, submit=submit, on_run=on_run)
+    submit = SubmitOptions(budget_usd=budget(budget_usd, "budget_usd"), params=params, resume_same=same_input,
+                           stop=stop)
+    return RunOptions(workers=workers, submit=submit, on_run=on_run, stop=stop)
 
 
 def _worker_count(workers: int | None, target: str | None, name: str) -> int:
@@ -167,13 +171,14 @@ class _Job:
     """The work on one run, in the calling thread (``here``) or a thread of its own (``start``), and its end: the
     run's summary, or the error it stopped on (``Interrupted`` told how to resume from here)."""
 
-    def __init__(self, workspace: Workspace, work: Work) -> None:
-        self.workspace, self.work = workspace, work
+    def __init__(self, workspace: Workspace, work: Work, loadable: bool) -> None:
+        self.workspace, self.work, self.loadable = workspace, work, loadable
         self.run_id: str | None = None
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.known = threading.Event()  # the run exists, or the work ended before it did
         self.ended = threading.Event()  # waited on rather than Thread.join, which Ctrl-C can leave confused
+        self.stop = threading.Event()  # set on Ctrl-C: the work stops as the command line's does
         self.thread: threading.Thread | None = None
 
     def here(self) -> None:
@@ -196,7 +201,7 @@ class _Job:
 
     def _main(self) -> None:
         try:
-            self.summary = self.work(self._note)
+            self.summary = self.work(self._note, self.stop)
         except BaseException as exc:  # kept for the waiting thread, which raises it
             self.error = exc
         finally:
@@ -214,8 +219,8 @@ class _Job:
         except KeyboardInterrupt:
             if self.thread is None or self.ended.is_set():
                 raise
-            _interrupt(self.thread)
-            self.ended.wait()
+            self.stop.set()
+            self.ended.wait()  # the workers drain; a second Ctrl-C stops waiting (the thread goes on, a daemon)
             self._raise()
             raise
 
@@ -225,13 +230,11 @@ class _Job:
             return
         self.error = None  # raised once; a later wait() returns
         if isinstance(error, Interrupted) and error.hint is None:
-            hint = f"{self.workspace.python_open()}.run({error.run_id!r}).resume(), or from a shell: " \
-                   f"{self.workspace.resume_command(error.run_id)}"
-            raise Interrupted(error.run_id, hint) from None
+            raise Interrupted(error.run_id, self._resume_hint(error.run_id)) from None
         raise error
 
-
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise KeyboardInterrupt in ``thread`` (at its next Python instruction), as Ctrl-C does in the main one."""
-    assert thread.ident is not None
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+    def _resume_hint(self, run_id: str) -> str:
+        again = f"{self.workspace.python_open()}.run({run_id!r}"
+        if not self.loadable:  # declared in a notebook cell: only this process has its pipeline
+            return f"{again}, pipeline=pipe).resume() (pipe: its Pipeline)"
+        return f"{again}).resume(), or from a shell: {self.workspace.resume_command(run_id)}"

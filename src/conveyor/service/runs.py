@@ -46,6 +46,9 @@ class RunOptions:
     provider_batch: bool = False  # every model-calling stage on the provider batch lane (--provider-batch)
     submit: SubmitOptions = field(default_factory=SubmitOptions)
     on_run: Callable[[str], None] | None = None  # told the run's id once it exists (the Python API's Run)
+    # Set from another thread (the Python API's, on Ctrl-C): the run stops as on Ctrl-C, its workers finishing or
+    # releasing their tasks, and becomes Interrupted. Give the same event to ``submit.stop``.
+    stop: threading.Event | None = None
 
 
 def run_pipeline(
@@ -132,9 +135,12 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
         if options.workers <= 0:
             done = submission(None)
             fleet.run_id = done.run_id
-            with _shown(fleet, progress):
-                Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True,
-                                                                        provider_batch=options.provider_batch)).run()
+            worker = Worker(pipeline, target, store.url, blobs, WorkerOptions(
+                run_id=done.run_id, until_idle=True, provider_batch=options.provider_batch))
+            with _shown(fleet, progress), _stopping(options.stop, worker.request_stop):
+                worker.run()
+            if options.stop is not None and options.stop.is_set():
+                raise KeyboardInterrupt("stopped")  # the worker drained: the run is left as Ctrl-C leaves it
         else:
             done = submission(fleet.start)
             fleet.run_id = done.run_id
@@ -168,6 +174,33 @@ def _shown(fleet: Fleet, progress: Progress | None) -> Iterator[None]:
         stop.set()
         drawer.join()
     progress(fleet.status)
+
+
+@contextmanager
+def _stopping(stop: threading.Event | None, request_stop: Callable[[], None]) -> Iterator[None]:
+    """While this process works the run, ``stop`` set asks the worker to stop (as its Ctrl-C handler would, which
+    only the main thread has); asked again every poll until it ends, since it cannot stop before it started."""
+    if stop is None:
+        yield
+        return
+    ended = threading.Event()
+
+    def watch() -> None:
+        while not ended.is_set():
+            if stop.wait(0.1):
+                try:
+                    request_stop()
+                except RuntimeError:  # its loop is closed: the worker has ended already
+                    return
+                ended.wait(0.1)
+
+    watcher = threading.Thread(target=watch, name="conveyor-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        watcher.join()
 
 
 def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
@@ -246,6 +279,8 @@ class Fleet:
         """
         while True:
             time.sleep(self.options.poll)
+            if self.options.stop is not None and self.options.stop.is_set():
+                raise KeyboardInterrupt("stopped")  # as Ctrl-C: the caller stops the workers, gently
             if progress is not None:
                 progress(self.status)
             exited = [i for i, p in enumerate(self.procs) if p.poll() is not None]
