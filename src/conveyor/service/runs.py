@@ -81,7 +81,7 @@ def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
     holds it (default: loaded from the run's target); ``items``: the input again, for a run submitted from
     Python objects (its recorded input is only a label), needed when its submission stopped part way."""
     run = find_run(store, run_id)
-    pipeline = pipeline or load_target(run.target)
+    pipeline = load_target(run.target) if pipeline is None else pipeline
     check_same(store, run, pipeline)
     require_provider(pipeline)
     unfinished = run.status in UNFINISHED_RUNS
@@ -218,7 +218,7 @@ def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within it, SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so both stop the same way. Off the main thread
-    (a run of the Python API under a running event loop) signals cannot be handled: the caller interrupts it."""
+    (a run of the Python API under a running event loop) signals cannot be handled: the caller sets RunOptions.stop."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
