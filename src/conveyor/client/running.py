@@ -44,11 +44,7 @@ def run(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = N
     workspace = _workspace(store)
     work = _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress)
     job = _Job(workspace, work, loadable=target_of(pipeline) is not None)
-    if _loop_running():
-        job.start()
-    else:
-        job.here()
-    job.wait()
+    job.to_the_end()
     assert job.run_id is not None
     return Run(workspace, job.run_id, pipeline, job)
 
@@ -85,11 +81,7 @@ def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: 
                               pipeline=handle.pipeline, items=items)
 
     job = _Job(workspace, work, loadable=target is not None)
-    if _loop_running():
-        job.start()
-    else:
-        job.here()
-    job.wait()
+    job.to_the_end()
 
 
 def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: int | None,
@@ -181,8 +173,13 @@ class _Job:
         self.stop = threading.Event()  # set on Ctrl-C: the work stops as the command line's does
         self.thread: threading.Thread | None = None
 
-    def here(self) -> None:
-        self._main()
+    def to_the_end(self) -> None:
+        """Do the work here, or in its thread when this one runs an event loop; raise what it stopped on."""
+        if _loop_running():
+            self.start()
+        else:
+            self._main()
+        self.wait()
 
     def start(self) -> None:
         """Start the work in its thread; return once the run exists (its error, when it failed before)."""
