@@ -1,7 +1,8 @@
 """conveyor: durable, idempotent multi-stage batch pipelines.
 
-Declare stages on a :class:`Pipeline`; run them with ``conveyor run``::
+Declare stages on a :class:`Pipeline`; run them with ``conveyor run`` or from Python::
 
+    import conveyor
     from conveyor import Pipeline, Retry
 
     pipe = Pipeline("manuals")
@@ -9,6 +10,10 @@ Declare stages on a :class:`Pipeline`; run them with ``conveyor run``::
     @pipe.stage(version="1", timeout=30)
     def parse(ctx, source: bytes) -> dict:
         return {"text": source.decode()}
+
+    run = pipe.run([("a", "some text")])      # a Run: status(), reconcile(), resume(), results()
+    frame = run.to_pandas()                   # one row per item, with its outcome and provenance
+    conveyor.open().collection("manuals").to_arrow()
 """
 
 from __future__ import annotations
@@ -20,16 +25,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from conveyor.errors import ConveyorError, RetryLater, TerminalError
+    from conveyor.client import Collection, Result, Run, Workspace, open
+    from conveyor.errors import ConveyorError, InputError, Interrupted, RetryLater, TerminalError, UserError
     from conveyor.pipeline import Alerts, Breaker, Param, Pipeline, RateLimit, Retry, Stage
 
-__all__ = ["Alerts", "Breaker", "ConveyorError", "Param", "Pipeline", "RateLimit", "Retry", "RetryLater", "Stage",
-           "TerminalError", "__version__"]
+__all__ = ["Alerts", "Breaker", "Collection", "ConveyorError", "InputError", "Interrupted", "Param", "Pipeline",
+           "RateLimit", "Result", "Retry", "RetryLater", "Run", "Stage", "TerminalError", "UserError", "Workspace",
+           "__version__", "open"]
 
 # The public names, by the module that defines each: imported when first used, so that a command that needs
 # none of them (`conveyor --version`, `conveyor status`) does not pay for the declaration API.
 _LAZY = {
-    **dict.fromkeys(("ConveyorError", "RetryLater", "TerminalError"), "conveyor.errors"),
+    **dict.fromkeys(("ConveyorError", "InputError", "Interrupted", "RetryLater", "TerminalError", "UserError"),
+                    "conveyor.errors"),
+    **dict.fromkeys(("Collection", "Result", "Run", "Workspace", "open"), "conveyor.client"),
     **dict.fromkeys(("Alerts", "Breaker", "Param", "Pipeline", "RateLimit", "Retry", "Stage"), "conveyor.pipeline"),
 }
 

@@ -15,6 +15,7 @@
     │   └── Unauthorized          no API token, or one that is not valid (Forbidden: revoked)
     ├── StoreError                the database refused or lost something
     │   └── BackendUnavailable    the database cannot be reached
+    ├── Interrupted               Ctrl-C or SIGTERM stopped a run that exists: it can be resumed (``run_id``)
     ├── BlobError                 the blob store refused or lost something
     │   ├── BlobUnwritable        the blob store's folder cannot be written (also a UserError)
     │   ├── BlobUnavailable       the S3 store cannot be reached or refused the request (also a UserError)
@@ -97,6 +98,20 @@ class StoreError(ConveyorError):
 
 class BackendUnavailable(StoreError, UserError):
     code = "backend_unavailable"
+
+
+class Interrupted(ConveyorError):
+    """Ctrl-C or SIGTERM stopped a run that exists: its workers finished or released their tasks, and it can be
+    resumed (``run_id``; ``conveyor resume RUN``, or ``Run.resume()`` from Python). ``hint``: how to resume it,
+    said after the message."""
+
+    code = "interrupted"
+
+    def __init__(self, run_id: str, hint: str | None = None) -> None:
+        self.run_id = run_id
+        self.hint = hint
+        said = f"run {run_id} was interrupted"
+        super().__init__(f"{said}; it is not finished: resume it with {hint}" if hint else said)
 
 
 class BlobError(ConveyorError):

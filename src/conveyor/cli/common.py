@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from conveyor.store import DEFAULT_DB
+from conveyor.places import BLOBS_ENV, DB_ENV, resume_command
+from conveyor.places import DEFAULT_BLOBS as DEFAULT_BLOBS
 
 if TYPE_CHECKING:
     from conveyor.store import SqlStore
@@ -19,12 +19,11 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False, help="Durable, idempotent batch AI pipelines.")
 
-DEFAULT_BLOBS = ".conveyor/blobs"
 INTERRUPTED = 130
 F = TypeVar("F", bound=Callable[..., Any])
 
-Db = Annotated[str, typer.Option("--db", envvar="CONVEYOR_DB", help="sqlite:///file.db or postgresql://...")]
-Blobs = Annotated[str, typer.Option("--blobs", envvar="CONVEYOR_BLOBS",
+Db = Annotated[str, typer.Option("--db", envvar=DB_ENV, help="sqlite:///file.db or postgresql://...")]
+Blobs = Annotated[str, typer.Option("--blobs", envvar=BLOBS_ENV,
                                     help="blob folder, file:// URL or s3://BUCKET/PREFIX")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:pipeline")]
@@ -62,7 +61,7 @@ def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
     told on stderr once the command's work went through: a command that fails says one line, its error."""
     from conveyor.store import lost_connection, new_store_note, open_store
 
-    store = open_store(db or DEFAULT_DB, create=create)
+    store = open_store(db, create=create)
     note = new_store_note(store)
     try:
         yield store
@@ -149,12 +148,7 @@ def finish_run(summary: dict[str, Any], as_json: bool, input_label: str | None =
 
 
 def resume_hint(run_id: str, db: str, blobs: str) -> str:
-    parts = ["conveyor", "resume", run_id]
-    if db != DEFAULT_DB:
-        parts += ["--db", db]
-    if blobs != DEFAULT_BLOBS:
-        parts += ["--blobs", blobs]
-    return " ".join(shlex.quote(p) for p in parts)
+    return resume_command(run_id, db, blobs)
 
 
 def not_finished(head: str, run_id: str, command: str, why: str | None = None) -> str:

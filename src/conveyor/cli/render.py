@@ -63,11 +63,11 @@ def escape(markup: str) -> str:
 @contextmanager
 def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable[[Status], None] | None]:
     """A callback that shows progress on stderr, given a function that reads the run's status: one bar
-    per stage on a terminal (unless ``bars`` is False), else a line every ``every`` seconds
-    (CONVEYOR_PROGRESS_S, default 5; 0 turns it off), so a run in CI, under nohup or in a pipe still says
-    how far it got. Reading the status counts the run's tasks, so it is read at most as often as shown,
+    per stage on a terminal or in a Jupyter notebook (unless ``bars`` is False), else a line every ``every``
+    seconds (CONVEYOR_PROGRESS_S, default 5; 0 turns it off), so a run in CI, under nohup or in a pipe still
+    says how far it got. Reading the status counts the run's tasks, so it is read at most as often as shown,
     and never so often that reading it takes more than a fiftieth of the time."""
-    if not bars or not sys.stderr.isatty():
+    if not bars or not (sys.stderr.isatty() or in_notebook()):
         every = float(os.environ.get("CONVEYOR_PROGRESS_S", "5")) if every is None else every
         yield ProgressLines(every) if every > 0 else None
         return
@@ -90,6 +90,12 @@ def progress(bars: bool = True, every: float | None = None) -> Iterator[Callable
 
     with board:
         yield update
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel, where Rich draws its bars as the cell's output (live with
+    ipywidgets installed). Asked of Rich only in a process that loaded ipykernel."""
+    return "ipykernel" in sys.modules and bool(err.console().is_jupyter)
 
 
 class _Pace:

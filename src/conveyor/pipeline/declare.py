@@ -1,6 +1,7 @@
 """The declaration API: a Pipeline of stages, declared with a decorator.
 
-Pure Python: nothing here touches a database, a file or the network.
+Pure Python: nothing here touches a database, a file or the network; ``Pipeline.run`` and ``Pipeline.submit``
+hand over to the Python API (conveyor/client/), imported when called.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from conveyor.acceptance.declare import Accept
 from conveyor.acceptance.record import Target
@@ -23,6 +24,11 @@ from conveyor.pipeline.graph import GROUP_KINDS, Graph
 from conveyor.pipeline.limits import RateLimit, parse_limits
 from conveyor.pipeline.params import Param, declared_params, stage_params
 from conveyor.pipeline.retry import Retry
+
+if TYPE_CHECKING:
+    from conveyor.client.inputs import Inputs
+    from conveyor.client.run import Run
+    from conveyor.client.workspace import Workspace
 
 StageKind = Literal["map", "fanout", "publish", "gather", "group", "reduce"]
 KINDS: tuple[str, ...] = ("map", "fanout", "publish", "gather", "group", "reduce")
@@ -336,6 +342,42 @@ class Pipeline:
             raise PipelineError(f"pipeline {self.name!r} declares no stages; add one with @pipe.stage")
         _ = self.graph  # every parent declared, no cycle, joins of one level, gathers below a fan-out
         return self
+
+    def run(self, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
+            budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = True) -> Run:
+        """Submit ``inputs`` and process them to the end, as ``conveyor run`` does; return the finished Run.
+
+        ``inputs``: a folder, a file or a JSONL manifest (what ``--input`` takes); ``(key, value)`` pairs, the
+        value ``bytes``, ``str`` or a ``dict`` (its JSON text with sorted keys becomes the item's bytes); or dicts
+        shaped like manifest lines (``{"key": ..., "text": ...}`` or ``{"key": ..., "path": ...}``, optionally
+        ``"meta"``). A bad entry or a key given twice is a one-line InputError before any run exists.
+        ``store``: ``conveyor.open(...)`` or a database URL (default: ``conveyor.open()``). ``workers``: worker
+        processes, by default one per CPU core (0: this process; a pipeline declared in a notebook cell, which
+        no other process can import, works in this process). ``budget_usd``: the run's ceiling on provider
+        spending; ``params``: its run parameters. ``progress``: bars on a terminal or in a notebook.
+
+        Works inside a running event loop (Jupyter). Ctrl-C stops the workers and raises ``Interrupted``
+        (its ``run_id``): ``conveyor.open().run(run_id).resume()`` finishes the run.
+
+        Example::
+
+            run = pipe.run([("a", "first text"), ("b", "second text")], workers=0)
+            print(run.reconcile()["outcomes"], run.to_pandas())
+        """
+        from conveyor.client.running import run
+
+        return run(self, inputs, store=store, workers=workers, budget_usd=budget_usd, params=params,
+                   progress=progress)
+
+    def submit(self, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
+               budget_usd: float | None = None, params: Mapping[str, Any] | None = None,
+               progress: bool = False) -> Run:
+        """Like ``run``, but return the Run as soon as it exists, processed by a thread of this process and its
+        workers; ``run.wait()`` waits for its end (a bad input still raises here, before any run exists)."""
+        from conveyor.client.running import submit
+
+        return submit(self, inputs, store=store, workers=workers, budget_usd=budget_usd, params=params,
+                      progress=progress)
 
 
 def _shape_identity(stage: Stage) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from conveyor.errors import ConveyorError, TargetError
 from conveyor.pipeline import Pipeline
 
 _cache: dict[str, Pipeline] = {}
+_loading: list[str] = []  # the targets being imported now (innermost last)
+_FILE_MODULE = "conveyor_target_"  # the module name of a pipeline file load_target imports (and a hash of its path)
 
 
 def load_target(target: str) -> Pipeline:
@@ -23,7 +25,11 @@ def load_target(target: str) -> Pipeline:
     module_ref, sep, attr = target.rpartition(":")
     if not sep or not module_ref or not attr:
         raise TargetError(f"TARGET {target!r} must look like file.py:pipeline or package.module:pipeline")
-    module = _import(module_ref, target)
+    _loading.append(target)
+    try:
+        module = _import(module_ref, target)
+    finally:
+        _loading.pop()
     obj = getattr(module, attr, None)
     if obj is None:
         raise TargetError(f"{module_ref} has no attribute {attr!r}; name the Pipeline object after the colon")
@@ -31,6 +37,29 @@ def load_target(target: str) -> Pipeline:
         raise TargetError(f"{target} is a {type(obj).__name__}, not a conveyor Pipeline")
     _cache[target] = obj.validate()
     return obj
+
+
+def loading_target() -> str | None:
+    """The TARGET whose module is being imported now, if any: code it runs at import (a script's ``pipe.run(...)``
+    outside ``if __name__ == "__main__":``) must not start a run in every worker that loads it."""
+    return _loading[-1] if _loading else None
+
+
+def target_of(pipeline: Pipeline) -> str | None:
+    """A TARGET that loads ``pipeline`` in another process (a worker): ``file.py:name`` for a pipeline declared in
+    a file run as a script or loaded by ``load_target``, ``package.module:name`` for one in an importable module;
+    None for one no other process can import (declared in a notebook cell or at the interactive prompt). Found by
+    the module of its stages' functions and the module attribute that holds it."""
+    for stage in pipeline:
+        module = sys.modules.get(getattr(stage.fn, "__module__", "") or "")
+        name = next((attr for attr, value in vars(module).items() if value is pipeline), None) if module else None
+        if module is None or name is None:
+            continue
+        file = getattr(module, "__file__", None)
+        if module.__name__ == "__main__" or module.__name__.startswith(_FILE_MODULE):
+            return f"{os.path.abspath(file)}:{name}" if file and os.path.isfile(file) else None
+        return f"{module.__name__}:{name}"
+    return None
 
 
 def absolute_target(target: str) -> str:
@@ -54,7 +83,7 @@ def _import_file(path: Path, target: str) -> object:
     if not path.is_file():
         raise TargetError(f"pipeline file {str(path)!r} does not exist (TARGET {target!r})")
     resolved = path.resolve()
-    name = "conveyor_target_" + hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    name = _FILE_MODULE + hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)

@@ -116,14 +116,31 @@ def checked_path(out: str) -> Path:
     return path
 
 
-def arrow() -> Any:
-    """pyarrow, or the one-line error that names the extra to install."""
+def arrow(needs: str = "--format parquet", instead: str = " (or use --format jsonl or csv)") -> Any:
+    """pyarrow, or the one-line error that names the extra to install (``needs``: what asked for it)."""
     try:
         import pyarrow
     except ImportError:
-        raise UserError("--format parquet needs pyarrow: pip install 'conveyor[data]' (or use --format jsonl "
-                        "or csv)") from None
+        raise UserError(f"{needs} needs pyarrow: pip install 'conveyor[data]'{instead}") from None
     return pyarrow
+
+
+def arrow_table(export: Export, needs: str = "to_arrow()") -> Any:
+    """Every row of ``export`` as one Arrow table, with the columns and types its Parquet file has (the same
+    widening as the file's, batch by batch; ``needs``: what asked, for the error when pyarrow is missing)."""
+    pa = arrow(needs, "")
+    layout = Layout()
+    for _ in range(MAX_RESTARTS + 1):
+        try:
+            return _arrow_tables(pa, export, layout)
+        except Widened as exc:
+            layout = exc.layout
+    return _arrow_tables(pa, export, Layout(values=[VALUE], whole=True, fixed=True))
+
+
+def _arrow_tables(pa: Any, export: Export, layout: Layout) -> Any:
+    tables = [_table(pa, export, batch, layout) for batch in export.batches()]
+    return pa.concat_tables(tables) if tables else _schema(pa, export, layout).empty_table()
 
 
 def _write_file(export: Export, fmt: str, name: str) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import json
 import logging
 import os
 import re
@@ -256,6 +257,84 @@ def _file_type(mode: int) -> str:
     return "special file"
 
 
+# --- Python objects (the Python API's inputs) ---------------------------------------------------------------
+
+MEMORY_INPUT = "python:"
+"""A run submitted from Python objects records as its input this and the objects' type (``python:list``): a label,
+never a path to read again, so a resume of its submission needs the objects again."""
+_PAIR_HINT = ('give (key, value) pairs, the value bytes, str or a JSON-able dict, or dicts like manifest lines: '
+              '{"key": ..., "text": ...} or {"key": ..., "path": ...} (optionally "meta": {...})')
+
+
+def memory_input(label: str) -> bool:
+    """Whether a run's recorded input names Python objects (``MEMORY_INPUT``) rather than a path."""
+    return label.startswith(MEMORY_INPUT)
+
+
+def memory_items(entries: Iterable[Any], strict: bool = False) -> list[SourceItem]:
+    """The items of Python objects, each a ``(key, value)`` pair or a dict shaped like a manifest line, checked as a
+    manifest is before anything is created: a bad entry or a key given twice is an InputError naming the entry by
+    its index (``inputs[3]``). A value that is ``bytes`` is the item's source as it is, a ``str`` its UTF-8 bytes,
+    a ``dict`` its JSON text with sorted keys (``json.dumps(value, sort_keys=True, ensure_ascii=False)``, UTF-8).
+    A dict's ``"path"`` is read relative to the current folder. Read whole (to check the keys before the run
+    exists): for millions of items, write a manifest."""
+    items: list[SourceItem] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        item = _memory_item(entry, f"inputs[{index}]", strict)
+        earlier = seen.setdefault(item.key, index)
+        if earlier != index:
+            raise InputError(f"inputs[{index}]: key {item.key!r} is also inputs[{earlier}]; keys must be unique "
+                             "within a run's inputs")
+        items.append(item)
+    return items
+
+
+def _memory_item(entry: Any, where: str, strict: bool) -> SourceItem:
+    if isinstance(entry, dict):
+        parsed = _checked(entry)
+        if isinstance(parsed, BadLine):
+            raise InputError(f"{where}: {parsed.message}; {_PAIR_HINT}")
+        key, checked = parsed
+        text, meta = checked.get("text"), checked.get("meta")
+        item = SourceItem(key, text=text.encode()) if type(text) is str else _given_path(key, checked["path"], where,
+                                                                                         strict)
+        return item if meta is None else item._replace(meta=meta)
+    if not isinstance(entry, tuple | list) or len(entry) != 2:
+        raise InputError(f"{where}: a {type(entry).__name__} is not an input; {_PAIR_HINT}")
+    key, value = entry
+    if not isinstance(key, str) or not key:
+        raise InputError(f"{where}: the key must be a non-empty str, not {key!r}; {_PAIR_HINT}")
+    problem = key_problem(key)
+    if problem is not None:
+        raise InputError(f"{where}: {problem}")
+    return SourceItem(key, text=_source_bytes(value, where))
+
+
+def _source_bytes(value: Any, where: str) -> bytes:
+    """An item's source from its Python value: bytes as they are, str as UTF-8, a dict as sorted JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, dict):
+        try:
+            return json.dumps(value, sort_keys=True, ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: the value is a dict that is not JSON ({exc}); give JSON-able values") from None
+    raise InputError(f"{where}: a value must be bytes, str or a dict, not {type(value).__name__}")
+
+
+def _given_path(key: str, given: str, where: str, strict: bool) -> SourceItem:
+    full = Path(given)
+    problem = source_problem(full)
+    if problem is None:
+        return SourceItem(key, path=full.absolute())
+    if strict:
+        raise InputError(f"{where}: path {given!r} {problem}; fix it")
+    return SourceItem(key, problem=f"path {given!r} ({where}) {problem}")
+
+
 # --- manifests --------------------------------------------------------------------------------------
 
 def _manifest(path: Path, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
@@ -349,6 +428,11 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any]] | BadLine:
         entry = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return BadLine(f"not valid JSON ({exc})")
+    return _checked(entry)
+
+
+def _checked(entry: Any) -> tuple[str, dict[str, Any]] | BadLine:
+    """(key, entry) of a usable manifest entry (a line, parsed; a dict given from Python), else why not."""
     if type(entry) is not dict:
         return BadLine("not a JSON object")
     key = entry.get("key")

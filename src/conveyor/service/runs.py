@@ -7,14 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import ConveyorError, UserError
+from conveyor.errors import Interrupted as Interrupted  # where the commands have always found it
 from conveyor.pipeline import Pipeline
 from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.services import require_provider
@@ -22,6 +24,7 @@ from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.declarations import check_same
 from conveyor.service.fleet import USER_ERROR_EXIT, default_workers, stop_processes
+from conveyor.service.inputs import SourceItem, memory_input
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore
@@ -42,23 +45,18 @@ class RunOptions:
     worker_args: list[str] = field(default_factory=list)
     provider_batch: bool = False  # every model-calling stage on the provider batch lane (--provider-batch)
     submit: SubmitOptions = field(default_factory=SubmitOptions)
-
-
-class Interrupted(ConveyorError):
-    """Ctrl-C or SIGTERM stopped a run that exists: it can be resumed (``run_id``)."""
-
-    code = "interrupted"
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        super().__init__(f"run {run_id} was interrupted")
+    on_run: Callable[[str], None] | None = None  # told the run's id once it exists (the Python API's Run)
+    # Set from another thread (the Python API's, on Ctrl-C): the run stops as on Ctrl-C, its workers finishing or
+    # releasing their tasks, and becomes Interrupted. Give the same event to ``submit.stop``.
+    stop: threading.Event | None = None
 
 
 def run_pipeline(
     pipeline: Pipeline, target: str, input_path: str, store: SqlStore, blobs: Blobs,
-    options: RunOptions, progress: Progress | None = None,
+    options: RunOptions, progress: Progress | None = None, items: Iterable[SourceItem] | None = None,
 ) -> dict[str, Any]:
-    """Submit ``input_path`` and process the run to completion; return its summary.
+    """Submit ``input_path`` (or ``items``, with ``input_path`` as the run's input label) and process the run to
+    completion; return its summary.
 
     Worker processes start as soon as the run exists, so processing overlaps the
     rest of the submission. Stages that call a model stop the run before anything is
@@ -68,23 +66,30 @@ def run_pipeline(
     fleet = Fleet(pipeline.name, target, store, blobs, options)
 
     def submission(on_work: Callable[[str], None] | None) -> Submitted:
-        return submit(pipeline, target, input_path, store, blobs, on_work=on_work, lane=options.lane,
+        return submit(pipeline, target, input_path, store, blobs, items=items, on_work=on_work, lane=options.lane,
                       options=options.submit, on_run=fleet.note_run)
 
     return _process(pipeline, fleet, progress, submission)
 
 
 def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
-               progress: Progress | None = None) -> dict[str, Any]:
+               progress: Progress | None = None, pipeline: Pipeline | None = None,
+               items: Iterable[SourceItem] | None = None) -> dict[str, Any]:
     """Finish a run: its submission, when that stopped part way, and then its tasks. A paused run carries on
     (with ``options.submit.budget_usd`` as its new budget, when given): one paused by its breaker first
-    re-opens the tasks that failed the way that tripped it."""
+    re-opens the tasks that failed the way that tripped it. ``pipeline``: the run's pipeline as this process
+    holds it (default: loaded from the run's target); ``items``: the input again, for a run submitted from
+    Python objects (its recorded input is only a label), needed when its submission stopped part way."""
     run = find_run(store, run_id)
-    pipeline = load_target(run.target)
+    pipeline = load_target(run.target) if pipeline is None else pipeline
     check_same(store, run, pipeline)
     require_provider(pipeline)
-    carry_on(store, blobs, run, pipeline, options.submit.budget_usd)
     unfinished = run.status in UNFINISHED_RUNS
+    if unfinished and items is None and memory_input(run.input):
+        raise UserError(f"run {run.run_id} was submitted from Python objects and its submission stopped part way; "
+                        "give them again from Python: run.resume(inputs=...) (items already submitted are kept, "
+                        "none twice)")
+    carry_on(store, blobs, run, pipeline, options.submit.budget_usd)
 
     def submission(on_work: Callable[[str], None] | None) -> Submitted:
         if not unfinished:
@@ -92,8 +97,8 @@ def resume_run(run_id: str, store: SqlStore, blobs: Blobs, options: RunOptions,
                 on_work(run.run_id)
             return Submitted(run.run_id, run.expected, 0)
         again = replace(options.submit, resume=run.run_id)
-        return submit(pipeline, run.target, run.input, store, blobs, on_work=on_work, lane=run.lane, options=again,
-                      on_run=fleet.note_run)
+        return submit(pipeline, run.target, run.input, store, blobs, items=items, on_work=on_work, lane=run.lane,
+                      options=again, on_run=fleet.note_run)
 
     fleet = Fleet(pipeline.name, run.target, store, blobs, options)
     return _process(pipeline, fleet, progress, submission)
@@ -130,8 +135,12 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
         if options.workers <= 0:
             done = submission(None)
             fleet.run_id = done.run_id
-            Worker(pipeline, target, store.url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True,
-                                                                    provider_batch=options.provider_batch)).run()
+            worker = Worker(pipeline, target, store.url, blobs, WorkerOptions(
+                run_id=done.run_id, until_idle=True, provider_batch=options.provider_batch))
+            with _shown(fleet, progress), _stopping(options.stop, worker.request_stop):
+                worker.run()
+            if options.stop is not None and options.stop.is_set():
+                raise KeyboardInterrupt("stopped")  # the worker drained: the run is left as Ctrl-C leaves it
         else:
             done = submission(fleet.start)
             fleet.run_id = done.run_id
@@ -142,6 +151,56 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
     summary["workers"] = options.workers
     summary["resumed"] = done.resumed
     return summary
+
+
+@contextmanager
+def _shown(fleet: Fleet, progress: Progress | None) -> Iterator[None]:
+    """Progress while this process works the run itself (no fleet to watch): drawn from a thread every poll,
+    with the caller's store, which nothing else uses meanwhile (the worker has its own)."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.wait(fleet.options.poll):
+            progress(fleet.status)
+
+    drawer = threading.Thread(target=draw, name="conveyor-progress", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        drawer.join()
+    progress(fleet.status)
+
+
+@contextmanager
+def _stopping(stop: threading.Event | None, request_stop: Callable[[], None]) -> Iterator[None]:
+    """While this process works the run, ``stop`` set asks the worker to stop (as its Ctrl-C handler would, which
+    only the main thread has); asked again every poll until it ends, since it cannot stop before it started."""
+    if stop is None:
+        yield
+        return
+    ended = threading.Event()
+
+    def watch() -> None:
+        while not ended.is_set():
+            if stop.wait(0.1):
+                try:
+                    request_stop()
+                except RuntimeError:  # its loop is closed: the worker has ended already
+                    return
+                ended.wait(0.1)
+
+    watcher = threading.Thread(target=watch, name="conveyor-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        watcher.join()
 
 
 def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
@@ -158,7 +217,11 @@ def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within it, SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so both stop the same way."""
+    """Within it, SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so both stop the same way. Off the main thread
+    (a run of the Python API under a running event loop) signals cannot be handled: the caller sets RunOptions.stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield
@@ -192,6 +255,8 @@ class Fleet:
 
     def note_run(self, run_id: str) -> None:
         self.run_id = run_id
+        if self.options.on_run is not None:
+            self.options.on_run(run_id)
 
     def start(self, run_id: str) -> None:
         self.run_id = run_id
@@ -214,6 +279,8 @@ class Fleet:
         """
         while True:
             time.sleep(self.options.poll)
+            if self.options.stop is not None and self.options.stop.is_set():
+                raise KeyboardInterrupt("stopped")  # as Ctrl-C: the caller stops the workers, gently
             if progress is not None:
                 progress(self.status)
             exited = [i for i, p in enumerate(self.procs) if p.poll() is not None]

@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,6 +78,9 @@ class SubmitOptions:
     # (from Python); the rest from their environment variables and defaults. A resumed run keeps its own.
     sets: Sequence[str] = ()
     params: Mapping[str, Any] | None = None
+    # Set from another thread (the Python API's, on Ctrl-C): the submission stops as Ctrl-C stops it, leaving the
+    # run resumable. Read between items.
+    stop: threading.Event | None = None
 
 
 def new_run_id(now: float) -> str:
@@ -148,6 +152,7 @@ def submit(
     stream = items if items is not None else iter_items(
         input_path, skip_bad_lines=options.skip_bad_lines, strict=options.strict_inputs, own=_own(store, blobs))
     ingest = _Ingest(pipeline, run.run_id, store, blobs, clock, run.lane, options.strict_inputs, resumed, me)
+    ingest.stop = options.stop
     ingest.transitions.expander.set_params(run.run_id, recorded_params(run))
     with Heartbeat(store.url, run.run_id, me), store.checkpointing():
         try:
@@ -280,11 +285,14 @@ class _Ingest:
         self.pool: ThreadPoolExecutor | None = None  # reads sources (sources()), made at the first batch with files
         self.visible = False  # some of the run's work is committed: a worker may have started on it
         self.working = False  # on_work was called: workers were told of the run
+        self.stop: threading.Event | None = None  # set: stop as on Ctrl-C (SubmitOptions.stop)
 
     def all(self, items: Iterable[SourceItem], on_work: Callable[[str], None] | None) -> None:
         batch: list[SourceItem] = []
         try:
             for item in itertools.chain(items, [None]):  # streamed: None marks the end
+                if self.stop is not None and self.stop.is_set():
+                    raise KeyboardInterrupt("stopped")
                 if item is not None:
                     batch.append(item)
                 if batch and (item is None or len(batch) >= BATCH):

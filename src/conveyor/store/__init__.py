@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from conveyor.errors import BackendUnavailable, ConveyorError, StoreError, StoreMissing, UrlError
 from conveyor.lazy import lazy_names
+from conveyor.places import DEFAULT_DB as DEFAULT_DB
+from conveyor.places import db_url
 
 if TYPE_CHECKING:
     from conveyor.store.records import (
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
     from conveyor.store.sql_store import SqlStore
     from conveyor.store.workers import Declaration, WorkerRow
 
-DEFAULT_DB = "sqlite:///.conveyor/conveyor.db"
 
 __all__ = [
     "CHILD_MARK", "DEFAULT_DB", "UNFINISHED_RUNS", "AttemptRecord", "ClaimedTask", "Crashed", "DeadLetter",
@@ -69,7 +70,7 @@ def open_store(url: str | None = None, *, migrate: bool = True, create: bool = T
     """
     from conveyor.store.sql_store import SqlStore
 
-    url = url or os.environ.get("CONVEYOR_DB") or DEFAULT_DB
+    url = db_url(url)
     store = SqlStore(_dialect(url, create), url)
     if not create and not store.initialised():
         store.close()
