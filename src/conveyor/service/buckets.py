@@ -85,9 +85,17 @@ def open_prefix(url: str) -> S3Prefix:
 
 def check_prefix(url: str) -> None:
     """Refuse, before anything is created, a prefix whose bucket cannot be listed (one line that says why)."""
+    from botocore.exceptions import ClientError
+
     where = open_prefix(url)
     with s3_errors("list", where.url, where.settings):
-        where.client.list_objects_v2(Bucket=where.bucket, Prefix=where.prefix, MaxKeys=1)
+        try:
+            where.client.list_objects_v2(Bucket=where.bucket, Prefix=where.prefix, MaxKeys=1)
+        except ClientError as exc:
+            if error_code(exc) == "NoSuchBucket":
+                raise InputError(f"--input {url}: the bucket {where.bucket!r} does not exist at "
+                                 f"{where.settings.where}; check its name (and CONVEYOR_S3_ENDPOINT)") from None
+            raise
 
 
 def prefix_items(url: str, strict: bool = False) -> Iterator[SourceItem]:

@@ -177,7 +177,12 @@ def _text_message(bad: BadLine) -> str:
 def manifest_signature(input_path: str | os.PathLike[str], skip_bad_lines: bool) -> tuple[str, str] | None:
     """(path, signature) of a manifest as it is now (host, device, inode, size, modification time, and
     the option the check depends on), or None for other inputs: a manifest with the signature of one that
-    passed ``check_input`` passes again, so it need not be read twice."""
+    passed ``check_input`` passes again, so it need not be read twice. A table's signature also holds its
+    columns (service/tables.py); an S3 prefix has none (its check is one listing call)."""
+    if str(input_path).startswith(TABLE_INPUT):
+        from conveyor.service.tables import table_signature
+
+        return table_signature(str(input_path), skip_bad_lines)
     path = Path(input_path)
     if path.suffix not in MANIFEST_SUFFIXES or not path.is_file():
         return None
