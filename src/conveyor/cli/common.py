@@ -45,8 +45,8 @@ Lane = Annotated[str, typer.Option("--lane", help="bulk, or interactive: claimed
 Workers = Annotated[int, typer.Option("--workers", "-w", help="worker processes (default: one per CPU core); "
                                       "0 runs in this process")]
 SkipBadLines = Annotated[bool, typer.Option(
-    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key becomes a bad_input item "
-    "(keyed MANIFEST:LINE) instead of refusing the submission")]
+    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key (a table's row with no usable "
+    "key or source) becomes a bad_input item (keyed MANIFEST:LINE, TABLE:ROW) instead of refusing the submission")]
 StrictInputs = Annotated[bool, typer.Option(
     "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
     "item fail with bad_input")]
