@@ -19,8 +19,10 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from conveyor.blobs import FilesystemBlobs  # noqa: E402
+from conveyor.errors import InputError  # noqa: E402
 from conveyor.runtime.target import load_target  # noqa: E402
 from conveyor.service import submit as submission  # noqa: E402
+from conveyor.service.inputs import check_input  # noqa: E402
 from conveyor.service.tables import TableColumns, check_table, table_input, table_items  # noqa: E402
 from conveyor.store import open_store  # noqa: E402
 from tests.helpers import cli, cli_json, query, reconciled, submit_and_work, write_pipeline  # noqa: E402
@@ -290,11 +292,9 @@ def test_an_s3_prefix_is_listed_as_items(tmp_path: Path, store_url: str, s3_env:
         if key != "huge.bin":
             assert sources[key.replace("\x01", "\\x01")] == _digest(body)
 
-    again = cli_json(*args, cwd=tmp_path, env=s3_env.env())
-    assert (again["stage_calls"], again["cached"]) == (0, 5)  # the refusal of huge.bin is memoised too
+    again = submit_and_work(target, f"s3://{bucket}/{prefix}", store_url, tmp_path / "blobs")  # no final "/"
+    assert (again.expected, again.cached) == (5, 5)  # the refusal of huge.bin is memoised too
 
-    missing = cli("submit", target, "--input", "s3://no-such-bucket-here/x/", "--db", store_url, "--blobs",
-                  str(tmp_path / "blobs"), cwd=tmp_path, env=s3_env.env())
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
-    assert "no-such-bucket-here" in missing.stderr and "does not exist" in missing.stderr
-    assert query(store_url, "SELECT COUNT(*) FROM runs") == [(2,)]
+    with pytest.raises(InputError, match=r"^--input s3://no-such-bucket-here/x/: the bucket 'no-such-bucket-here' "
+                                         r"does not exist at http://"):
+        check_input("s3://no-such-bucket-here/x/")
