@@ -23,7 +23,7 @@ from conveyor.errors import InputError  # noqa: E402
 from conveyor.runtime.target import load_target  # noqa: E402
 from conveyor.service import submit as submission  # noqa: E402
 from conveyor.service.inputs import check_input  # noqa: E402
-from conveyor.service.tables import TableColumns, check_table, table_input, table_items  # noqa: E402
+from conveyor.service.tables import TableColumns, check_table, input_spec, table_input, table_items  # noqa: E402
 from conveyor.store import open_store  # noqa: E402
 from tests.helpers import cli, cli_json, query, reconciled, submit_and_work, write_pipeline  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
@@ -159,8 +159,8 @@ def test_resume_reads_the_table_by_the_columns_its_run_recorded(
     assert _sources(store_url, run_id)["k06500"] == _digest(b"text 6500")
 
 
-def _odd(tmp_path: Path, case: str) -> tuple[list[str], str]:
-    """(the arguments after --input, the one-line error) of an odd table."""
+def _odd(tmp_path: Path, case: str) -> tuple[Path, str]:
+    """(an odd table, its one-line error); its columns are read as --key id --text body."""
     def parquet(**columns: list[Any]) -> Path:
         path = tmp_path / "odd.parquet"
         pq.write_table(pa.table(columns), path)
@@ -168,57 +168,77 @@ def _odd(tmp_path: Path, case: str) -> tuple[list[str], str]:
 
     if case == "null key":
         path = parquet(id=["a", None, "c"], body=["x", "y", "z"])
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} row 2: column 'id' (--key) is null; every row needs a key (or pass --skip-bad-lines)")
     if case == "null text":
         path = parquet(id=["a", "b"], body=["x", None])
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} row 2: column 'body' (--text) is null; every row needs one (or pass --skip-bad-lines)")
     if case == "duplicate key":
         path = tmp_path / "odd.csv"
         path.write_text("id,body\n007,x\n008,y\n007,z\n")
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} row 3: key '007' is also on row 1; keys must be unique within a table")
     if case == "missing column":
         path = parquet(id=["a"], text=["x"], lang=["en"])
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} has no column 'body' (named by --text); its columns are 'id', 'text', 'lang': name one of them")
     if case == "wrong type":
         path = parquet(id=["a"], body=[3])
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path}: column 'body' (--text) holds int64 values; --text takes strings or bytes (--value takes any "
             "JSON value)")
     if case == "float key":
         path = parquet(id=[1.5], body=["x"])
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path}: column 'id' (--key) holds double values; keys must be strings or integers: cast the column")
     if case == "jsonl missing column":
         path = tmp_path / "odd.jsonl"
         path.write_text('{"id": "a", "txt": "x"}\n')
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} has no column 'body' (named by --text); its columns are 'id', 'txt': name one of them")
     if case == "jsonl wrong type":
         path = tmp_path / "odd.jsonl"
         path.write_text('{"id": "a", "body": "x"}\n{"id": ["b"], "body": "y"}\n')
-        return [str(path), "--key", "id", "--text", "body"], (
+        return path, (
             f"{path} line 2: 'id' (--key) is an array; keys must be strings or integers (or pass --skip-bad-lines)")
     assert case == "folder"
     (tmp_path / "docs").mkdir()
-    return [str(tmp_path / "docs"), "--key", "id", "--text", "body"], (
+    return tmp_path / "docs", (
         f"--key and --text read the columns of a table; --input {tmp_path / 'docs'} is a folder or prefix, whose "
         "files are the items: leave them out, or give a .parquet, .csv or .jsonl file")
 
 
-@pytest.mark.parametrize("case", ["null key", "null text", "duplicate key", "missing column", "wrong type",
-                                  "float key", "jsonl missing column", "jsonl wrong type", "folder"])
+ODD = ["null key", "null text", "duplicate key", "missing column", "wrong type", "float key", "jsonl missing column",
+       "jsonl wrong type", "folder"]
+
+
+@pytest.mark.parametrize("case", ODD)
 def test_an_odd_table_is_refused_in_one_line_before_anything_is_created(tmp_path: Path, case: str) -> None:
     target = write_pipeline(tmp_path, PIPE)
-    args, message = _odd(tmp_path, case)
+    table, message = _odd(tmp_path, case)
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    try:
+        with pytest.raises(InputError) as refused:
+            label = input_spec(str(table), "id", text="body")
+            submission.submit(load_target(target), target, label, store, FilesystemBlobs(tmp_path / "b"))
+        assert str(refused.value) == message
+        assert store.db.execute("SELECT COUNT(*) FROM runs") == [(0,)]
+    finally:
+        store.close()
+
+
+def test_the_command_line_says_why_a_table_is_refused_in_one_line(tmp_path: Path) -> None:
+    target = write_pipeline(tmp_path, PIPE)
+    table, message = _odd(tmp_path, "missing column")
     store_url = f"sqlite:///{tmp_path}/c.db"
-    open_store(store_url).close()
-    proc = cli("submit", target, "--input", *args, "--db", store_url, "--blobs", str(tmp_path / "b"), cwd=tmp_path)
+    proc = cli("submit", target, "--input", str(table), "--key", "id", "--text", "body", "--db", store_url,
+               "--blobs", str(tmp_path / "b"), cwd=tmp_path)
     assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [f"error: {message}"])
     assert query(store_url, "SELECT COUNT(*) FROM runs") == [(0,)]
+    alone = cli("submit", target, "--input", str(table), "--text", "body", "--db", store_url, cwd=tmp_path)
+    assert (alone.returncode, alone.stderr.strip()) == (
+        2, "error: --text reads a table's columns: name the column of item keys with --key COL too")
 
 
 def test_bad_rows_become_bad_input_items_with_skip_bad_lines(tmp_path: Path, store_url: str) -> None:
