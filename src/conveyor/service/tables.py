@@ -56,9 +56,8 @@ _MAX_LISTED = 20
 @dataclass(frozen=True)
 class TableColumns:
     """Which columns of a table make an item: ``key``, exactly one of ``text``, ``path`` or ``value``, and
-    ``meta`` (columns whose values become the item's meta, ``{column: value}``).
-
-    >>> TableColumns(key="id", text="body", meta=("lang",))
+    ``meta`` (columns whose values become the item's meta, ``{column: value}``); for example
+    ``TableColumns(key="id", text="body", meta=("lang",))``.
     """
 
     key: str
