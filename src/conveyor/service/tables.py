@@ -193,7 +193,8 @@ def table_items(source: Any, columns: TableColumns, *, skip_bad_lines: bool = Fa
     """The items of a table's rows, streamed, in the table's order. ``source`` as for ``check_table`` (which
     finds keys given twice: run it first). A bad row is an InputError, or with ``skip_bad_lines`` a ``bad_input``
     item keyed ``<table>:<row>``; a ``path`` that cannot be read is a ``bad_input`` item (``strict``: an
-    InputError), as in a manifest."""
+    InputError), as in a manifest. Paths are relative to the table's folder (a table in memory: the working
+    directory)."""
     return _open(source, columns).items(skip_bad_lines, strict)
 
 
