@@ -66,13 +66,18 @@ def parse_s3_url(url: str) -> tuple[str, str]:
         raise UrlError(f"blob store URL {url!r} is not s3://BUCKET/PREFIX")
     bucket, _, prefix = rest[2:].partition("/")
     prefix = prefix.strip("/")
-    if not _BUCKET.fullmatch(bucket):
+    if not valid_bucket(bucket):
         raise UrlError(f"blob store URL {url!r} names no valid S3 bucket (3-63 lowercase letters, digits, "
                        "dots and hyphens); use s3://BUCKET/PREFIX")
     if prefix and (not _PREFIX.fullmatch(prefix) or ".." in prefix.split("/")):
         raise UrlError(f"blob store URL {url!r} has an unusable key prefix; use letters, digits, '.', '_', '-' "
                        "and '/' between parts")
     return bucket, prefix
+
+
+def valid_bucket(name: str) -> bool:
+    """Whether ``name`` can name an S3 bucket (3-63 lowercase letters, digits, dots and hyphens)."""
+    return _BUCKET.fullmatch(name) is not None
 
 
 def make_client(settings: S3Settings, max_attempts: int | None = None) -> Any:

@@ -27,14 +27,25 @@ Blobs = Annotated[str, typer.Option("--blobs", envvar=BLOBS_ENV,
                                     help="blob folder, file:// URL or s3://BUCKET/PREFIX")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 Target = Annotated[str, typer.Argument(help="file.py:pipeline or package.module:pipeline")]
-Input = Annotated[str, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
+INPUT_HELP = ("a folder, a file, a manifest.jsonl, a table (.parquet, .csv, .jsonl with --key) or an S3 prefix "
+              "(s3://BUCKET/PREFIX/)")
+Input = Annotated[str, typer.Option("--input", "-i", help=INPUT_HELP)]
+Key = Annotated[str | None, typer.Option("--key", metavar="COL", help="--input is a table: COL holds the item keys")]
+Text = Annotated[str | None, typer.Option("--text", metavar="COL", help="with --key: each item's bytes are COL's "
+                                          "text (UTF-8)")]
+PathColumn = Annotated[str | None, typer.Option("--path", metavar="COL", help="with --key: each item's bytes are the "
+                                                "file COL names (relative to the table's folder)")]
+Value = Annotated[str | None, typer.Option("--value", metavar="COL", help="with --key: each item's bytes are COL's "
+                                           "value as JSON with sorted keys")]
+Meta = Annotated[list[str] | None, typer.Option("--meta", metavar="COL", help="with --key: COL's value goes into "
+                                                "each item's meta ({COL: value}); repeat for more")]
 Lane = Annotated[str, typer.Option("--lane", help="bulk, or interactive: claimed first, with a reserved share "
                                    "of every provider quota")]
 Workers = Annotated[int, typer.Option("--workers", "-w", help="worker processes (default: one per CPU core); "
                                       "0 runs in this process")]
 SkipBadLines = Annotated[bool, typer.Option(
-    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key becomes a bad_input item "
-    "(keyed MANIFEST:LINE) instead of refusing the submission")]
+    "--skip-bad-lines", help="a manifest line that is not JSON or has no usable key (a table's row with no usable "
+    "key or source) becomes a bad_input item (keyed MANIFEST:LINE, TABLE:ROW) instead of refusing the submission")]
 StrictInputs = Annotated[bool, typer.Option(
     "--strict-inputs", help="refuse the whole submission when a source cannot be read, instead of making that "
     "item fail with bad_input")]
@@ -160,6 +171,19 @@ def not_finished(head: str, run_id: str, command: str, why: str | None = None) -
 def interrupted(run_id: str, db: str, blobs: str, command: str | None = None) -> None:
     typer.echo(not_finished("interrupted", run_id, command or resume_hint(run_id, db, blobs)), err=True)
     raise typer.Exit(INTERRUPTED)
+
+
+def table_input(input: str, key: str | None, text: str | None, path: str | None, value: str | None,
+                meta: list[str] | None) -> str:
+    """``--input`` as the run records it: a table read by the columns named, or the input as given (with a note on
+    stderr for a Parquet or CSV file given without --key: it is one item)."""
+    from conveyor.service.tables import input_spec, unkeyed_note
+
+    spec = input_spec(input, key, text, path, value, tuple(meta or ()))
+    note = unkeyed_note(spec)
+    if note is not None:
+        typer.echo(note, err=True)
+    return spec
 
 
 def submit_options(skip_bad_lines: bool, strict_inputs: bool, accept: list[str] | None,

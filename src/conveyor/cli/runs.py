@@ -9,18 +9,24 @@ import typer
 
 from conveyor.cli.common import (
     DEFAULT_BLOBS,
+    INPUT_HELP,
     AcceptCode,
     Blobs,
     BudgetUsd,
     Db,
     Input,
     Json,
+    Key,
     Lane,
+    Meta,
+    PathColumn,
     ProviderBatch,
     Sets,
     SkipBadLines,
     StrictInputs,
     Target,
+    Text,
+    Value,
     Workers,
     app,
     check_limits_env,
@@ -33,6 +39,7 @@ from conveyor.cli.common import (
     stages_progress,
     store_for,
     submit_options,
+    table_input,
     writable_blobs,
 )
 from conveyor.errors import NotFound, StoreMissing, UserError
@@ -50,11 +57,13 @@ def run(
                                         "run this many items for real in a scratch store to measure them (paid "
                                         "for; 0: no sample)")] = 3,
     budget_usd: BudgetUsd = None, provider_batch: ProviderBatch = False, sets: Sets = None,
+    key: Key = None, text: Text = None, path: PathColumn = None, value: Value = None, meta: Meta = None,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.runtime.target import load_target
     from conveyor.service.runs import Interrupted, RunOptions, run_pipeline
 
+    input = table_input(input, key, text, path, value, meta)
     pipeline = load_target(target)
     check_limits_env()  # before any worker starts: a bad CONVEYOR_LIMITS would stop every one of them
     if dry_run:
@@ -124,13 +133,13 @@ def resume(
 @app.command()
 def submit(
     target: Target,
-    input: Annotated[str | None, typer.Option("--input", "-i", help="a folder, a file, or a manifest.jsonl")]
-    = None,
+    input: Annotated[str | None, typer.Option("--input", "-i", help=INPUT_HELP)] = None,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False, lane: Lane = "bulk",
     skip_bad_lines: SkipBadLines = False, strict_inputs: StrictInputs = False, accept_code_change: AcceptCode = None,
     resume_run: Annotated[str | None, typer.Option("--resume", metavar="RUN", help="finish the submission of "
                                                    "RUN, which stopped part way (its input is read again)")] = None,
     sets: Sets = None,
+    key: Key = None, text: Text = None, path: PathColumn = None, value: Value = None, meta: Meta = None,
 ) -> None:
     """Create a run without processing it; print its id."""
     from conveyor.runtime.target import load_target
@@ -138,6 +147,11 @@ def submit(
     from conveyor.service.runs import sigterm_as_interrupt
     from conveyor.service.submit import submit as submit_run
 
+    if input is not None:
+        input = table_input(input, key, text, path, value, meta)
+    elif key or text or path or value or meta:
+        raise UserError("--key, --text, --path, --value and --meta name the columns of --input TABLE; a resumed "
+                        "submission reads its table by the columns its run recorded")
     pipeline = load_target(target)
     blob_store = writable_blobs(blobs)
     if sets and resume_run is not None:

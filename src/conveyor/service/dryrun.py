@@ -138,7 +138,7 @@ def _ref(item: SourceItem) -> Ref | str:
     try:
         return _digest_only(item)
     except OSError as exc:
-        return f"{item.path} could not be read: {exc.strerror or exc}"
+        return f"{item.where} could not be read: {exc.strerror or exc}"
 
 
 def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: History) -> None:

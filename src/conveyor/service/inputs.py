@@ -1,4 +1,4 @@
-"""Stream the items of ``--input``: a folder, one file, or a JSONL manifest.
+"""Stream the items of ``--input``: a folder, one file, a JSONL manifest, a table or an S3 prefix.
 
 Every entry becomes an item with an outcome. A source that cannot be read (a
 missing, unreadable or vanished file, a folder, a FIFO, a dangling symlink) is
@@ -13,6 +13,10 @@ Keys: a folder's items are keyed by their path relative to it, made printable
 and unambiguous (``printable_name``); manifest keys are taken as written, but
 may not hold control characters or the fan-out mark (``store.CHILD_MARK``),
 which names child items, and may not be longer than ``MAX_KEY_CHARS``.
+
+Tables (``--key COL --text|--path|--value COL``: service/tables.py) and S3 prefixes (``s3://bucket/prefix/``:
+service/buckets.py) follow the same rules; their readers are imported only when an input names them, since
+they need pyarrow and boto3.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -37,6 +41,8 @@ from conveyor.store import CHILD_MARK
 log = logging.getLogger("conveyor.submit")
 
 MANIFEST_SUFFIXES = (".jsonl", ".ndjson")
+TABLE_INPUT = "table:"  # a run's input label for a table read by columns (service/tables.py table_input)
+S3_INPUT = "s3://"  # an S3 prefix listed as items (service/buckets.py)
 BOM = b"\xef\xbb\xbf"
 MAX_KEY_CHARS = 1000  # an index entry holds the key twice; PostgreSQL caps an entry near 2,700 bytes
 _HINT = 'each line must be {"key": "...", "path": "..."} or {"key": "...", "text": "..."} (optionally "meta": {...})'
@@ -47,14 +53,40 @@ _BAD_KEY_CHAR = re.compile(f"^{GROUP_PREFIX}|[\x00-\x1f\x7f-\x9f{CHILD_MARK}]")
 _NEEDS_ESCAPE = re.compile(f"[\\\\\x00-\x1f\x7f-\x9f{CHILD_MARK}\udc80-\udcff]")
 
 
+class RemoteSource(Protocol):
+    """An item's bytes kept elsewhere (an S3 object), read when the item is submitted."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def version(self) -> str:
+        """What changes when the bytes change (an ETag): names a source too large to read."""
+        ...
+
+    def chunks(self) -> Iterator[bytes]:
+        """The bytes, streamed; OSError when they cannot be read (gone, refused)."""
+        ...
+
+
 class SourceItem(NamedTuple):
-    """One input item: its key and either a file path, its text, or why it has no readable source."""
+    """One input item: its key and either a file path, its text, a remote source, or why it has no readable
+    source."""
 
     key: str
     path: Path | None = None
     text: bytes | None = None
     problem: str | None = None  # set: the item ends failed with error class bad_input
     meta: dict[str, Any] | None = None  # a manifest line's "meta" object: for checks of meaning and reports
+    remote: RemoteSource | None = None  # an object in S3 (--input s3://...)
+
+    @property
+    def where(self) -> str:
+        """Where the item's bytes are read from, for messages."""
+        return self.remote.url if self.remote is not None else str(self.path)
 
 
 class BadLine(NamedTuple):
@@ -66,6 +98,17 @@ class BadLine(NamedTuple):
 def check_input(input_path: str | os.PathLike[str], skip_bad_lines: bool = False) -> None:
     """Refuse, before anything is created, an input that does not exist or a manifest with a bad line
     (unless ``skip_bad_lines``) or a key given twice. Streams the manifest; holds 8 bytes per key."""
+    named = str(input_path)
+    if named.startswith(TABLE_INPUT):
+        from conveyor.service.tables import check_table_input
+
+        check_table_input(named, skip_bad_lines)
+        return
+    if named.startswith(S3_INPUT):
+        from conveyor.service.buckets import check_prefix
+
+        check_prefix(named)
+        return
     path = Path(input_path)
     if not path.exists() and not path.is_symlink():
         raise InputError(f"--input {str(path)!r} does not exist; give a folder, a file or a manifest.jsonl")
@@ -135,19 +178,40 @@ def _text_message(bad: BadLine) -> str:
 def manifest_signature(input_path: str | os.PathLike[str], skip_bad_lines: bool) -> tuple[str, str] | None:
     """(path, signature) of a manifest as it is now (host, device, inode, size, modification time, and
     the option the check depends on), or None for other inputs: a manifest with the signature of one that
-    passed ``check_input`` passes again, so it need not be read twice."""
+    passed ``check_input`` passes again, so it need not be read twice. A table's signature also holds its
+    columns (service/tables.py); an S3 prefix has none (its check is one listing call)."""
+    if str(input_path).startswith(TABLE_INPUT):
+        from conveyor.service.tables import table_signature
+
+        return table_signature(str(input_path), skip_bad_lines)
     path = Path(input_path)
     if path.suffix not in MANIFEST_SUFFIXES or not path.is_file():
         return None
+    return str(path.resolve()), file_signature(path, skip_bad_lines)
+
+
+def file_signature(path: Path, *options: object) -> str:
+    """What identifies a file as it is now (host, device, inode, size, modification time), and ``options``."""
     info = path.stat()
-    signature = f"{os.uname().nodename}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{skip_bad_lines}"
-    return str(path.resolve()), signature
+    return ":".join([os.uname().nodename, str(info.st_dev), str(info.st_ino), str(info.st_size),
+                     str(info.st_mtime_ns), *map(str, options)])
 
 
 def iter_items(input_path: str | os.PathLike[str], *, skip_bad_lines: bool = False,
                strict: bool = False, own: Iterable[str] = ()) -> Iterator[SourceItem]:
     """Yield items lazily; never holds a folder listing or a manifest whole. ``own``: conveyor's own
     files and folders (the store, its blobs), which a folder walk passes over, saying so."""
+    named = str(input_path)
+    if named.startswith(TABLE_INPUT):
+        from conveyor.service.tables import table_input_items
+
+        yield from table_input_items(named, skip_bad_lines=skip_bad_lines, strict=strict)
+        return
+    if named.startswith(S3_INPUT):
+        from conveyor.service.buckets import prefix_items
+
+        yield from prefix_items(named, strict=strict)
+        return
     path = Path(input_path)
     if path.is_dir():
         yield from _walk(path, strict, skip=_inside(path, own))

@@ -200,7 +200,7 @@ def _read_sources(run: RunRecord, keys: set[str], blobs: Blobs, pipeline: Pipeli
             try:
                 found[item.key] = _digest_only(item) if dry_run else source_ref(item, blobs, _read_limit(pipeline))
             except OSError as exc:
-                found[item.key] = f"{item.path} could not be read: {exc.strerror or exc}"
+                found[item.key] = f"{item.where} could not be read: {exc.strerror or exc}"
             if len(found) == len(keys):
                 break
     except (OSError, UserError) as exc:
@@ -210,20 +210,27 @@ def _read_sources(run: RunRecord, keys: set[str], blobs: Blobs, pipeline: Pipeli
 
 
 def _digest_only(item: Any) -> Ref:
-    """A source's reference without storing it (a dry run writes nothing)."""
+    """A source's reference without storing it (a dry run writes nothing); streamed, so a large source is never
+    held whole."""
     if item.text is not None:
         data = item.text
-    else:
-        with item.path.open("rb") as source:
-            digest = hashlib.sha256()
-            size = 0
-            while chunk := source.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        if size > INLINE_MAX:
-            return Ref("bytes", digest.hexdigest(), size, None)
-        data = item.path.read_bytes()
-    return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data if len(data) <= INLINE_MAX else None)
+        return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data if len(data) <= INLINE_MAX else None)
+    if item.remote is not None:
+        return _streamed_ref(item.remote.chunks())
+    with item.path.open("rb") as source:
+        return _streamed_ref(iter(lambda: source.read(1 << 20), b""))
+
+
+def _streamed_ref(chunks: Iterator[bytes]) -> Ref:
+    digest = hashlib.sha256()
+    size = 0
+    kept: list[bytes] = []
+    for chunk in chunks:
+        digest.update(chunk)
+        size += len(chunk)
+        if size <= INLINE_MAX:
+            kept.append(chunk)
+    return Ref("bytes", digest.hexdigest(), size, b"".join(kept) if size <= INLINE_MAX else None)
 
 
 class _Totals:

@@ -35,7 +35,7 @@ from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.target import absolute_target
 from conveyor.runtime.transitions import Transitions
 from conveyor.runtime.values import INLINE_MAX, Ref
-from conveyor.service.inputs import SourceItem, check_input, iter_items, manifest_signature
+from conveyor.service.inputs import RemoteSource, SourceItem, check_input, iter_items, manifest_signature
 from conveyor.service.report import stale_code
 from conveyor.store import UNFINISHED_RUNS, RunRecord, SqlStore, lost_connection, sqlite_path
 
@@ -176,7 +176,7 @@ def submit(
 
 
 def _check(input_path: str, skip_bad_lines: bool, store: SqlStore, clock: Callable[[], float]) -> None:
-    """check_input, unless this very manifest (unchanged) passed it before."""
+    """check_input, unless this very manifest or table (unchanged, read by the same columns) passed it before."""
     signature = manifest_signature(input_path, skip_bad_lines)
     if signature is not None and store.input_checked(*signature):
         return
@@ -351,7 +351,7 @@ class _Ingest:
         try:
             return source_ref(item, self.blobs, self.read_limit)
         except OSError as exc:
-            where = str(item.path)
+            where = item.where
             if self.strict:
                 raise InputError(f"cannot read input {where!r}: {exc.strerror}; fix or remove it") from None
             return f"{where!r} could not be read: {exc.strerror or exc}"
@@ -362,10 +362,13 @@ def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
     cannot be read, BlobError when the blob store cannot take it.
 
     A file larger than every root stage accepts is never read: its task is
-    refused on the size check, so its key comes from its path, size and mtime.
+    refused on the size check, so its key comes from its path, size and mtime
+    (an S3 object's: its URL, size and ETag).
     """
     if item.text is not None:
         return _bytes_ref(item.text, blobs)
+    if item.remote is not None:
+        return _remote_ref(item.remote, blobs, read_limit)
     assert item.path is not None
     stat = item.path.stat()
     if read_limit is not None and stat.st_size > read_limit:
@@ -380,11 +383,27 @@ def source_ref(item: SourceItem, blobs: Blobs, read_limit: int | None) -> Ref:
     return Ref("bytes", digest, size, None)
 
 
+def _remote_ref(remote: RemoteSource, blobs: Blobs, read_limit: int | None) -> Ref:
+    """An S3 object's reference: read and stored as a local file is (inline when small, streamed otherwise)."""
+    if read_limit is not None and remote.size > read_limit:
+        marker = f"unread\0{remote.url}\0{remote.size}\0{remote.version}"
+        return Ref("bytes", hashlib.sha256(marker.encode()).hexdigest(), remote.size, None)
+    if remote.size <= INLINE_MAX:
+        data = b"".join(remote.chunks())
+        if len(data) <= INLINE_MAX:
+            return Ref("bytes", hashlib.sha256(data).hexdigest(), len(data), data)
+        return Ref("bytes", blobs.put(data), len(data), None)
+    digest, size = blobs.put_stream(remote.chunks())
+    return Ref("bytes", digest, size, None)
+
+
 def _stored_as_blob(item: SourceItem) -> bool:
     """Whether the item's source is larger than INLINE_MAX (a file that cannot be looked at: no, and ``source``
     says why)."""
     if item.text is not None:
         return len(item.text) > INLINE_MAX
+    if item.remote is not None:
+        return item.remote.size > INLINE_MAX
     try:
         return item.path is not None and item.path.stat().st_size > INLINE_MAX
     except OSError:
