@@ -69,7 +69,7 @@ def test_a_run_from_pairs_is_one_row_per_item_with_its_reconciled_outcome(
     assert by_key["d"].value is None and by_key["d"].provenance["error_class"] == "terminal"
     assert by_key["d"].provenance["error"] == "TerminalError: refused: bad input here"
     assert by_key["b"].value["text"] == "beta two words", "bytes are the source as they are"
-    assert by_key["c"].value["text"] == '{"y": [2, 3], "z": 1}', "a dict is its JSON text, keys sorted"
+    assert by_key["c"].value["text"] == '{"y":[2,3],"z":1}', "a dict is its JSON text, keys sorted"
     assert (by_key["a"].provenance["run_id"], by_key["a"].provenance["stage"]) == (run.id, "parse")
     assert [r.item_key for r in run.results()] == ["a", "b", "c"], "accepted by default, in key order"
 
@@ -254,3 +254,37 @@ def test_open_finds_the_store_as_the_command_line_does(monkeypatch: pytest.Monke
     assert conveyor.open("sqlite:///x.db", Path("b")).db == "sqlite:///x.db"
     with pytest.raises(conveyor.ConveyorError, match="no run 'r-none'"):
         conveyor.open().run("r-none")
+
+
+def test_dataframes_and_tables_run_by_their_columns(tmp_path: Path, pipe: Pipeline, ws: conveyor.Workspace) -> None:
+    import pandas as pd
+    import polars as pl
+    import pyarrow as pa
+
+    frame = pd.DataFrame({"id": ["p1", "p2", "p3"], "body": ["one two", "three", "bad row"],
+                          "lang": ["en", "fr", "en"]})
+    run = pipe.run(frame, store=ws, workers=0, progress=False, key="id", text="body", meta=["lang"])
+    assert run.reconcile()["outcomes"] == {"published": 2, "failed": 1}
+    rows = run.to_pandas(outcome="all").set_index("item_key")
+    assert rows.loc["p1", "value.words"] == 2 and rows.loc["p3", "error_class"] == "terminal"
+    # The same rows as a polars frame, a pyarrow Table and a Parquet file: the same items, answered by the memo.
+    again = [pipe.run(pl.from_pandas(frame), store=ws, workers=0, progress=False, key="id", text="body"),
+             pipe.run(pa.Table.from_pandas(frame), store=ws, workers=0, progress=False, key="id", text="body")]
+    pq.write_table(pa.Table.from_pandas(frame), tmp_path / "rows.parquet")
+    again.append(pipe.run(tmp_path / "rows.parquet", store=ws, workers=0, progress=False, key="id", text="body"))
+    for other in again:
+        assert other.reconcile()["outcomes"] == {"published": 2, "failed": 1}
+        assert other.status()["stage_calls"] == 0, "an unchanged table costs a lookup per item"
+    values = pd.DataFrame({"id": ["v1"], "doc": [{"b": 1, "a": "x"}]})
+    valued = pipe.run(values, store=ws, workers=0, progress=False, key="id", value="doc")
+    assert next(valued.results()).value["text"] == '{"a":"x","b":1}'
+
+    with pytest.raises(UserError, match="name its columns, key=COLUMN"):
+        pipe.run(frame, store=ws, workers=0, progress=False)
+    with pytest.raises(InputError, match="key 'x' is also on row 1"):
+        pipe.run(pd.DataFrame({"id": ["x", "x"], "body": ["a", "b"]}), store=ws, workers=0, progress=False,
+                 key="id", text="body")
+    with pytest.raises(InputError, match="nope"):
+        pipe.run(frame, store=ws, workers=0, progress=False, key="nope", text="body")
+    with pytest.raises(UserError, match="is not a table"):
+        pipe.run(PAIRS, store=ws, workers=0, progress=False, key="id", text="body")

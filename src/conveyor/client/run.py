@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from conveyor.client.datasets import Result, _Rows
@@ -75,15 +75,18 @@ class Run(_Rows):
             return reconcile(store, find_run(store, self._id), blobs=self.workspace.blob_store())
 
     def resume(self, inputs: Inputs | None = None, *, workers: int | None = None, budget_usd: float | None = None,
-               progress: bool = True) -> Run:
+               progress: bool = True, key: str | None = None, text: str | None = None, path: str | None = None,
+               value: str | None = None, meta: Sequence[str] = ()) -> Run:
         """Finish the run, as ``conveyor resume`` does: its submission, if that stopped part way, then its tasks
         (a paused run carries on; ``budget_usd``: its new budget). A run submitted from Python objects whose
-        submission stopped needs them again: ``inputs`` (items submitted already are kept, none twice)."""
+        submission stopped needs them again: ``inputs`` (a table's with its ``key=``, ``text=``... columns;
+        items submitted already are kept, none twice)."""
+        from conveyor.client.inputs import Columns
         from conveyor.client.running import resume
 
         if self._job is not None:
             self._job.wait()
-        resume(self, inputs, workers, budget_usd, progress)
+        resume(self, inputs, workers, budget_usd, progress, Columns(key, text, path, value, tuple(meta)))
         return self
 
     def _export(self, store: SqlStore, blobs: Blobs, stage: str | None, outcome: str | None) -> Export:

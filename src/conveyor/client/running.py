@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from conveyor.client.inputs import Inputs, _items_of, resume_items
+from conveyor.client.inputs import Columns, Inputs, _items_of, resume_items
 from conveyor.client.run import Run
 from conveyor.client.workspace import Workspace
 from conveyor.client.workspace import open as open_workspace
@@ -39,10 +39,11 @@ Work = Callable[[Callable[[str], None], threading.Event], dict[str, Any]]
 
 
 def run(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
-        budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = True) -> Run:
+        budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = True,
+        columns: Columns | None = None) -> Run:
     """``Pipeline.run``: submit ``inputs`` and process them to the end; the finished ``Run``."""
     workspace = _workspace(store)
-    work = _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress)
+    work = _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress, columns)
     job = _Job(workspace, work, loadable=target_of(pipeline) is not None)
     job.to_the_end()
     assert job.run_id is not None
@@ -50,10 +51,11 @@ def run(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = N
 
 
 def submit(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
-           budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = False) -> Run:
+           budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = False,
+           columns: Columns | None = None) -> Run:
     """``Pipeline.submit``: the ``Run`` as soon as it exists, processed in the background (``Run.wait()``)."""
     workspace = _workspace(store)
-    job = _Job(workspace, _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress),
+    job = _Job(workspace, _new_run(pipeline, inputs, workspace, workers, budget_usd, params, progress, columns),
                loadable=target_of(pipeline) is not None)
     job.start()
     assert job.run_id is not None
@@ -61,11 +63,11 @@ def submit(pipeline: Pipeline, inputs: Inputs, *, store: Workspace | str | None 
 
 
 def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: float | None,
-           progress: bool) -> None:
+           progress: bool, columns: Columns | None = None) -> None:
     """``Run.resume``: finish the run's submission (from ``inputs`` again, for one made from Python objects)
     and its tasks, as ``conveyor resume`` does."""
     workspace = handle.workspace
-    items = resume_items(inputs)
+    items = resume_items(inputs, columns)
     with workspace.opened(create=False) as store:
         recorded = find_run(store, handle.id).target
     target = None if recorded.startswith(INTERACTIVE) else recorded
@@ -85,7 +87,8 @@ def resume(handle: Run, inputs: Inputs | None, workers: int | None, budget_usd: 
 
 
 def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: int | None,
-             budget_usd: float | None, params: Mapping[str, Any] | None, progress: bool) -> Work:
+             budget_usd: float | None, params: Mapping[str, Any] | None, progress: bool,
+             columns: Columns | None = None) -> Work:
     """The work of a new run, its input read and checked here (a bad one raises before anything exists)."""
     loading = loading_target()
     if loading is not None:
@@ -93,7 +96,7 @@ def _new_run(pipeline: Pipeline, inputs: Inputs, workspace: Workspace, workers: 
                         'put pipe.run(...) under `if __name__ == "__main__":`')
     pipeline.validate()
     parse_limits(os.environ.get(LIMITS_ENV))  # before any worker starts: a bad CONVEYOR_LIMITS stops every one
-    source = _items_of(inputs)
+    source = _items_of(inputs, columns)
     target = target_of(pipeline)
     count = _worker_count(workers, target, pipeline.name)
     blobs = workspace.blob_store(writable=True)

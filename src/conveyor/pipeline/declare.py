@@ -344,13 +344,18 @@ class Pipeline:
         return self
 
     def run(self, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
-            budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = True) -> Run:
+            budget_usd: float | None = None, params: Mapping[str, Any] | None = None, progress: bool = True,
+            key: str | None = None, text: str | None = None, path: str | None = None, value: str | None = None,
+            meta: Sequence[str] = ()) -> Run:
         """Submit ``inputs`` and process them to the end, as ``conveyor run`` does; return the finished Run.
 
         ``inputs``: a folder, a file or a JSONL manifest (what ``--input`` takes); ``(key, value)`` pairs, the
-        value ``bytes``, ``str`` or a ``dict`` (its JSON text with sorted keys becomes the item's bytes); or dicts
+        value ``bytes``, ``str`` or a ``dict`` (its JSON text with sorted keys becomes the item's bytes); dicts
         shaped like manifest lines (``{"key": ..., "text": ...}`` or ``{"key": ..., "path": ...}``, optionally
-        ``"meta"``). A bad entry or a key given twice is a one-line InputError before any run exists.
+        ``"meta"``); or a table: a pandas or polars DataFrame, a pyarrow Table, or a .parquet, .csv or .jsonl
+        file, whose rows are items by the columns ``key=`` and one of ``text=``, ``path=`` or ``value=`` name
+        (``meta=[...]``: columns that become the item's meta; as ``--key``, ``--text``... on the command line).
+        A bad entry or a key given twice is a one-line InputError before any run exists.
         ``store``: ``conveyor.open(...)`` or a database URL (default: ``conveyor.open()``). ``workers``: worker
         processes, by default one per CPU core (0: this process; a pipeline declared in a notebook cell, which
         no other process can import, works in this process). ``budget_usd``: the run's ceiling on provider
@@ -364,20 +369,23 @@ class Pipeline:
             run = pipe.run([("a", "first text"), ("b", "second text")], workers=0)
             print(run.reconcile()["outcomes"], run.to_pandas())
         """
+        from conveyor.client.inputs import Columns
         from conveyor.client.running import run
 
         return run(self, inputs, store=store, workers=workers, budget_usd=budget_usd, params=params,
-                   progress=progress)
+                   progress=progress, columns=Columns(key, text, path, value, tuple(meta)))
 
     def submit(self, inputs: Inputs, *, store: Workspace | str | None = None, workers: int | None = None,
                budget_usd: float | None = None, params: Mapping[str, Any] | None = None,
-               progress: bool = False) -> Run:
+               progress: bool = False, key: str | None = None, text: str | None = None, path: str | None = None,
+               value: str | None = None, meta: Sequence[str] = ()) -> Run:
         """Like ``run``, but return the Run as soon as it exists, processed by a thread of this process and its
         workers; ``run.wait()`` waits for its end (a bad input still raises here, before any run exists)."""
+        from conveyor.client.inputs import Columns
         from conveyor.client.running import submit
 
         return submit(self, inputs, store=store, workers=workers, budget_usd=budget_usd, params=params,
-                      progress=progress)
+                      progress=progress, columns=Columns(key, text, path, value, tuple(meta)))
 
 
 def _shape_identity(stage: Stage) -> dict[str, Any]:
