@@ -47,7 +47,8 @@ def loading_target() -> str | None:
 
 def target_of(pipeline: Pipeline) -> str | None:
     """A TARGET that loads ``pipeline`` in another process (a worker): ``file.py:name`` for a pipeline declared in
-    a file run as a script or loaded by ``load_target``, ``package.module:name`` for one in an importable module;
+    a file run as a script, loaded by ``load_target`` or imported as a top-level module (``import products``),
+    ``package.module:name`` for one in a package;
     None for one no other process can import (declared in a notebook cell or at the interactive prompt). Found by
     the module of its stages' functions and the module attribute that holds it."""
     for stage in pipeline:
@@ -58,6 +59,10 @@ def target_of(pipeline: Pipeline) -> str | None:
         file = getattr(module, "__file__", None)
         if module.__name__ == "__main__" or module.__name__.startswith(_FILE_MODULE):
             return f"{os.path.abspath(file)}:{name}" if file and os.path.isfile(file) else None
+        if "." not in module.__name__ and file and file.endswith(".py") and os.path.isfile(file):
+            # A module of its own (a script's neighbour, found through a sys.path entry the script made): a worker,
+            # whose sys.path is its own, loads it by its file (which puts its folder on the path, as here).
+            return f"{os.path.abspath(file)}:{name}"
         return f"{module.__name__}:{name}"
     return None
 

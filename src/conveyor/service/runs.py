@@ -268,7 +268,7 @@ class Fleet:
         if self.options.provider_batch:
             cmd.append("--provider-batch")
         # Whatever stage code prints goes to stderr: stdout carries only the run's summary (--json).
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=os.environ.copy())
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=_stderr_fd(), env=os.environ.copy())
 
     def watch(self, progress: Progress | None) -> None:
         """Return when every worker has exited and the run has no open task.
@@ -308,6 +308,18 @@ class Fleet:
 
     def stop(self) -> None:
         stop_processes(self.procs, grace_s=30)
+
+
+def _stderr_fd() -> int:
+    """The descriptor of this process's stderr, for a worker's output: in a Jupyter kernel ``sys.stderr`` is a
+    stream of the notebook's with no descriptor, and the kernel's own stderr (its terminal or log) takes it."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                return stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+            continue
+    return 2
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
