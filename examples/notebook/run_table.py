@@ -19,9 +19,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from products import pipe, write_table  # noqa: E402
+
 import conveyor  # noqa: E402
 from conveyor.providers.simulator import SimConfig, run_simulator  # noqa: E402
-from products import pipe, write_table  # noqa: E402
 
 COLUMNS = ["item_key", "value.summary", "value.names", "model", "tokens", "cost"]
 
