@@ -15,6 +15,7 @@ from typing import Any, Literal
 from conveyor.errors import NotFound, UserError
 from conveyor.service.embedder import Embedder, query_embedder
 from conveyor.service.report import find_run
+from conveyor.service.tenancy import TenantView, client_key, owned_key
 from conveyor.store import SqlStore
 from conveyor.store.fulltext import words
 from conveyor.store.publications import UNRECORDED, PublicationVersion, RolledBack, SearchHit, StageProvenance
@@ -77,6 +78,18 @@ def search(store: SqlStore, query: str, collection: str | None = None, limit: in
                else _fused(store.search_publications(query, collection, depth, prefix), near, limit))
     return {"query": query, "collection": collection, "mode": mode, "model": model, "index": index,
             "results": results}
+
+
+def tenant_search(view: TenantView, query: str, collection: str | None = None, limit: int = 10,
+                  mode: Mode = "words", embed: Embedder | None = None) -> dict[str, Any]:
+    """``search`` as the HTTP service's caller may see it: a tenant finds its own items only (their keys as it
+    chose them), an operator every item."""
+    scope = view.scope
+    found = search(view.store, query, collection, limit, mode, embed, None if scope is None else owned_key(scope, ""))
+    if scope is not None:
+        for hit in found["results"]:
+            hit["item_key"] = client_key(scope, hit["item_key"])
+    return found
 
 
 def check_search(query: str, limit: int, mode: str = "words") -> None:
