@@ -253,7 +253,7 @@ def test_the_command_line_searches_by_meaning(guides: Collection, tmp_path: Path
     db = ["--db", store_url]
     target = f"{tmp_path}/meaning1.py:pipe"
     plain = cli_json("search", "automobile", *db, cwd=tmp_path)
-    assert set(plain) == {"query", "collection", "mode", "results"} and plain["mode"] == "words"
+    assert set(plain) == {"query", "collection", "results"}  # as before there was a search by meaning
     assert keys(plain) == ["oil"] and set(plain["results"][0]) == {"item_key", "collection", "version", "run_id",
                                                                   "score", "snippet", "fields"}
     found = cli_json("search", "car", "--semantic", "--pipeline", target, "--limit", "2", *db, cwd=tmp_path)

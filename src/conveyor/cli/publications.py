@@ -81,7 +81,7 @@ def search(
     except StoreMissing:
         if mode != "words":
             raise UserError("nothing has been published in this store yet: there are no vectors to search") from None
-        data = {"query": query, "collection": collection, "mode": mode, "results": []}
+        data = {"query": query, "collection": collection, "results": []}
     emit(data, as_json, _render_hits)
 
 

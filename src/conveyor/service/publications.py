@@ -69,7 +69,7 @@ def search(store: SqlStore, query: str, collection: str | None = None, limit: in
     check_search(query, limit, mode)
     if mode == "words":
         hits = store.search_publications(query, collection, limit, prefix)
-        return {"query": query, "collection": collection, "mode": mode, "results": [_hit(h) for h in hits]}
+        return {"query": query, "collection": collection, "results": [_hit(h) for h in hits]}  # the shape of old
     collection, model = _searched_by_meaning(store, collection, prefix)
     vector = (embed or query_embedder())(model, query)
     depth = limit if mode == "semantic" else max(limit, FUSED_DEPTH)
