@@ -110,23 +110,25 @@ def exact_tops(data: Sequence[array[float]], queries: Sequence[array[float]], k:
             a * b for a, b in zip(data[i], q, strict=True)))[:k]] for q in queries]
 
 
-def time_queries(url: str, queries: Sequence[Sequence[float]]) -> tuple[list[float], list[list[str]], str]:
-    """Each query through service.search(mode="semantic"): seconds, the keys found, the index that ranked."""
+def time_queries(url: str, queries: Sequence[Sequence[float]]) -> tuple[list[float], list[float], list[list[str]], str]:
+    """Each query through service.search(mode="semantic"): wall seconds, CPU seconds of this process, the keys
+    found, the index that ranked."""
     from conveyor.service.publications import search
     from conveyor.store import open_store
 
     store = open_store(url)
-    took, found, index = [], [], ""
+    took, cpu, found, index = [], [], [], ""
     try:
         for query in queries:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             answer = search(store, "q", COLLECTION, 10, "semantic", embed=lambda model, text, q=query: q)
             took.append(time.perf_counter() - began)
+            cpu.append(time.process_time() - began_cpu)
             found.append([h["item_key"] for h in answer["results"]])
             index = answer["index"]
     finally:
         store.close()
-    return took, found, index
+    return took, cpu, found, index
 
 
 def time_scan(url: str, queries: Sequence[Sequence[float]]) -> list[float]:
@@ -179,11 +181,13 @@ def main() -> None:
         print(f"published {len(data):,} vectors of {DIM} dims on SQLite in {published:.1f} s")
         built = first_search(url, queries[0])
         print(f"first search (makes the index): {ms(built)} ms")
-        took, found, index = time_queries(url, queries)
+        load = os.getloadavg()[0]
+        took, cpu, found, index = time_queries(url, queries)
         scores = recall(found, truth)
         median, p95 = statistics.median(took), sorted(took)[int(0.95 * (len(took) - 1))]
-        print(f"{index}: median {ms(median)} ms, p95 {ms(p95)} ms over {len(took)} queries; "
-              f"recall@10 {statistics.mean(scores):.3f} (min {min(scores):.2f})")
+        print(f"{index}: median {ms(median)} ms (CPU {ms(statistics.median(cpu))} ms), p95 {ms(p95)} ms over "
+              f"{len(took)} queries, load average {load:.1f}; recall@10 {statistics.mean(scores):.3f} "
+              f"(min {min(scores):.2f})")
         scan = time_scan(url, queries[:SCAN_QUERIES])
         print(f"exact scan on SQLite: median {ms(statistics.median(scan))} ms")
         again = data[:1000]
@@ -200,24 +204,28 @@ def main() -> None:
             print(f"PostgreSQL: published in {pg_published:.1f} s; "
                   f"exact scan median {ms(statistics.median(pg_scan))} ms")
     if not args.no_write:
-        write_section(f"{SCRIPT}.py", report(args, built, took, scores, index, scan, kept, pg_scan))
+        write_section(f"{SCRIPT}.py", report(args, built, (took, cpu, load), scores, index, scan, kept, pg_scan))
 
 
-def report(args: Any, built: float, took: list[float], scores: list[float], index: str, scan: list[float],
-           kept: float, pg_scan: list[float]) -> str:
+def report(args: Any, built: float, timed: tuple[list[float], list[float], float], scores: list[float], index: str,
+           scan: list[float], kept: float, pg_scan: list[float]) -> str:
+    took, cpu, load = timed
     median, p95 = statistics.median(took), sorted(took)[int(0.95 * (len(took) - 1))]
     passed = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     lines = [
         BEGIN, "## Search by meaning (bench/search.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `make bench-search` "
         f"({args.vectors:,} vectors, {args.queries} queries). Machine: nproc {os.cpu_count()}; {platform.platform()}; "
-        f"Python {platform.python_version()}. Load average at the end: {os.getloadavg()[0]:.1f}.", "",
+        f"Python {platform.python_version()}. 1-minute load average before the queries: {load:.1f} (the host is "
+        "shared: a query's wall time grows with the load; its CPU time is what it costs).", "",
         f"{args.vectors:,} random unit vectors of {DIM} dimensions in {CLUSTERS} clusters, published into a fresh "
         "SQLite store through `SqlStore.publish` (one version per item, `embedding_model` recorded); each query a "
         "new vector drawn the same way, through `service.publications.search(mode=\"semantic\")` with an embedder "
         "that returns it. Recall@10 against the exact top 10 (numpy over the same float32 vectors).", "",
         "| measure | value | target | |", "| --- | ---: | ---: | --- |",
-        f"| query latency, median ({index}) | {ms(median)} ms | <= 100 ms | {passed(median <= 0.1)} |",
+        f"| query latency, median ({index}), wall | {ms(median)} ms | <= 100 ms | {passed(median <= 0.1)} |",
+        f"| query latency, median, CPU time of the process | {ms(statistics.median(cpu))} ms | <= 100 ms | "
+        f"{passed(statistics.median(cpu) <= 0.1)} |",
         f"| query latency, p95 | {ms(p95)} ms | | |",
         f"| recall@10, mean over {len(scores)} queries | {statistics.mean(scores):.3f} | >= 0.95 | "
         f"{passed(statistics.mean(scores) >= 0.95)} |",

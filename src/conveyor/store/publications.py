@@ -96,7 +96,7 @@ class VectorModels(NamedTuple):
 
     collection: str
     model: str
-    versions: int
+    versions: int | None  # None: not counted (the collection's only model, found by two index probes)
 
 
 class RolledBack(NamedTuple):
@@ -275,6 +275,13 @@ class PublicationQueries:
     def vector_models(self, collection: str | None, prefix: str | None = None) -> list[VectorModels]:
         """Which models made the vectors of the live versions (of ``collection``, or of every collection; with
         item keys that start with ``prefix``, when given)."""
+        if collection is not None and prefix is None:  # the common case: one named model, seen from both ends
+            lo, hi = (self.db.execute(f"SELECT {end}(vector_model) FROM publications WHERE live = 1 AND collection = ? "
+                                      "AND vector_model IS NOT NULL", [collection])[0][0] for end in ("MIN", "MAX"))
+            if lo is None:
+                return []
+            if lo == hi and lo != UNRECORDED:
+                return [VectorModels(collection, str(lo), None)]
         where, params = ("AND collection = ?", list[Any]([collection])) if collection is not None else ("", [])
         if prefix is not None:
             where, params = f"{where} AND substr(item_key, 1, ?) = ?", [*params, len(prefix), prefix]
