@@ -32,7 +32,8 @@ from conveyor.store.sqlitevec import available
 
 SLOTS = 65536  # row ids per version in a vec0 table: publication_id * SLOTS + n
 MAX_K = 4096  # the most neighbours sqlite-vec returns for one query
-SCAN_BATCH = 2000  # vectors per read of the exact scan
+SCAN_BATCH = 2000  # live versions per read of the exact scan
+IN_CHUNK = 900  # ids per IN list (under SQLite's limit of bound parameters)
 
 Scored = list[tuple[int, float]]  # (publication id, cosine similarity), best first
 
@@ -119,10 +120,12 @@ class SqliteVec:
 
     def _ready(self, db: Dialect, dim: int) -> None:
         """Make the table for ``dim`` from the live vectors when there is none, or it is stale."""
-        state = db.execute("SELECT stale FROM publication_vector_indexes WHERE dim = ?", [dim])
-        if state and not state[0][0]:
+        made = "SELECT COUNT(*) FROM publication_vector_indexes WHERE dim = ? AND stale = 0"
+        if db.execute(made, [dim])[0][0]:
             return
         with db.transaction():
+            if db.execute(made, [dim])[0][0]:  # another search made it while this one waited to write
+                return
             db.execute(f"DROP TABLE IF EXISTS {_table(dim)}")
             db.execute(f"CREATE VIRTUAL TABLE {_table(dim)} USING vec0(collection TEXT PARTITION KEY, "
                        f"embedding FLOAT[{dim}] distance_metric=cosine)")
@@ -136,9 +139,11 @@ class SqliteVec:
     @staticmethod
     def _remove(db: Dialect, dim: int, ids: Sequence[int]) -> None:
         rows: list[tuple[int]] = []
-        for pid in ids:
-            rows += [(int(pid) * SLOTS + int(n),) for (n,) in db.execute(
-                "SELECT n FROM publication_vectors WHERE publication_id = ? AND dim = ? AND n < ?", [pid, dim, SLOTS])]
+        for start in range(0, len(ids), IN_CHUNK):
+            chunk = list(ids[start:start + IN_CHUNK])
+            rows += [(int(pid) * SLOTS + int(n),) for pid, n in db.execute(
+                f"SELECT publication_id, n FROM publication_vectors WHERE publication_id IN ({_marks(chunk)}) "
+                f"AND dim = ? AND n < {SLOTS}", [*chunk, dim])]
         db.executemany(f"DELETE FROM {_table(dim)} WHERE rowid = ?", rows)
 
     @staticmethod
@@ -182,9 +187,13 @@ def _within(db: Dialect, scored: Scored, prefix: str) -> Scored:
         return scored
     ids = [pid for pid, _ in scored]
     inside = {int(r[0]) for r in db.execute(
-        f"SELECT id FROM publications WHERE id IN ({', '.join('?' * len(ids))}) AND substr(item_key, 1, ?) = ?",
+        f"SELECT id FROM publications WHERE id IN ({_marks(ids)}) AND substr(item_key, 1, ?) = ?",
         [*ids, len(prefix), prefix])}
     return [hit for hit in scored if hit[0] in inside]
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" * len(values))
 
 
 def _table(dim: int) -> str:
