@@ -13,8 +13,7 @@ vector of the collection (in C): the ranking is exact.
 
 Elsewhere (PostgreSQL; SQLite without sqlite-vec): an exact scan. The collection's live vectors are read in
 batches of SCAN_BATCH and scored in Python (no numpy), so a query costs time in proportion to the collection's
-vectors (bench/search.py measures it). pgvector is detected (``pgvector_available``) and reported; the scan
-does not use it yet.
+vectors (bench/search.py measures it). pgvector is not used yet, even where the server offers it.
 """
 
 from __future__ import annotations
@@ -166,12 +165,6 @@ def maintained(db: Dialect) -> VectorIndex:
     """What publication and rollback tell about changes: the vec0 tables on SQLite (whether this process can
     write them or not), nothing on PostgreSQL."""
     return SqliteVec() if db.name == "sqlite" else ExactScan()
-
-
-def pgvector_available(db: Dialect) -> bool:
-    """Whether the PostgreSQL server offers the pgvector extension (``CREATE EXTENSION vector`` would work)."""
-    return db.name == "postgres" and bool(db.execute(
-        "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"))
 
 
 def _best_chunks(rows: Sequence[tuple[int, float]]) -> Scored:
