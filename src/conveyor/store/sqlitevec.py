@@ -2,10 +2,11 @@
 
 The vector index of the publication target on SQLite (store/vectors.py) is a sqlite-vec ``vec0`` table, written
 in the same transaction as the records, so the store's one connection must know the extension. Python's sqlite3
-can load one only when it was built with ``enable_load_extension`` (many builds, pyenv's and Debian's included,
-are not); then the extension is registered with SQLite itself (``sqlite3_auto_extension``, through ctypes, on
-the library the sqlite3 module is linked to), which gives it to every connection opened afterwards. Where
-neither works, or ``CONVEYOR_SQLITE_VEC=0`` says not to, vector search is an exact scan instead.
+loads extensions only when it was built to (``enable_load_extension``; pyenv's default build, for one, is not),
+so the extension is registered with SQLite itself instead (``sqlite3_auto_extension``, through ctypes, on the
+library the sqlite3 module is linked to), which gives it to every connection opened afterwards, whatever the
+build. Where that fails (no sqlite-vec installed, a SQLite linked in without its symbols), or
+``CONVEYOR_SQLITE_VEC=0`` says not to, vector search is an exact scan instead.
 """
 
 from __future__ import annotations
