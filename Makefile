@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check docs docs-serve bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-tables bench-startup soak chaos clean
+.PHONY: setup test demo check docs docs-serve bench bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-tables bench-search bench-startup soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,10 @@ bench-export: setup
 # Issue 29 point 4: `conveyor submit` of a 1,000,000-row Parquet table beside the same rows as a JSONL manifest.
 bench-tables: setup
 	PYTHONPATH=src $(BIN)/python bench/tables.py
+
+# Issue 29 point 6: 100,000 vectors of 384 dims on SQLite, a query's median latency and recall@10.
+bench-search: setup
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/search.py
 
 soak: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python -m pytest -q -m soak

@@ -9,7 +9,8 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
    faults repaired, wrong names refused, low-confidence answers escalated once, the rest sent to review.
 2. The review queue from the command line: a few approved (one edited), one rejected, one left to its 48-hour
    deadline, which `conveyor review expire` applies under `faketime` (49 hours later); `conveyor resume` carries
-   the approved items to publication; `conveyor search` over the archive; `conveyor reconcile`.
+   the approved items to publication; `conveyor search` over the archive, by words and by meaning (`--semantic`:
+   the query embedded with the local MiniLM the pages were embedded with); `conveyor reconcile`.
 3. The same run again: every task answered from the memo, zero model requests.
 4. A bumped prompt version (`--set prompt_version=...`, a run parameter): new answers, new publication versions;
    `conveyor diff` between the runs, one page's versions, a rollback.
@@ -56,6 +57,7 @@ PER_FAMILY = 2  # pages per name family (gcloud_*, git-*, ...) in the sample, so
 EDITED = "man1/ls.1.gz"  # the page step 6 edits
 SHOWN = ("man1/ls.1.gz", "man1/gzip.1.gz", "man1/tar.1.gz", "man1/xz.1.gz", "man1/zstd.1.gz")
 QUERY = "compress or decompress files"
+MEANING = "make an archive smaller"  # few of its words are in the pages that answer it
 PROMPTS = ("manpage-record@2", "manpage-record@3")  # the first runs' prompt, and the bumped one
 # The simulator's faults and limits; the pipeline's fleet-wide budgets for sim-1 and sim-2 take 99% of them.
 SIM = {"seed": 7, "tpm": 200_000, "rpm": 1_200, "latency_ms": 80.0, "latency_tail": 0.6, "error_rate_5xx": 0.02,
@@ -365,6 +367,7 @@ def main() -> int:
         print(f"  the approved items went on to publication: {resumed['stage_calls'] - run1['stage_calls']} "
               f"stage calls; outcomes now {resumed['outcomes']}")
         conveyor("search", QUERY, "--limit", "5", env=env)
+        conveyor("search", "--semantic", MEANING, "--collection", "manuals", "--limit", "5", env=env)
         conveyor("reconcile", run1["run_id"], env=env)
 
         print("\n== 3. the same run again, nothing changed")

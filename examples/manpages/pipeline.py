@@ -18,9 +18,9 @@ extract  (after parse, beside the chunks) a chat call asking for a JSON record {
          page's NAME line does not hold are `invalid_content`; confidence under 0.7 is `low_confidence`. Refused
          answers are tried once more with the stronger model (MANPAGES_STRONG_MODEL); low-confidence answers still
          refused there wait for review (48 h, then rejected); others fail with their class
-publish  a join of extract and vectors: the accepted record, its full-text entry and its chunk vectors into
-         the built-in target's collection "manuals", in one transaction, as a new version of the page's
-         publication
+publish  a join of extract and vectors: the accepted record, its full-text entry and its chunk vectors (with the
+         name of the model that made them) into the built-in target's collection "manuals", in one transaction,
+         as a new version of the page's publication: `conveyor search --semantic "QUERY"` finds pages by meaning
 sections a group: once per manual section, after every page of the run settled at extract, an overview of the
          section from its pages' summaries (one chat call), published into the collection "sections"
 
@@ -175,11 +175,13 @@ async def extract(ctx, page: dict) -> Answer:
     return Answer(answer.text, known={**known, "model": answer.model})
 
 
-@pipe.stage(after=[extract, vectors], kind="publish", into="manuals", version="4")
+@pipe.stage(after=[extract, vectors], kind="publish", into="manuals", version="5", params=["embed_model"])
 def publish(ctx, record: dict, packed: list[str]) -> Record:
     """A join: the accepted record and the page's chunk vectors, each made by its own branch (a new embedding
-    model runs embed and publish again, and no chat call)."""
-    return Record(fields=record, text=search_text(record), vectors=[unpack_vector(v) for v in packed])
+    model runs embed and publish again, and no chat call). The record names the model that made its vectors, so
+    `conveyor search --semantic` embeds a query with the same one."""
+    return Record(fields=record, text=search_text(record), vectors=[unpack_vector(v) for v in packed],
+                  embedding_model=ctx.params["embed_model"])
 
 
 SECTION_PROMPT = ("Write a two-sentence overview of one section of the Unix manual for someone new to it, from the "

@@ -113,10 +113,11 @@ def test_the_pipeline_is_declared_as_the_demo_describes() -> None:
                      "publish_section": (("sections",), "publish")}
     assert pipe["extract"].is_async and pipe["embed"].is_async and pipe["sections"].is_async
     assert pipe["publish"].into == "manuals" and pipe["publish_section"].into == "sections"
-    # The prompt and the embedding model are run parameters: each in its own stage's task keys, no other stage's.
+    # The prompt and the embedding model are run parameters: each in the task keys of the stages that read it only
+    # (publish records which model made the vectors it publishes, for search by meaning).
     assert pipe["extract"].params == ("prompt_version",) and pipe.params["prompt_version"].default == DEFAULT_PROMPT
     assert {s.name: s.params for s in pipe if s.params} == {"extract": ("prompt_version",),
-                                                            "embed": ("embed_model",)}
+                                                            "embed": ("embed_model",), "publish": ("embed_model",)}
     accept = pipe["extract"].accept
     assert accept is not None and accept.repair and accept.schema is ManualRecord
     assert accept.threshold == 0.7 and accept.tiers == ({"model": STRONG_MODEL},)

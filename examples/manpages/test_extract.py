@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -150,7 +151,9 @@ def test_publish_joins_the_record_and_the_gathered_vectors_for_the_built_in_targ
     record = {"names": ["gzip"], "summary": "Compresses.", "keywords": ["zip"], "confidence": 0.9,
               "description": "compress or expand files"}
     packed = [pack_vector([0.5] * 384), pack_vector([0.25] * 384)]
-    published = stages["publish"].fn(None, record, packed)  # a join: the record, then the vectors gather's list
+    ctx = SimpleNamespace(params={"embed_model": "all-MiniLM-L6-v2"})  # the run's embedding model
+    published = stages["publish"].fn(ctx, record, packed)  # a join: the record, then the vectors gather's list
     assert isinstance(published, Record) and "vectors" not in published.fields
+    assert published.embedding_model == "all-MiniLM-L6-v2"  # what search by meaning embeds a query with
     assert published.text == "gzip compress or expand files Compresses. zip"
     assert [list(v) for v in published.vectors] == [unpack_vector(p) for p in packed]

@@ -11,21 +11,29 @@ from typing import Any, Protocol, runtime_checkable
 class Record:
     """One item's publication: ``fields`` (the record row, JSON-like), ``text`` (its full-text entry;
     by default its string fields joined) and ``vectors`` (its embeddings, any number of any dimension).
-    All three become visible together, in one transaction, or not at all::
+    All three become visible together, in one transaction, or not at all. ``embedding_model`` names the
+    model that made the vectors, as ``ctx.embed(..., model=...)`` was asked: ``conveyor search --semantic``
+    embeds its query with that model, so a collection searched by meaning needs it::
 
         @pipe.stage(after=embed, kind="publish", into="manuals")
         def publish(ctx, page: dict) -> Record:
-            return Record(fields=page["record"], text=page["text"], vectors=page["vectors"])
+            return Record(fields=page["record"], text=page["text"], vectors=page["vectors"],
+                          embedding_model="all-MiniLM-L6-v2")
     """
 
     fields: Mapping[str, Any]
     text: str | None = None
     vectors: Sequence[Sequence[float]] = field(default_factory=tuple)
+    embedding_model: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """The staged form (a stage output): plain JSON."""
-        return {"fields": dict(self.fields), "text": self.full_text,
-                "vectors": [[float(x) for x in v] for v in self.vectors]}
+        """The staged form (a stage output): plain JSON (``embedding_model`` only when named, so a record
+        without one stages as it did before there was one)."""
+        staged = {"fields": dict(self.fields), "text": self.full_text,
+                  "vectors": [[float(x) for x in v] for v in self.vectors]}
+        if self.embedding_model:
+            staged["embedding_model"] = self.embedding_model
+        return staged
 
     @property
     def full_text(self) -> str:
@@ -51,10 +59,20 @@ def staged(value: Any, stage: str) -> dict[str, Any]:
     if isinstance(value, Record):
         return value.as_json()
     if isinstance(value, Mapping) and isinstance(value.get("fields"), Mapping):
-        return Record(value["fields"], value.get("text"), value.get("vectors") or ()).as_json()
+        return Record(value["fields"], value.get("text"), value.get("vectors") or (),
+                      _model(value.get("embedding_model"), stage)).as_json()
     raise TerminalError(f"publish stage {stage!r} publishes into the built-in target: return "
                         f"conveyor.acceptance.Record(fields=..., text=..., vectors=...), not a {type(value).__name__}",
                         error_class="bad_publication")
+
+
+def _model(value: Any, stage: str) -> str | None:
+    from conveyor.errors import TerminalError
+
+    if value is None or isinstance(value, str):
+        return value
+    raise TerminalError(f"publish stage {stage!r}: embedding_model names a model (a string), not a "
+                        f"{type(value).__name__}", error_class="bad_publication")
 
 
 @runtime_checkable

@@ -10,7 +10,18 @@ from typing import Any
 from fastapi import FastAPI
 
 from conveyor import __version__
-from conveyor.api import alerts, batches, dashboard, jobs, metrics, operations, problems, webhooks, workers
+from conveyor.api import (
+    alerts,
+    batches,
+    dashboard,
+    jobs,
+    metrics,
+    operations,
+    problems,
+    publications,
+    webhooks,
+    workers,
+)
 from conveyor.api.bodies import BodyGuard
 from conveyor.api.context import Services
 from conveyor.api.openapi import document
@@ -59,6 +70,7 @@ def create_app(settings: ApiSettings, background: Sequence[Any] = ()) -> FastAPI
     app.include_router(webhooks.router)
     app.include_router(workers.router)
     app.include_router(alerts.router)
+    app.include_router(publications.router)
     metrics.install(app, svc)
     dashboard.install(app)  # the pages at /, after the API's routes
 

@@ -53,22 +53,46 @@ def rollback(
 
 @app.command()
 def search(
-    query: Annotated[str, typer.Argument(metavar="QUERY", help="words that must all occur (taken literally)")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="words that must all occur (taken literally); with "
+                                         "--semantic or --hybrid, what to find by meaning")],
     collection: Annotated[str | None, typer.Option("--collection", help="only this collection")] = None,
     limit: Annotated[int, typer.Option("--limit", help="at most this many results")] = 10,
+    semantic: Annotated[bool, typer.Option("--semantic", help="rank by meaning: the query embedded with the model "
+                                           "that made the collection's vectors, by cosine similarity")] = False,
+    hybrid: Annotated[bool, typer.Option("--hybrid", help="fuse the word and the meaning rankings (reciprocal rank "
+                                         "fusion, k=60)")] = False,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="file.py:pipeline whose provider embeds the "
+                                                 "query (default: the local all-MiniLM-L6-v2)")] = None,
     db: Db = DEFAULT_DB, as_json: Json = False,
 ) -> None:
-    """Full-text search over the live versions in the built-in target, best match first."""
-    from conveyor.service.publications import check_search
+    """Search the live versions in the built-in target, best match first: by words (full text), by meaning
+    (--semantic) or both (--hybrid)."""
+    from conveyor.errors import UserError
+    from conveyor.service.publications import Mode, check_search
     from conveyor.service.publications import search as find
 
-    check_search(query, limit)  # a bad query is an error even where nothing is published yet
+    if semantic and hybrid:
+        raise UserError("--semantic and --hybrid are two modes: give one (--hybrid ranks by words and meaning)")
+    mode: Mode = "semantic" if semantic else "hybrid" if hybrid else "words"
+    check_search(query, limit, mode)  # a bad query is an error even where nothing is published yet
     try:
         with store_for(db, create=False) as store:
-            data = find(store, query, collection, limit)
+            data = find(store, query, collection, limit, mode, _embedder(pipeline))
     except StoreMissing:
+        if mode != "words":
+            raise UserError("nothing has been published in this store yet: there are no vectors to search") from None
         data = {"query": query, "collection": collection, "results": []}
     emit(data, as_json, _render_hits)
+
+
+def _embedder(target: str | None) -> Any:
+    from conveyor.service.embedder import query_embedder
+
+    if target is None:
+        return query_embedder()
+    from conveyor.runtime.target import load_target
+
+    return query_embedder(load_target(target))
 
 
 def _render_versions(data: dict[str, Any]) -> None:
@@ -102,6 +126,8 @@ def _render_hits(data: dict[str, Any]) -> None:
         typer.echo(f"no live publication matches {data['query']!r}")
     for h in data["results"]:
         typer.echo(f"{h['score']:10.4g}  {h['collection']}/{h['item_key']} v{h['version']}  {h['snippet']}")
+    if data.get("model"):
+        typer.echo(f"({data['mode']}: the query embedded with {data['model']}, ranked by {data['index']})", err=True)
 
 
 def _when(epoch: float) -> str:

@@ -1,5 +1,7 @@
 """The built-in publication target, for the CLI and the API: an item's versions with their provenance,
-rollback (of an item, or of everything a run published) and full-text search over the live versions.
+rollback (of an item, or of everything a run published) and search over the live versions: by words (full
+text), by meaning (the query embedded with the model that made the collection's vectors, ranked by cosine
+similarity) or both (the two rankings fused by reciprocal rank fusion).
 
 Each function returns the plain dict that ``--json`` prints; the README documents every field.
 """
@@ -8,13 +10,20 @@ from __future__ import annotations
 
 import getpass
 import json
-from typing import Any
+from typing import Any, Literal
 
 from conveyor.errors import NotFound, UserError
+from conveyor.service.embedder import Embedder, query_embedder
 from conveyor.service.report import find_run
+from conveyor.service.tenancy import TenantView, client_key, owned_key
 from conveyor.store import SqlStore
 from conveyor.store.fulltext import words
-from conveyor.store.publications import PublicationVersion, RolledBack, SearchHit, StageProvenance
+from conveyor.store.publications import UNRECORDED, PublicationVersion, RolledBack, SearchHit, StageProvenance
+
+Mode = Literal["words", "semantic", "hybrid"]
+MODES: tuple[Mode, ...] = ("words", "semantic", "hybrid")
+RRF_K = 60  # reciprocal rank fusion: a hit's score is the sum over the rankings that hold it of 1 / (RRF_K + rank)
+FUSED_DEPTH = 50  # hits each ranking gives to the fusion (at least --limit)
 
 
 def publications(store: SqlStore, item_key: str, collection: str | None = None) -> dict[str, Any]:
@@ -47,18 +56,91 @@ def rollback(store: SqlStore, item_key: str | None = None, run_id: str | None = 
     return {"rolled_back": [_rolled_back(r) for r in done], "run_id": run_id, "by": who, "reason": why}
 
 
-def search(store: SqlStore, query: str, collection: str | None = None, limit: int = 10) -> dict[str, Any]:
-    """The live versions whose text holds every word of ``query`` (taken literally), best first."""
-    check_search(query, limit)
-    hits = store.search_publications(query, collection, limit)
-    return {"query": query, "collection": collection, "results": [_hit(h) for h in hits]}
+def search(store: SqlStore, query: str, collection: str | None = None, limit: int = 10, mode: Mode = "words",
+           embed: Embedder | None = None, prefix: str | None = None) -> dict[str, Any]:
+    """The live versions that answer ``query``, best first. ``mode``: ``words`` (every word occurs, taken
+    literally), ``semantic`` (nearest by meaning: the query is embedded with the model that made the
+    collection's vectors, through ``embed`` (default: service/embedder.py's local model), and versions rank
+    by the cosine similarity of their best vector) or ``hybrid`` (both rankings fused by reciprocal rank fusion,
+    k = RRF_K). ``prefix``: only item keys that start with it (a tenant's)::
+
+        search(store, "compress a file", "manuals", mode="semantic")["results"][0]["item_key"]
+    """
+    check_search(query, limit, mode)
+    if mode == "words":
+        hits = store.search_publications(query, collection, limit, prefix)
+        return {"query": query, "collection": collection, "results": [_hit(h) for h in hits]}  # the shape of old
+    collection, model = _searched_by_meaning(store, collection, prefix)
+    vector = (embed or query_embedder())(model, query)
+    depth = limit if mode == "semantic" else max(limit, FUSED_DEPTH)
+    index, near = store.nearest_publications(collection, vector, depth, prefix)
+    results = ([{**_hit(h), "similarity": h.score} for h in near] if mode == "semantic"
+               else _fused(store.search_publications(query, collection, depth, prefix), near, limit))
+    return {"query": query, "collection": collection, "mode": mode, "model": model, "index": index,
+            "results": results}
 
 
-def check_search(query: str, limit: int) -> None:
-    """An empty query, or a limit below 1, is a user error."""
+def tenant_search(view: TenantView, query: str, collection: str | None = None, limit: int = 10,
+                  mode: Mode = "words", embed: Embedder | None = None) -> dict[str, Any]:
+    """``search`` as the HTTP service's caller may see it: a tenant finds its own items only (their keys as it
+    chose them), an operator every item."""
+    scope = view.scope
+    found = search(view.store, query, collection, limit, mode, embed, None if scope is None else owned_key(scope, ""))
+    if scope is not None:
+        for hit in found["results"]:
+            hit["item_key"] = client_key(scope, hit["item_key"])
+    return found
+
+
+def check_search(query: str, limit: int, mode: str = "words") -> None:
+    """An empty query, a limit below 1 or an unknown mode is a user error."""
     words(query)
     if limit < 1:
         raise UserError(f"--limit {limit}: give a number of results of at least 1")
+    if mode not in MODES:
+        raise UserError(f"search mode {mode!r}: use one of {', '.join(MODES)}")
+
+
+def _searched_by_meaning(store: SqlStore, collection: str | None, prefix: str | None) -> tuple[str, str]:
+    """The collection a search by meaning ranks and the one model that made its live vectors; a user error
+    when there is no such collection, or its vectors come from several models or from an unnamed one."""
+    found = store.vector_models(collection, prefix)
+    collections = sorted({m.collection for m in found})
+    if not collections:
+        where = f"collection {collection!r}" if collection else "this store"
+        raise UserError(f"no live publication in {where} has vectors to search by meaning; search by words "
+                        "(drop --semantic/--hybrid) or publish Records with vectors and an embedding_model")
+    if len(collections) > 1:
+        raise UserError(f"several collections have vectors ({', '.join(collections)}); "
+                        "pass --collection to search one by meaning")
+    models = {m.model: m.versions for m in found}
+    if UNRECORDED in models:
+        raise UserError(f"{models[UNRECORDED]} live versions of collection {collections[0]!r} have vectors from a "
+                        "model nobody recorded; return Record(..., embedding_model=\"MODEL\") from the publish stage "
+                        "and publish them again (conveyor replay --stage PUBLISH)")
+    if len(models) > 1:
+        counts = ", ".join(f"{m}: {n}" for m, n in models.items())
+        raise UserError(f"the live vectors of collection {collections[0]!r} come from several models ({counts}); "
+                        "a query can be embedded with one only: publish every item again with one model "
+                        "(conveyor replay --stage PUBLISH)")
+    return collections[0], next(iter(models))
+
+
+def _fused(text: list[SearchHit], near: list[SearchHit], limit: int) -> list[dict[str, Any]]:
+    """Reciprocal rank fusion of the word and the vector rankings: score = sum of 1 / (RRF_K + rank)."""
+    fused: dict[tuple[str, str], dict[str, Any]] = {}
+    for ranking, rank_field in ((text, "text_rank"), (near, "vector_rank")):
+        for rank, h in enumerate(ranking, 1):
+            entry = fused.setdefault((h.collection, h.item_key), {
+                **_hit(h), "score": 0.0, "text_rank": None, "vector_rank": None, "similarity": None})
+            entry["score"] += 1.0 / (RRF_K + rank)
+            entry[rank_field] = rank
+            if rank_field == "vector_rank":
+                entry["similarity"] = h.score
+            elif ranking is text:
+                entry["snippet"] = h.snippet  # the words' snippet marks what matched
+    ordered = sorted(fused.values(), key=lambda e: (-e["score"], e["text_rank"] or 10**9, e["item_key"]))
+    return ordered[:limit]
 
 
 def current_user() -> str:

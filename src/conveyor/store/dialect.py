@@ -231,6 +231,9 @@ class SqliteDialect:
     def __init__(self, path: str) -> None:
         import sqlite3
 
+        from conveyor.store.sqlitevec import register
+
+        register()  # before connecting: sqlite-vec joins the connections opened after it (store/sqlitevec.py)
         cache_kib = sqlite_cache_kib()
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         # A bounded page cache and no mmap: memory must not grow with the size of the store.

@@ -38,9 +38,10 @@ class TextIndex(Protocol):
         """Unindex these publications (they are no longer live); call before their text could change."""
         ...
 
-    def search(self, db: Dialect, query: str, collection: str | None, limit: int) -> list[tuple[Any, ...]]:
+    def search(self, db: Dialect, query: str, collection: str | None, limit: int,
+               prefix: str | None = None) -> list[tuple[Any, ...]]:
         """Rows (item_key, collection, version, run_id, score, snippet, fields), best first; the score
-        grows with relevance."""
+        grows with relevance. ``prefix``: only item keys that start with it (a tenant's)."""
         ...
 
 
@@ -57,9 +58,10 @@ class SqliteText:
         db.executemany("INSERT INTO publication_fts (publication_fts, rowid, text) SELECT 'delete', id, text "
                        "FROM publications WHERE id = ? AND text IS NOT NULL", [(i,) for i in ids])
 
-    def search(self, db: Dialect, query: str, collection: str | None, limit: int) -> list[tuple[Any, ...]]:
+    def search(self, db: Dialect, query: str, collection: str | None, limit: int,
+               prefix: str | None = None) -> list[tuple[Any, ...]]:
         # The index holds live versions only, so the join needs no filter on `live`.
-        where, params = ("AND p.collection = ?", [collection]) if collection is not None else ("", [])
+        where, params = _filters(collection, prefix)
         return db.execute(
             "SELECT p.item_key, p.collection, p.version, p.run_id, -bm25(publication_fts), "
             f"snippet(publication_fts, 0, '[', ']', '…', {SNIPPET_WORDS}), p.fields "
@@ -87,8 +89,9 @@ class PostgresText:
     def remove(self, db: Dialect, ids: Sequence[int]) -> None:
         """Nothing to write: the index follows the live flag."""
 
-    def search(self, db: Dialect, query: str, collection: str | None, limit: int) -> list[tuple[Any, ...]]:
-        where, params = ("AND p.collection = ?", [collection]) if collection is not None else ("", [])
+    def search(self, db: Dialect, query: str, collection: str | None, limit: int,
+               prefix: str | None = None) -> list[tuple[Any, ...]]:
+        where, params = _filters(collection, prefix)
         # The headline is made for the rows that are shown, not for every match.
         return db.execute(
             "SELECT item_key, collection, version, run_id, score, ts_headline('simple', text, query, "
@@ -98,6 +101,13 @@ class PostgresText:
             f"JOIN publications p ON p.text_index @@ q.query WHERE p.live = 1 {where} "
             "ORDER BY score DESC, p.id LIMIT ?) AS hits ORDER BY score DESC, id",
             [query, *params, limit])
+
+
+def _filters(collection: str | None, prefix: str | None) -> tuple[str, list[Any]]:
+    where, params = ("AND p.collection = ?", [collection]) if collection is not None else ("", list[Any]())
+    if prefix is not None:
+        where, params = f"{where} AND substr(p.item_key, 1, ?) = ?", [*params, len(prefix), prefix]
+    return where, params
 
 
 def _take(db: Dialect, function: str, keys: Sequence[str]) -> None:

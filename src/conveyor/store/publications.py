@@ -19,13 +19,15 @@ from conveyor.errors import UserError
 from conveyor.store.dialect import Dialect
 from conveyor.store.fulltext import TextIndex, text_index, words
 from conveyor.store.records import CHILD_MARK, NewPublication
+from conveyor.store.vectors import maintained, vector_index
 
 PUBLISHER = "conveyor"  # created_by of the versions a run publishes
 CHUNK = 1000  # keys per IN list
 VECTOR_COLUMNS = ("publication_id", "n", "dim", "vector")
 _COLUMNS = ("collection, item_key, version, action, live, fields, text, digest, pipeline, run_id, task_id, "
-            "replaces, restores, created_at, created_by, reason")
-_INSERT = f"INSERT INTO publications ({_COLUMNS}) VALUES ({', '.join('?' * 16)}) RETURNING id"
+            "replaces, restores, created_at, created_by, reason, vector_model")
+_INSERT = f"INSERT INTO publications ({_COLUMNS}) VALUES ({', '.join('?' * 17)}) RETURNING id"
+UNRECORDED = ""  # vector_model of a version whose vectors came from a model nobody named
 
 
 class NewVersion(NamedTuple):
@@ -47,6 +49,7 @@ class NewVersion(NamedTuple):
     created_at: float
     created_by: str
     reason: str | None
+    vector_model: str | None  # None: no vectors; UNRECORDED: vectors from an unnamed model
 
 
 class PublicationVersion(NamedTuple):
@@ -82,9 +85,18 @@ class SearchHit(NamedTuple):
     collection: str
     version: int
     run_id: str | None
-    score: float  # grows with relevance; the scale is the backend's (bm25 on SQLite, ts_rank on PostgreSQL)
+    score: float  # grows with relevance; words: the backend's (bm25 on SQLite, ts_rank on PostgreSQL); vectors:
+    # the cosine similarity of the version's best vector
     snippet: str
     fields: str
+
+
+class VectorModels(NamedTuple):
+    """The live versions of a collection that have vectors, by the model that made them (UNRECORDED: unnamed)."""
+
+    collection: str
+    model: str
+    versions: int | None  # None: not counted (the collection's only model, found by two index probes)
 
 
 class RolledBack(NamedTuple):
@@ -138,12 +150,14 @@ class PublicationQueries:
         olds = [live.get((r.collection, r.item_key)) for r in fresh]
         versions = [NewVersion(r.collection, r.item_key, last.get((r.collection, r.item_key), 0) + 1, "publish", 1,
                                r.fields, _clean(r.text), r.digest, r.pipeline, r.run_id, r.task_id,
-                               old.id if old else None, None, r.created_at, PUBLISHER, None)
+                               old.id if old else None, None, r.created_at, PUBLISHER, None, _model_of(r))
                     for r, old in zip(fresh, olds, strict=True)]
-        ids = self._replace([old.id for old in olds if old], versions, index)
+        superseded = [old.id for old in olds if old]
+        ids = self._replace(superseded, versions, index)
         self.db.append("publication_vectors", VECTOR_COLUMNS, [
             (pid, n, len(vector), _pack(vector)) for pid, r in zip(ids, fresh, strict=True)
             for n, vector in enumerate(r.vectors)])
+        maintained(self.db).changed(self.db, superseded, ids)
         return len(fresh)
 
     def _replace(self, superseded: Sequence[int], versions: Sequence[NewVersion], index: TextIndex) -> list[int]:
@@ -189,6 +203,8 @@ class PublicationQueries:
             "INSERT INTO publication_vectors (publication_id, n, dim, vector) "
             "SELECT ?, n, dim, vector FROM publication_vectors WHERE publication_id = ?",
             [(new, old.replaces) for new, (_, old), v in zip(ids, targets, versions, strict=True) if v.live])
+        maintained(self.db).changed(self.db, [old.id for _, old in targets],
+                                    [new for new, v in zip(ids, versions, strict=True) if v.live])
         return [RolledBack(k[0], k[1], old.version, v.version, v.action)
                 for (k, old), v in zip(targets, versions, strict=True)]
 
@@ -215,12 +231,13 @@ class PublicationQueries:
         return found
 
     def _sources(self, ids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
-        """The versions a rollback copies: id -> (version, fields, text, digest, pipeline, run_id, task_id)."""
+        """The versions a rollback copies: id -> (version, fields, text, digest, pipeline, run_id, task_id,
+        vector_model)."""
         found: dict[int, tuple[Any, ...]] = {}
         for chunk in _chunks(sorted(set(ids))):
             for pid, *content in self.db.execute(
-                    "SELECT id, version, fields, text, digest, pipeline, run_id, task_id FROM publications "
-                    f"WHERE id IN ({_marks(chunk)})", chunk):
+                    "SELECT id, version, fields, text, digest, pipeline, run_id, task_id, vector_model "
+                    f"FROM publications WHERE id IN ({_marks(chunk)})", chunk):
                 found[int(pid)] = tuple(content)
         return found
 
@@ -246,12 +263,43 @@ class PublicationQueries:
         vectors = self.db.execute("SELECT vector FROM publication_vectors WHERE publication_id = ? ORDER BY n", [pid])
         return PublicationContent(fields, text, [_unpack(bytes(v[0])) for v in vectors])
 
-    def search_publications(self, query: str, collection: str | None, limit: int) -> list[SearchHit]:
-        """Live versions whose text matches every word of ``query`` (taken literally), best first."""
+    def search_publications(self, query: str, collection: str | None, limit: int,
+                            prefix: str | None = None) -> list[SearchHit]:
+        """Live versions whose text matches every word of ``query`` (taken literally), best first (with item keys
+        that start with ``prefix``, when given)."""
         words(query)
-        rows = text_index(self.db).search(self.db, query, collection, limit)
+        rows = text_index(self.db).search(self.db, query, collection, limit, prefix)
         return [SearchHit(k, c, int(v), run, float(score), snippet or "", fields)
                 for k, c, v, run, score, snippet, fields in rows]
+
+    def vector_models(self, collection: str | None, prefix: str | None = None) -> list[VectorModels]:
+        """Which models made the vectors of the live versions (of ``collection``, or of every collection; with
+        item keys that start with ``prefix``, when given)."""
+        if collection is not None and prefix is None:  # the common case: one named model, seen from both ends
+            lo, hi = (self.db.execute(f"SELECT {end}(vector_model) FROM publications WHERE live = 1 AND collection = ? "
+                                      "AND vector_model IS NOT NULL", [collection])[0][0] for end in ("MIN", "MAX"))
+            if lo is None:
+                return []
+            if lo == hi and lo != UNRECORDED:
+                return [VectorModels(collection, str(lo), None)]
+        where, params = ("AND collection = ?", list[Any]([collection])) if collection is not None else ("", [])
+        if prefix is not None:
+            where, params = f"{where} AND substr(item_key, 1, ?) = ?", [*params, len(prefix), prefix]
+        return [VectorModels(str(c), str(m), int(n)) for c, m, n in self.db.execute(
+            "SELECT collection, vector_model, COUNT(*) FROM publications WHERE live = 1 AND vector_model IS NOT NULL "
+            f"{where} GROUP BY collection, vector_model ORDER BY collection, vector_model", params)]
+
+    def nearest_publications(self, collection: str, query: Sequence[float], limit: int,
+                             prefix: str | None = None) -> tuple[str, list[SearchHit]]:
+        """The live versions of ``collection`` nearest the query vector by cosine similarity (a version with
+        several vectors at its best one), best first; and the index that ranked them."""
+        index = vector_index(self.db)
+        scored = index.nearest(self.db, collection, query, limit, prefix)
+        rows = {int(r[0]): r[1:] for r in self.db.execute(
+            f"SELECT id, item_key, collection, version, run_id, text, fields FROM publications "
+            f"WHERE id IN ({_marks(scored)})", [pid for pid, _ in scored])} if scored else {}
+        return index.name, [SearchHit(k, c, int(v), run, score, _opening(text), fields)
+                            for pid, score in scored for k, c, v, run, text, fields in [rows[pid]]]
 
     def item_provenance(self, run_id: str, item_key: str) -> list[StageProvenance]:
         """Each stage's version and config hash for an item and its fan-out ancestors in a run, in task order."""
@@ -268,10 +316,10 @@ def _undo(key: Key, old: _Live, version: int, source: tuple[Any, ...] | None, by
     """The version a rollback writes: a copy of what ``old`` replaced, or a retraction."""
     if source is None:
         return NewVersion(*key, version, "retract", 0, None, None, None, old.pipeline, None, None, old.id, None,
-                          now, by, reason)
-    restores, fields, text, digest, pipeline, run_id, task_id = source
+                          now, by, reason, None)
+    restores, fields, text, digest, pipeline, run_id, task_id, vector_model = source
     return NewVersion(*key, version, "rollback", 1, fields, text, digest, pipeline, run_id, task_id, old.id,
-                      restores, now, by, reason)
+                      restores, now, by, reason, vector_model)
 
 
 def _waves(rows: Sequence[NewPublication]) -> list[list[NewPublication]]:
@@ -292,6 +340,18 @@ def _listed(alias: str) -> str:
     return ", ".join(f"{alias}.{c}" for c in ("id", "collection", "item_key", "version", "action", "live", "fields",
                                               "digest", "pipeline", "run_id", "task_id", "replaces", "restores",
                                               "created_at", "created_by", "reason"))
+
+
+def _model_of(row: NewPublication) -> str | None:
+    if not row.vectors:
+        return None
+    return row.vector_model or UNRECORDED
+
+
+def _opening(text: str | None, count: int = 16) -> str:
+    """A vector hit's snippet: the first words of its text (no word matched, so nothing to mark)."""
+    found = (text or "").split()
+    return " ".join(found[:count]) + (" …" if len(found) > count else "")
 
 
 def _clean(text: str | None) -> str | None:

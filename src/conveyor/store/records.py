@@ -246,6 +246,7 @@ class NewPublication(NamedTuple):
     text: str  # its full-text entry
     vectors: list[list[float]]
     created_at: float
+    vector_model: str | None = None  # the embedding model that made ``vectors`` (Record.embedding_model)
 
 
 class ClaimedTask(NamedTuple):

@@ -740,4 +740,24 @@ CREATE TABLE group_keys (
 );
 """,
     ),
+    (
+        24,
+        "search by meaning: the model that made each publication's vectors, the state of the vector indexes",
+        """
+-- The embedding model that made a version's vectors (Record(embedding_model=...)): a query is embedded with the
+-- same one. NULL: the version has no vectors; '': it has vectors from a model nobody recorded.
+ALTER TABLE publications ADD COLUMN vector_model TEXT;
+UPDATE publications SET vector_model = '' WHERE id IN (SELECT publication_id FROM publication_vectors);
+CREATE INDEX publications_live_models ON publications (collection, vector_model) WHERE live = 1;
+-- The exact scan of a collection's live vectors (no vector index) walks its live versions in id order.
+CREATE INDEX publications_live_ids ON publications (collection, id) WHERE live = 1;
+-- SQLite's vector indexes (store/vectors.py): one sqlite-vec table per dimension, made by the first search at
+-- that dimension and kept in step with the live versions by every publication and rollback after it; stale = 1
+-- when a process without sqlite-vec changed what is live, so the next search makes it again.
+CREATE TABLE publication_vector_indexes (
+    dim INTEGER PRIMARY KEY,
+    stale INTEGER NOT NULL
+);
+""",
+    ),
 ]

@@ -356,7 +356,7 @@ class Commits(JobEvents, Readiness):
         assert o.output is not None and isinstance(into, str)
         return NewPublication(into, task.item_key, self.pipeline.name, task.run_id, task.id,
                               o.output.digest, json.dumps(staged["fields"], sort_keys=True, ensure_ascii=False),
-                              staged["text"], staged["vectors"], now)
+                              staged["text"], staged["vectors"], now, staged.get("embedding_model"))
 
     def _fail(self, w: Writes, failed: Sequence[Outcome], now: float) -> list[Planned]:
         """Rows of the failures in ``failed``; returns the arrivals of those that ended at gathers waiting on them."""
