@@ -51,7 +51,8 @@ def _group_keys(store: SqlStore, blobs: Blobs, run: RunRecord, stage: dict[str, 
         return []
     if stage["kind"] == "reduce":
         return [REDUCE_KEY]
-    declaration = key_declaration(run.pipeline, stage["name"], stage["version"], stage["config_hash"])
+    declaration = key_declaration(run.pipeline, stage["name"], str(stage.get("version")),
+                                  str(stage.get("config_hash")))
     memoised = store.group_keys(declaration, [str(t.output_digest) for t in members])
     if memoised:
         return sorted(set(memoised.values()))
