@@ -87,13 +87,15 @@ def _serve(pipeline: Pipeline, raw: bytes) -> tuple[str, Any]:
         stage = pipeline[stage_name]
     except PipelineError as exc:
         return "error", classify(exc, (PipelineError,), traceback.format_exc())
-    ctx = Context(**ctx_fields)
+    ctx: Context | None = None
     try:
+        ctx = Context(**ctx_fields)
         with _address_space_limit(max_memory_bytes):
             result = call_stage(stage, ctx, value)
         return "ok", (result, dict(ctx.provenance), ctx.kept.state())
     except BaseException as exc:  # SystemExit too: it must not end the child
-        return "raised", (classify(exc, stage.retry.terminal, traceback.format_exc()), ctx.kept.state())
+        failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+        return ("raised", (failure, ctx.kept.state())) if ctx is not None else ("error", failure)
 
 
 def _send(conn: Connection, message: tuple[str, Any]) -> None:
