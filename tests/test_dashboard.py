@@ -338,3 +338,164 @@ def test_a_runs_dead_letters_come_in_pages(tmp_path: Path, store_url: str) -> No
         assert dashboard.dead_letters_page(store, run_id, None, "timeout", limit=2)["entries"] == []
     finally:
         store.close()
+
+
+JOURNEY = """
+import json
+from pydantic import BaseModel
+from conveyor import Pipeline, Retry
+from conveyor.acceptance import Accept, Review
+
+class Title(BaseModel):
+    title: str
+    confidence: float
+
+pipe = Pipeline("journey", retry=Retry(max_attempts=2, base=0.05, cap=0.1))
+
+@pipe.stage(accept=Accept(schema=Title, repair=True, confidence="confidence", threshold=0.8,
+                          review=Review(deadline="1h")))
+def extract(ctx, source: bytes) -> str:
+    text = source.decode()
+    ctx.log.info("extracting %d bytes", len(source))
+    if ctx.attempt == 1 and "flaky" in text:
+        ctx.log.warning("the model is busy <b>now</b>")
+        raise RuntimeError("the model was busy")
+    answer = json.dumps({"title": text, "confidence": 0.5 if "unsure" in text else 0.9})
+    return "```json\\n" + answer + ",\\n```"  # a fence and a trailing comma: repaired
+
+@pipe.stage(after=extract, kind="fanout")
+def words(ctx, record: dict) -> list:
+    return record["title"].split()
+
+@pipe.stage(after=words)
+def shout(ctx, word: str) -> str:
+    if word == "boom":
+        raise ValueError("no boom")
+    return word.upper()
+
+@pipe.stage(after=shout, kind="gather", on_child_failure="skip")
+def joined(ctx, shouted: list) -> str:
+    return " ".join(shouted)
+
+@pipe.stage(after=extract, kind="reduce")
+def tally(ctx, key, members) -> int:
+    return len(members)
+"""
+
+
+def _states(page: str) -> dict[str, str]:
+    """Stage -> its box's state in the page's journey graph."""
+    return dict(re.findall(r'class="cv-stage" data-stage="([^"]+)" data-state="([a-z]+)"', page))
+
+
+def _section(page: str, stage: str, item_key: str) -> str:
+    """The block of a task on an item page (the item's key as stored: an API job's is ``@tenant/`` + its id)."""
+    found = re.search(rf'<section class="task" data-task="{stage}" data-item="(?:@[^/"]+/)?{re.escape(item_key)}">'
+                      r"(.*?)</section>", page, re.S)
+    assert found, f"no task {stage} of {item_key} on the page: {re.findall('<section[^>]*>', page)}"
+    return found.group(1)
+
+
+def test_the_item_page_shows_why_at_a_glance(tmp_path: Path, store_url: str) -> None:
+    with served(tmp_path, store_url, write_pipeline(tmp_path, JOURNEY)) as server:
+        acme, globex = server.token("acme"), server.token("globex")
+        flaky = submit(server, acme, "flaky red boom")
+        unsure = submit(server, acme, "unsure blue", ("awaiting_review",))
+        with browser(server, acme) as b:
+            page = b.get(f"/runs/{flaky}/items/{flaky}")
+            assert page.status_code == 200, page.text
+            html = page.text
+            # the journey: the pipeline's graph, each stage coloured by this item's tasks (children, gather, group)
+            assert _states(html) == {"extract": "done", "words": "done", "shout": "failed", "joined": "done",
+                                     "tally": "done"}
+            assert "2 / 3 done" in html  # shout: two children of three succeeded
+            # provenance as a table, not a JSON blob
+            extract = _section(html, "extract", flaky)
+            rows = dict(re.findall(r'<tr><th scope="row">([^<]+)</th><td><code>([^<]*)</code></td></tr>', extract))
+            assert rows["stage_version"] == "1" and rows["config_hash"] and len(rows["source"]) == 64
+            assert "<dt>Provenance</dt>" not in extract and "&#34;stage_version&#34;" not in extract
+            # each attempt with its duration, error and log lines (escaped: they are the stage's text)
+            attempts = re.findall(r'<tbody data-attempt="(\d+)">(.*?)</tbody>', extract, re.S)
+            assert [n for n, _ in attempts] == ["1", "2"]
+            first, second = attempts[0][1], attempts[1][1]
+            assert "retry" in first and "the model was busy" in first and "RuntimeError" in first
+            assert "+0." in first and "INFO extracting 14 bytes" in first
+            assert "WARNING the model is busy &lt;b&gt;now&lt;/b&gt;" in first and "<b>now" not in html
+            assert "2 log lines" in first and "1 log line<" in second and "succeeded" in second
+            # the answer before and after its repair
+            repair = re.search(r"<div class=\"before-after\" data-repair>(.*?)</div>", extract, re.S)
+            assert repair, "no before/after of the repair"
+            before, after = re.findall(r'<pre class="output" data-(?:before|after)>(.*?)</pre>', repair.group(1), re.S)
+            assert before.startswith("```json") and before.rstrip().endswith(",\n```".strip())
+            assert "&#34;title&#34;: &#34;flaky red boom&#34;" in after and "```" not in after
+            # a fan-out child that failed, the gather, and the group the item is a member of
+            boom = _section(html, "shout", f"{flaky}\u00b6" + "2")
+            assert "dead_lettered" in boom and "value_error" in boom and "no boom" in boom
+            assert 'data-item="group:*"' in html and "reduce" in _section(html, "tally", "group:*")
+
+            waiting = b.get(f"/runs/{unsure}/items/{unsure}").text
+            assert _states(waiting)["extract"] == "review" and _states(waiting)["words"] == "none"
+            assert "not reached" in waiting
+            review = re.search(r'<div class="before-after" data-review="(\d+)">(.*?)</div>', waiting, re.S)
+            assert review and "waiting for a reviewer" in review.group(2) and "low_confidence" in review.group(2)
+            assert "&#34;title&#34;: &#34;unsure blue&#34;" in review.group(2)
+            with server.client(acme) as api:
+                edited = api.post(f"/v1/reviews/{review.group(1)}/edit",
+                                  json={"fields": {"title": "sure blue"}, "why": "checked the source"})
+                assert edited.status_code == 200, edited.text
+            server.wait_for(acme, unsure, FINAL)
+            decided = b.get(f"/runs/{unsure}/items/{unsure}").text
+            block = re.search(r'<div class="before-after" data-review="\d+">(.*?)</div>', decided, re.S)
+            assert block, "no before/after of the review"
+            assert "&#34;unsure blue&#34;" in block.group(1) and "&#34;sure blue&#34;" in block.group(1)
+            decision = block.group(1)
+            assert "data-decision>edited</span> by api:acme" in decision and "checked the source" in decision
+            assert _states(decided)["extract"] == "done"
+
+        with browser(server, globex) as b:  # another tenant: the item, and its log lines, are not there
+            answer = b.get(f"/runs/{flaky}/items/{flaky}")
+            assert answer.status_code == 404 and "the model is busy" not in answer.text
+
+
+BIG_TABLES = ("tasks", "attempts", "items", "reviews", "dead_letters", "outputs", "provenance", "group_keys")
+
+
+def test_the_item_pages_reads_go_by_the_items_key(tmp_path: Path, store_url: str) -> None:
+    """Every statement the item page runs reads its tables through an index (SQLite's plan has no SCAN of a
+    table that grows with the store; PostgreSQL's, with sequential scans priced out, no Seq Scan), so the page
+    costs the same in a store of a million items."""
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.service.itempage import item_page
+    from tests.helpers import submit_and_work
+
+    target = write_pipeline(tmp_path, JOURNEY)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("flaky red boom")
+    (docs / "b.txt").write_text("green")
+    run_id = submit_and_work(target, docs, store_url, tmp_path / "blobs").run_id
+    store = open_store(store_url)
+    try:
+        seen: list[tuple[str, list[Any]]] = []
+        execute = store.db.execute
+
+        def recorded(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+            seen.append((sql, list(params)))
+            return execute(sql, params)
+
+        store.db.execute = recorded  # type: ignore[method-assign]
+        page = item_page(store, FilesystemBlobs(tmp_path / "blobs"), run_id, "a.txt", None)
+        store.db.execute = execute  # type: ignore[method-assign]
+        assert page["journey"]["tally"] == {"succeeded": 1} and len(seen) >= 8
+        sqlite = store.db.name == "sqlite"
+        if not sqlite:
+            execute("SET enable_seqscan = off")
+        for sql, params in seen:
+            plan = "\n".join(" ".join(map(str, row)) for row in execute(
+                ("EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN ") + sql, params))
+            # SQLite names a table by its alias in the statement (tasks t: "SCAN t"): no SCAN at all
+            scanned = (re.search(r"\bSCAN (?!CONSTANT ROW)", plan) if sqlite
+                       else re.search(rf"Seq Scan on ({'|'.join(BIG_TABLES)})\b", plan))
+            assert not scanned, f"a table read whole by:\n{sql}\n{plan}"
+    finally:
+        store.close()

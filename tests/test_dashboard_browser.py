@@ -213,3 +213,36 @@ def test_the_review_queue_by_keyboard_and_by_selection(chromium: Any, server: Se
     expect(entries).to_have_count(0)
     assert [server.wait_for(acme, job, FINAL)["status"] for job in jobs].count("rejected") == 3
     assert not errors, errors
+def test_the_item_page_renders_its_journey_and_logs_without_a_console_error(chromium: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from tests.test_dashboard import JOURNEY
+
+    with served(tmp_path, f"sqlite:///{tmp_path}/conveyor.db", write_pipeline(tmp_path, JOURNEY)) as server:
+        acme = server.token("acme")
+        flaky = submit(server, acme, "flaky red boom")
+        page = logged_in(chromium, server, acme)
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+        page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+
+        page.goto(f"{server.url}/runs/{flaky}/items/{flaky}")
+        graph = page.locator("[data-graph] svg")
+        expect(graph).to_be_visible()
+        expect(graph.locator('[data-stage="shout"]')).to_have_attribute("data-state", "failed")
+        expect(graph.locator('[data-stage="tally"]')).to_have_attribute("data-state", "done")
+        extract = page.locator('section[data-task="extract"]')
+        expect(extract.locator("table[data-provenance]")).to_be_visible()
+        expect(extract.locator("[data-repair] [data-before]")).to_contain_text("```json")
+        first = extract.locator('tbody[data-attempt="1"] pre.logs')
+        expect(first).to_be_visible()  # a failed attempt's lines are open
+        expect(first).to_contain_text("WARNING the model is busy <b>now</b>")  # text, not markup
+        second = extract.locator('tbody[data-attempt="2"] details[data-logs]')
+        expect(second.locator("pre.logs")).to_be_hidden()  # a successful attempt's are one click away
+        second.locator("summary").click()
+        expect(second.locator("pre.logs")).to_contain_text("INFO extracting 14 bytes")
+        shot(page, "item-journey")
+        page.wait_for_load_state("networkidle")
+        assert errors == [], errors

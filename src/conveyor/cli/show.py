@@ -22,6 +22,8 @@ def show(
     item_key: Annotated[str, typer.Argument(help="a root item's key (its fan-out children come with it) or a "
                                             "child's (doc.pdf¶3)")],
     stage: Annotated[str | None, typer.Option("--stage", help="only this stage's tasks")] = None,
+    logs: Annotated[bool, typer.Option("--logs", help="under each attempt, the lines its stage logged through "
+                                       "ctx.log (--json has them always)")] = False,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS, as_json: Json = False,
 ) -> None:
     """One item of a run: its tasks per stage with status, output, provenance, replay reason and every attempt."""
@@ -33,11 +35,11 @@ def show(
             data = show_item(store, open_blobs(blobs), run_id, item_key, stage)
     except StoreMissing as exc:
         raise NotFound(f"no run {run_id!r}: {exc}") from None
-    emit(data, as_json, render_item)
+    emit(data, as_json, lambda shown: render_item(shown, logs))
 
 
-def render_item(data: dict[str, Any]) -> None:
-    """A head line for the item, then one block per task."""
+def render_item(data: dict[str, Any], logs: bool = False) -> None:
+    """A head line for the item, then one block per task (``logs``: each attempt's log lines under it)."""
     from conveyor.cli.render import out
 
     source = data["source"]
@@ -53,12 +55,13 @@ def render_item(data: dict[str, Any]) -> None:
         _line("no tasks")
     for task in data["tasks"]:
         out.print()
-        for line in task_lines(task):
+        for line in task_lines(task, logs):
             _line(line)
 
 
-def task_lines(task: dict[str, Any]) -> list[str]:
-    """A task's block: head, error, provenance, replay reason, output, attempt history."""
+def task_lines(task: dict[str, Any], logs: bool = False) -> list[str]:
+    """A task's block: head, error, provenance, replay reason, output, attempt history (with each attempt's
+    log lines, when ``logs``)."""
     cached = ", cached" if task["cached"] else ""
     tier = f", tier {task['tier']}" if task["tier"] else ""
     edge = _edge(task)
@@ -70,8 +73,25 @@ def task_lines(task: dict[str, Any]) -> list[str]:
     if task["replay"]:
         lines.append(replay_line(task["replay"]))
     lines += _output_lines(task)
-    lines += [f"  {attempt_line(a)}" for a in task["history"]]
+    for a in task["history"]:
+        lines.append(f"  {attempt_line(a)}")
+        if logs:
+            lines += log_lines(a)
     return lines
+
+
+def log_lines(a: dict[str, Any]) -> list[str]:
+    """An attempt's log lines, ``    +0.120s INFO page 3 has no text`` (a message's further lines indented under
+    it), then how many lines were past its bound."""
+    shown = []
+    for line in a.get("logs") or []:
+        first, *more = str(line["message"]).splitlines() or [""]
+        shown.append(f"    +{line['t']:.3f}s {line['level']} {first}")
+        shown += [f"      {m}" for m in more]
+    if a.get("logs_dropped"):
+        shown.append(f"    … {a['logs_dropped']:,} more line(s) dropped (an attempt keeps its first lines, up to "
+                     "200 and 64 KiB)")
+    return shown
 
 
 def _edge(task: dict[str, Any]) -> str:

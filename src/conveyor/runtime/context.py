@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from conveyor.pipeline.params import StageParams
+from conveyor.runtime.attemptlog import AttemptLog, StageLogger
 from conveyor.runtime.groups import Group
 from conveyor.runtime.services import Usage
 from conveyor.runtime.values import Parts
-
-_log = logging.getLogger("conveyor.stage")
 
 if TYPE_CHECKING:
     from conveyor.pipeline import Stage
@@ -32,8 +30,8 @@ class Context:
     """
 
     __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "journal",
-                 "judged", "lane", "lease", "lost", "params", "pipeline", "provenance", "run_id", "stage", "task_key",
-                 "tier", "usage")
+                 "judged", "kept", "lane", "lease", "lost", "params", "pipeline", "provenance", "run_id", "stage",
+                 "task_key", "tier", "usage")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
@@ -73,16 +71,18 @@ class Context:
         self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
         self.lease = lease  # the task's lease: its model calls' budget reservations are held by it
         self.journal = journal  # the task's answered calls (runtime/journal.py): none is paid for twice
+        self.kept = AttemptLog()  # what the stage logged through ``ctx.log``, kept with the attempt
 
     @cached_property
     def idempotency_key(self) -> str:
         return idempotency_key(self.pipeline, self.item_key, self.stage, self.input_digest)
 
     @cached_property
-    def log(self) -> logging.LoggerAdapter[logging.Logger]:
-        """A logger whose records carry run, stage, item and attempt."""
+    def log(self) -> StageLogger:
+        """A logger whose records carry run, stage, item and attempt, each line also kept with the attempt
+        (bounded: runtime/attemptlog.py), for `conveyor show --logs` and the item page."""
         extra = {"run": self.run_id, "stage": self.stage, "item": self.item_key, "attempt": self.attempt}
-        return logging.LoggerAdapter(_log, extra)
+        return StageLogger(extra, self.kept)
 
     async def chat(self, messages: Any, **options: Any) -> Any:
         """A chat (or JSON-mode) completion from the pipeline's provider, counted in ``ctx.usage``::

@@ -26,6 +26,7 @@ from conveyor.blobs import Blobs
 from conveyor.errors import ProviderUnavailable
 from conveyor.pipeline import Pipeline, Stage
 from conveyor.pipeline.params import StageParams
+from conveyor.runtime.attemptlog import AttemptLog
 from conveyor.runtime.budget import RunPaused
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context, call_stage
@@ -39,6 +40,8 @@ from conveyor.runtime.transitions import Outcome
 from conveyor.runtime.values import PARTS, Ref, decode, encode, fanout_refs, load_parts, load_value, store_value
 from conveyor.store import ClaimedTask, Lease
 from conveyor.store.provider_batch import RequestState
+
+UNREPAIRED_CHARS = 20_000  # characters kept of an answer's text before its repair
 
 Finish = Callable[[Outcome], None]
 
@@ -65,6 +68,17 @@ def _made_by(outcome: Outcome, stage: Stage, runtime: dict[str, Any] | None) -> 
     ``ctx.provenance`` and the models it called."""
     outcome.provenance = document(stage, runtime, outcome.usage)
     return outcome
+
+
+def _unrepaired(answer: Any) -> str | None:
+    """The text of an answer whose format was repaired, as the stage returned it (cut at UNREPAIRED_CHARS),
+    kept with the attempt so the item page shows the answer before and after its repair."""
+    text = getattr(answer, "text", answer)
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    if not isinstance(text, str):
+        return None
+    return text if len(text) <= UNREPAIRED_CHARS else text[:UNREPAIRED_CHARS - 1] + "…"
 
 
 def _guarded_failure(stage: Stage, failure: Failure | None) -> Failure:
@@ -132,12 +146,13 @@ class Executor:
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             outcome = Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
+        outcome.logs = ctx.kept
         return _made_by(outcome, stage, ctx.provenance)
 
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
         started, t0, invoked = self.clock(), time.perf_counter(), False
         ctx = self.context(task, self.services)
-        finish = _journaled(finish, ctx.journal)
+        finish = _logged(_journaled(finish, ctx.journal), ctx.kept)
         try:
             value = self.load(task) if task.input_inline is not None else await asyncio.to_thread(self.load, task)
             async with self._semaphores[stage.name, 0 if task.lane_rank == 0 else 1]:
@@ -189,6 +204,7 @@ class Executor:
             return
         result = await self._guarded_pool().call(stage.name, value, self.context(task).fields(),
                                                  timeout=stage.timeout, max_memory_bytes=stage.max_memory_bytes)
+        finish = _logged(finish, result.kept())
         if not result.ok:
             finish(_made_by(Outcome(task, started, result.duration, True,
                                     failure=_guarded_failure(stage, result.failure)), stage, None))
@@ -254,10 +270,12 @@ class Executor:
         if stage.accept is not None:
             verdict = judge(stage.accept, result, source, self.metas.get((task.run_id, task.root_key), {}))
             ref = self.store_output(stage, verdict.record)
+            before = _unrepaired(result) if verdict.repaired else None
             if verdict.accepted:
-                return Outcome(task, started, duration, True, ref, usage=usage, verdict=verdict)
+                return Outcome(task, started, duration, True, ref, usage=usage, verdict=verdict, unrepaired=before)
             failure = Failure(str(verdict.refusal), verdict.refusal == INVALID_FORMAT, verdict.message)
-            return Outcome(task, started, duration, True, failure=failure, usage=usage, verdict=verdict, candidate=ref)
+            return Outcome(task, started, duration, True, failure=failure, usage=usage, verdict=verdict, candidate=ref,
+                           unrepaired=before)
         if isinstance(stage.into, str):
             record = staged(result, stage.name)
             return Outcome(task, started, duration, True, store_value(*encode(record), self.blobs), usage=usage,
@@ -295,6 +313,16 @@ class Executor:
                        lease=Lease(task.id, task.lease_token),
                        params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})),
                        journal=journal)
+
+
+def _logged(finish: Finish, kept: AttemptLog) -> Finish:
+    """``finish`` of an outcome that carries the lines the attempt logged through ``ctx.log``."""
+
+    def done(outcome: Outcome) -> None:
+        outcome.logs = kept
+        finish(outcome)
+
+    return done
 
 
 def _journaled(finish: Finish, journal: CallJournal | None) -> Finish:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from conveyor.errors import PipelineError
 from conveyor.pipeline import Pipeline
+from conveyor.runtime.attemptlog import AttemptLog
 from conveyor.runtime.classify import Failure, classify
 from conveyor.runtime.context import Context, call_stage
 from conveyor.runtime.target import load_target
@@ -49,6 +50,14 @@ class GuardedResult:
     failure: Failure | None
     duration: float
     provenance: dict[str, Any] | None = None  # what the stage set in the child's ``ctx.provenance``
+    logs: tuple[list[Any], int] | None = None  # (lines, dropped) the stage logged through the child's ``ctx.log``
+
+    def kept(self) -> AttemptLog:
+        """The child's log lines, as the attempt keeps them."""
+        kept = AttemptLog()
+        if self.logs is not None:
+            kept.extend(*self.logs)
+        return kept
 
 
 def _child_main(conn: Connection, target: str) -> None:
@@ -78,13 +87,15 @@ def _serve(pipeline: Pipeline, raw: bytes) -> tuple[str, Any]:
         stage = pipeline[stage_name]
     except PipelineError as exc:
         return "error", classify(exc, (PipelineError,), traceback.format_exc())
+    ctx: Context | None = None
     try:
         ctx = Context(**ctx_fields)
         with _address_space_limit(max_memory_bytes):
             result = call_stage(stage, ctx, value)
-        return "ok", (result, dict(ctx.provenance))
+        return "ok", (result, dict(ctx.provenance), ctx.kept.state())
     except BaseException as exc:  # SystemExit too: it must not end the child
-        return "error", classify(exc, stage.retry.terminal, traceback.format_exc())
+        failure = classify(exc, stage.retry.terminal, traceback.format_exc())
+        return ("raised", (failure, ctx.kept.state())) if ctx is not None else ("error", failure)
 
 
 def _send(conn: Connection, message: tuple[str, Any]) -> None:
@@ -204,8 +215,11 @@ class GuardedPool:
             else:
                 child.reap()
         if status == "ok":
-            result, provenance = payload
-            return GuardedResult(True, result, None, duration, provenance)
+            result, provenance, logs = payload
+            return GuardedResult(True, result, None, duration, provenance, logs)
+        if status == "raised":  # the stage raised: its failure, and what it logged first
+            failure, logs = payload
+            return GuardedResult(False, None, failure, duration, None, logs)
         return GuardedResult(False, None, payload, duration)
 
     async def close(self) -> None:

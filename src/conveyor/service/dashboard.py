@@ -1,6 +1,6 @@
 """What the dashboard's pages show, each page one call: the same service functions as the CLI and the API
-(``list_status``, ``progress.overview``, ``timeline``, ``dlq_list``, ``review_list``, ``show_item``, ...), composed
-and cut to a page.
+(``list_status``, ``progress.overview``, ``timeline``, ``dlq_list``, ``review_list``, ...), composed and cut to a
+page (the item page: service/itempage.py).
 
 Every list is a page of at most ``MAX_PAGE`` rows with a keyset cursor to the next (``next_before`` for runs,
 newest first; ``next_after`` for dead letters and reviews, by id), so no page grows with the store. ``tenant``
@@ -17,14 +17,12 @@ from conveyor.blobs import Blobs
 from conveyor.service import report, review
 from conveyor.service.plots import graph_chart, line_chart
 from conveyor.service.progress import done_at, overview, progress_stages, timeline, timeline_bucket
-from conveyor.service.show import show_item
 from conveyor.service.tenancy import tenant_runs
 from conveyor.store import RunRecord, SqlStore
 
 MAX_PAGE = 100
 PREVIEW_CHARS = 2_000  # characters of JSON shown of a candidate or an output on a page
 EDIT_CHARS = 200_000  # a candidate longer than this is edited with `conveyor review edit`, not in a text area
-TASKS_SHOWN = 200  # tasks of one item on a page (a fan-out root may have thousands)
 REPLAYS_SHOWN = 20
 OUTCOMES_UP_TO = 20_000  # items of a run whose outcomes a run page counts (each read)
 
@@ -190,23 +188,6 @@ def review_page(store: SqlStore, blobs: Blobs, review_id: int, tenant: str | Non
     entry["candidate_json"] = text if entry["editable"] else None
     entry["preview"] = preview(entry["candidate"])
     return entry
-
-
-def item_page(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, tenant: str | None,
-              offset: int = 0) -> dict[str, Any]:
-    """One item's journey (``conveyor show``): its tasks stage by stage with their attempts, provenance and
-    outputs (a preview each), ``TASKS_SHOWN`` tasks from ``offset``."""
-    run = report.find_run(store, run_id, tenant)
-    item = show_item(store, blobs, run.run_id, item_key)
-    total = len(item["tasks"])
-    item["tasks"] = item["tasks"][offset:offset + TASKS_SHOWN]
-    for task in item["tasks"]:
-        task["output_preview"] = None if task["output"] is None else preview(task["output"])
-        task["provenance_json"] = json.dumps(task["provenance"], ensure_ascii=False) if task["provenance"] else None
-    item["tasks_total"] = total
-    item["offset"] = offset
-    item["next_offset"] = offset + TASKS_SHOWN if offset + TASKS_SHOWN < total else None
-    return item
 
 
 def preview(value: Any) -> str:

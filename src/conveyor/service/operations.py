@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.service import dashboard, report, review
+from conveyor.service import dashboard, itempage, report, review
 from conveyor.service.records import SampleOptions
 from conveyor.service.replay import ReplayOptions, replay
 from conveyor.service.selection import selection_of
@@ -103,7 +103,7 @@ def dead_letters_page(view: TenantView, run_id: str, error_class: str | None, li
 
 
 def item_page(view: TenantView, blobs: Blobs, run_id: str, item_key: str, offset: int) -> dict[str, Any]:
-    return dashboard.item_page(view.store, blobs, run_id, view.stored_key(run_id, item_key), view.scope, offset)
+    return itempage.item_page(view.store, blobs, run_id, view.stored_key(run_id, item_key), view.scope, offset)
 
 
 def reviews_page(view: TenantView, blobs: Blobs, run_id: str | None, stage: str | None, limit: int,

@@ -87,12 +87,14 @@ def bar_chart(bars: Sequence[tuple[str, float]], *, title: str, y_label: str, wi
 
 
 def graph_chart(stages: Sequence[Mapping[str, Any]], counts: Mapping[str, Mapping[str, float]], *,
-                title: str = "Pipeline") -> str:
+                title: str = "Pipeline", unreached: str | None = None) -> str:
     """The pipeline's graph as boxes and arrows, a column per depth (a stage one column right of its deepest
     parent), each box its stage's name, kind (when not a map) and tasks done of all, its border coloured by
-    state: red when some failed, amber when some wait for review, blue while some are open, green when all
-    succeeded. ``stages`` as a run records its graph (``name``, ``kind``, ``after``, ``parents``); ``counts``
-    by stage and status (queued, running, succeeded, failed, ...)."""
+    state (also its ``data-state``): red when some failed (``failed``), amber when some wait for review
+    (``review``), blue while some are open (``open``), green when the rest succeeded (``done``), grey with none
+    (``none``). ``stages`` as a run records its graph (``name``, ``kind``, ``after``, ``parents``); ``counts``
+    by stage and status (queued, running, succeeded, failed, ...); ``unreached``: a box's text where a stage
+    has no task (one item's journey: "not reached")."""
     names = [str(s["name"]) for s in stages]
     parents = {str(s["name"]): [str(p) for p in (s.get("parents") or ([s["after"]] if s.get("after") else []))]
                for s in stages}
@@ -127,23 +129,36 @@ def graph_chart(stages: Sequence[Mapping[str, Any]], counts: Mapping[str, Mappin
         c = counts.get(name, {})
         total = sum(float(v) for v in c.values())
         done = float(c.get("succeeded", 0))
-        color = ("#dc2626" if any(c.get(k) for k in ("failed", "dead_lettered", "rejected")) else
-                 "#d97706" if c.get("awaiting_review") else
-                 "#2563eb" if any(c.get(k) for k in ("queued", "running", "open")) else
-                 "#16a34a" if total else "#9ca3af")
+        state = _state(c)
+        color = STATE_COLOURS[state]
         kind = "" if kinds[name] == "map" else f" ({kinds[name]})"
-        parts += [f'<g class="cv-stage" data-stage="{escape(name, quote=True)}">',
+        shown = unreached if unreached is not None and not total else f"{_number(done)} / {_number(total)} done"
+        parts += [f'<g class="cv-stage" data-stage="{escape(name, quote=True)}" data-state="{state}">',
                   f'<rect x="{_px(x)}" y="{_px(y)}" width="{box_w}" height="{box_h}" rx="6" fill="#fff" '
                   f'stroke="{color}" stroke-width="2"/>',
                   f'<text x="{_px(x + 8)}" y="{_px(y + 16)}" font-size="12" style="{FONT}" fill="#111827">'
                   f'{escape(_fit(name + kind, (box_w - 16) / CHAR_W))}</text>',
                   f'<text x="{_px(x + 8)}" y="{_px(y + 32)}" font-size="11" style="{FONT}" fill="#4b5563">'
-                  f'{_number(done)} / {_number(total)} done</text></g>']
+                  f'{escape(shown)}</text></g>']
     marker = ('<defs><marker id="cv-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
               'orient="auto"><path d="M0,0L10,5L0,10z" fill="#9ca3af"/></marker></defs>')
     parts.insert(1, marker)
     parts.append("</svg>")
     return "".join(parts)
+
+
+STATE_COLOURS = {"failed": "#dc2626", "review": "#d97706", "open": "#2563eb", "done": "#16a34a", "none": "#9ca3af"}
+
+
+def _state(counts: Mapping[str, float]) -> str:
+    """A stage's state in the graph from its tasks by status (see ``graph_chart``)."""
+    if any(counts.get(k) for k in ("failed", "dead_lettered", "rejected")):
+        return "failed"
+    if counts.get("awaiting_review"):
+        return "review"
+    if any(counts.get(k) for k in ("queued", "running", "open")):
+        return "open"
+    return "done" if counts.get("succeeded") else "none"
 
 
 def _depth(name: str, parents: Mapping[str, list[str]], depth: dict[str, int], seen: set[str]) -> int:

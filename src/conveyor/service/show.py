@@ -14,11 +14,15 @@ from typing import Any
 
 from conveyor.blobs import Blobs
 from conveyor.errors import BlobError, NotFound, UserError
+from conveyor.runtime.attemptlog import decode as decode_logs
+from conveyor.runtime.values import Ref, load_value
+from conveyor.service.itemgroups import group_tasks
 from conveyor.service.records import RunGraph, read_records
 from conveyor.service.report import find_run
 from conveyor.service.selection import provenance
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.diffs import RecordRef
+from conveyor.store.reviews import ReviewEntry
 from conveyor.store.selection import SelectedTask
 from conveyor.store.show import ItemRow, ReplayedLetter
 
@@ -26,24 +30,42 @@ OUTPUT_MAX = 20_000  # characters of JSON shown of an output; a longer one is cu
 TEXT_MAX = 200  # characters of a bytes output shown as text
 
 
-def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: str | None = None) -> dict[str, Any]:
-    """One item of a run: ``{"run_id", "item_key", "pipeline", "outcome", "meta", "source", "trace_id", "tasks"}`` (the
-    README's JSON output section names every field). ``item_key`` is a root item (its fan-out descendants'
-    tasks come after its own) or a child (``doc.pdf¶3``: it and its descendants); ``stage`` keeps one stage."""
+def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: str | None = None,
+              offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """One item of a run: ``{"run_id", "item_key", "pipeline", "outcome", "meta", "source", "trace_id", "journey",
+    "tasks_total", "tasks"}`` (the README's JSON output section names every field). ``item_key`` is a root item
+    (its fan-out descendants' tasks come after its own, then those of the groups it is a member of) or a child
+    (``doc.pdf¶3``: it and its descendants); ``stage`` keeps one stage; ``offset`` and ``limit`` a page of the
+    tasks (outputs, attempts and reviews are read for that page only)."""
     run = find_run(store, run_id)
     item = _item(store, run, item_key)
     order = _stage_order(run)
     if stage is not None and stage not in order:
         raise UserError(f"--stage {stage!r}: run {run.run_id}'s pipeline has no such stage ({', '.join(order)})")
     root = item if item.parent_key is None else store.item_row(run.run_id, item.root_key) or item
-    tasks = sorted(store.item_tasks(run.run_id, item.root_key, item.item_key, stage),
-                   key=lambda t: (t.item_key, order.get(t.stage, len(order)), t.id))
+    meta = json.loads(root.meta) if root.meta else None
+    own = store.item_tasks(run.run_id, item.root_key, item.item_key, stage)
+    grouped = [t for t in group_tasks(store, blobs, run, meta, own) if stage is None or t.stage == stage]
+    tasks = sorted(own, key=lambda t: (t.item_key, order.get(t.stage, len(order)), t.id)) + sorted(
+        grouped, key=lambda t: (t.item_key, order.get(t.stage, len(order)), t.id))
+    shown = tasks[offset:] if limit is None else tasks[offset:offset + limit]
     return {
         "run_id": run.run_id, "item_key": item.item_key, "pipeline": run.pipeline,
-        "outcome": _outcome(store, run, root.root_key), "meta": json.loads(root.meta) if root.meta else None,
+        "outcome": _outcome(store, run, root.root_key), "meta": meta,
         "source": {"digest": root.source_digest, "size": root.source_size}, "trace_id": _trace_id(root),
-        "tasks": [{**t, **_edges(run, t["stage"])} for t in _tasks(store, blobs, run.run_id, tasks)],
+        "journey": journey(tasks), "tasks_total": len(tasks),
+        "tasks": [{**t, **_edges(run, t["stage"])} for t in _tasks(store, blobs, run.run_id, shown)],
     }
+
+
+def journey(tasks: Sequence[SelectedTask]) -> dict[str, dict[str, int]]:
+    """Stage -> the item's tasks there by status (a fan-out's children and groups counted with it): the states
+    the item page colours the pipeline's graph by."""
+    found: dict[str, dict[str, int]] = {}
+    for t in tasks:
+        at = found.setdefault(t.stage, {})
+        at[t.status] = at.get(t.status, 0) + 1
+    return found
 
 
 def _edges(run: RunRecord, stage: str) -> dict[str, Any]:
@@ -86,6 +108,7 @@ def _tasks(store: SqlStore, blobs: Blobs, run_id: str, tasks: Sequence[SelectedT
     outputs = _outputs(store, blobs, tasks)
     history = store.attempt_history(run_id, ids)
     replays = _replays(store, run_id, tasks)
+    reviews = _reviews(store, blobs, tasks)
     return [{
         "task_id": t.id, "item_key": t.item_key, "stage": t.stage, "status": t.status, "cached": bool(t.cached),
         "attempts": t.attempts, "tier": t.tier, "error_class": t.error_class, "error": t.last_error,
@@ -93,6 +116,7 @@ def _tasks(store: SqlStore, blobs: Blobs, run_id: str, tasks: Sequence[SelectedT
         "created_at": t.created_at, "finished_at": t.finished_at, "provenance": made_by[t.id],
         "output": outputs[t.id][0], "output_error": outputs[t.id][1], "replay": replays.get(t.id),
         "history": [attempt(row) for row in history.get(t.id, [])],
+        "reviews": reviews.get(t.id, []),
     } for t in tasks]
 
 
@@ -174,7 +198,29 @@ def _from_letter(letter: ReplayedLetter) -> dict[str, Any]:
 
 
 def attempt(row: dict[str, Any]) -> dict[str, Any]:
-    """An attempt row as JSON: flags as booleans, its provenance document decoded."""
+    """An attempt row as JSON: flags as booleans, its provenance document and its log lines decoded."""
     repaired = row["repaired"]
     return row | {"invoked": bool(row["invoked"]), "repaired": None if repaired is None else bool(repaired),
-                  "provenance": json.loads(row["provenance"]) if row["provenance"] else None}
+                  "provenance": json.loads(row["provenance"]) if row["provenance"] else None,
+                  "logs": decode_logs(row["logs"]), "logs_dropped": int(row["logs_dropped"] or 0)}
+
+
+def _reviews(store: SqlStore, blobs: Blobs, tasks: Sequence[SelectedTask]) -> dict[int, list[dict[str, Any]]]:
+    """Task id -> its review entries: why each waited, the answer a reviewer saw (``candidate``, as ``show``
+    gives outputs) and what they decided (``decision``, ``by``, ``why``, ``edits``)."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for task_id, entries in store.task_reviews([t.id for t in tasks]).items():
+        found[task_id] = [_review(e, blobs) for e in entries]
+    return found
+
+
+def _review(e: ReviewEntry, blobs: Blobs) -> dict[str, Any]:
+    try:
+        value = load_value(Ref(e.candidate_kind, e.candidate_digest, e.candidate_size, e.candidate_inline), blobs)
+        candidate, unreadable = shown_output(e.candidate_kind, value), None
+    except BlobError as exc:
+        candidate, unreadable = None, f"cannot read the answer: {exc}"
+    return {"id": e.id, "reason_class": e.reason_class, "reason": e.reason, "confidence": e.confidence,
+            "tier": e.tier, "created_at": e.created_at, "candidate": candidate, "candidate_error": unreadable,
+            "decision": e.decision, "decided_at": e.decided_at, "by": e.decided_by, "why": e.why,
+            "edits": json.loads(e.edits) if e.edits else None}

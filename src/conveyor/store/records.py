@@ -294,6 +294,9 @@ class AttemptRecord(NamedTuple):
     confidence: float | None = None  # the answer's confidence, when the stage declares one
     config_hash: str | None = None  # the stage's config hash when it ran (a replay may re-key the task)
     provenance: str | None = None  # its provenance document, JSON (runtime/provenance.py)
+    logs: str | None = None  # the lines the stage logged through ctx.log, JSON (runtime/attemptlog.py)
+    logs_dropped: int = 0  # lines logged past the attempt's bound, counted, not kept
+    unrepaired: str | None = None  # the answer's text before its format was repaired (repaired = 1), cut
 
 
 @dataclass(frozen=True, slots=True)

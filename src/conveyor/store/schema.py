@@ -760,4 +760,18 @@ CREATE TABLE publication_vector_indexes (
 );
 """,
     ),
+    (
+        27,
+        "attempts keep the lines their stage logged through ctx.log, and an answer's text before its repair",
+        """
+-- The lines a stage logged through ctx.log in this attempt (runtime/attemptlog.py: JSON [[seconds, level,
+-- message], ...], at most 200 lines and 64 KiB), written with the attempt's row; logs_dropped counts the lines
+-- past that bound. Read by item (`conveyor show --logs`, the item page) through attempts_run_task.
+ALTER TABLE attempts ADD COLUMN logs TEXT;
+ALTER TABLE attempts ADD COLUMN logs_dropped INTEGER NOT NULL DEFAULT 0;
+-- The answer's text as the stage returned it, when the acceptance boundary repaired its format before judging it
+-- (acceptance/repair.py; cut at 20,000 characters): the item page shows it beside the record that was kept.
+ALTER TABLE attempts ADD COLUMN unrepaired TEXT;
+""",
+    ),
 ]

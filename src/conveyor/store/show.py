@@ -8,12 +8,14 @@ from typing import Any, NamedTuple
 
 from conveyor.store.dialect import Dialect
 from conveyor.store.records import CHILD_MARK, CHILD_RANGE_END
+from conveyor.store.reviews import REVIEW_COLUMNS, ReviewEntry
 from conveyor.store.selection import SELECTED_COLUMNS, SelectedTask
 from conveyor.store.tasks import chunks
 
 ATTEMPT_COLUMNS = ("attempt", "outcome", "invoked", "error_class", "message", "worker", "started_at", "duration",
                    "provider_calls", "prompt_tokens", "completion_tokens", "cost", "model", "prompt_version", "tier",
-                   "repaired", "confidence", "stage_version", "code_version", "config_hash", "provenance")
+                   "repaired", "confidence", "stage_version", "code_version", "config_hash", "provenance", "logs",
+                   "logs_dropped", "unrepaired")
 
 
 class ItemRow(NamedTuple):
@@ -71,6 +73,17 @@ class ShowQueries:
                 [run_id, *part])
             for task_id, *values in rows:
                 found.setdefault(int(task_id), []).append(dict(zip(ATTEMPT_COLUMNS, values, strict=True)))
+        return found
+
+    def task_reviews(self, task_ids: Sequence[int]) -> dict[int, list[ReviewEntry]]:
+        """Task id -> its review entries, oldest first (through the reviews_task index)."""
+        found: dict[int, list[ReviewEntry]] = {}
+        for part in chunks(list(task_ids), 500):
+            rows = self.db.execute(f"SELECT {REVIEW_COLUMNS} FROM reviews WHERE task_id IN "
+                                   f"({','.join('?' * len(part))}) ORDER BY id", part)
+            for row in rows:
+                entry = ReviewEntry(*row)
+                found.setdefault(entry.task_id, []).append(entry)
         return found
 
     def replayed_letters(self, run_id: str, task_ids: Sequence[int]) -> dict[int, ReplayedLetter]:

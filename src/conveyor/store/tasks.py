@@ -127,7 +127,7 @@ ATTEMPT_COLUMNS = (
     "task_id", "run_id", "attempt", "outcome", "invoked", "error_class", "message", "worker", "lease_token",
     "stage_version", "code_version", "started_at", "duration", "provider_calls", "prompt_tokens",
     "completion_tokens", "cost", "model", "prompt_version", "unpriced_calls", "tier", "repaired", "confidence",
-    "config_hash", "provenance")
+    "config_hash", "provenance", "logs", "logs_dropped", "unrepaired")
 # The common case, an attempt that succeeded without a provider call: no NULL bound (see NewTasks).
 PLAIN_ATTEMPT_COLUMNS = ("task_id", "run_id", "attempt", "outcome", "invoked", "worker", "lease_token",
                          "stage_version", "code_version", "started_at", "duration", "config_hash")

@@ -292,7 +292,7 @@ class Commits(JobEvents, Readiness):
                 Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
             seeds += more
             w.items += items
-            if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None:
+            if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None and not _logged(o):
                 stage = self.pipeline[task.stage]
                 w.plain_attempts.append(PlainAttempt(
                     task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
@@ -452,7 +452,10 @@ class Commits(JobEvents, Readiness):
         )
         if o.verdict is not None:
             record = record._replace(tier=o.task.tier, repaired=int(o.verdict.repaired),
-                                     confidence=o.verdict.confidence)
+                                     confidence=o.verdict.confidence, unrepaired=o.unrepaired)
+        if _logged(o):
+            assert o.logs is not None
+            record = record._replace(logs=o.logs.encoded(), logs_dropped=o.logs.dropped)
         if u is None or not u.calls:
             return record
         return record._replace(provider_calls=u.calls, prompt_tokens=u.prompt_tokens,
@@ -460,6 +463,11 @@ class Commits(JobEvents, Readiness):
                                model=",".join(sorted(u.models)) or None,
                                prompt_version=",".join(sorted(u.prompt_versions)) or None,
                                unpriced_calls=u.unpriced_calls)
+
+
+def _logged(o: Outcome) -> bool:
+    """Whether the attempt logged through ``ctx.log`` (lines kept, or past the bound and counted)."""
+    return o.logs is not None and bool(o.logs.lines or o.logs.dropped)
 
 
 def open_moves(w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float], pipeline: str) -> OpenTally:

@@ -110,17 +110,17 @@ class Groups(Readiness):
         if isinstance(stage.by, str):
             field = stage.by.removeprefix("meta.")
             metas = self.store.item_metas({(run_id, m.root_key) for m in members})
-            return {m.item_key: _key(json.loads(metas[run_id, m.root_key]).get(field)
+            return {m.item_key: group_key(json.loads(metas[run_id, m.root_key]).get(field)
                                      if (run_id, m.root_key) in metas else None) for m in members}
         assert stage.by is not None
-        declaration = json.dumps([self.pipeline.name, stage.name, stage.version, stage.config_hash])
+        declaration = key_declaration(self.pipeline.name, stage.name, stage.version, stage.config_hash)
         known = self.store.group_keys(declaration, [m.output_digest for m in members])
         made: dict[str, str] = {}
         for m in members:
             if m.output_digest in known or m.output_digest in made or m.task_key not in refs:
                 continue
             try:
-                made[m.output_digest] = _key(stage.by(load_value(refs[m.task_key], blobs)))
+                made[m.output_digest] = group_key(stage.by(load_value(refs[m.task_key], blobs)))
             except Exception as exc:  # the by= function's error leaves this member out of every group
                 log.warning("group key of %s at %s failed: %s", m.item_key, stage.name, exc,
                             extra={"event": "group_key_failed", "run": run_id, "stage": stage.name})
@@ -140,7 +140,13 @@ def _pages(members: Iterator[Member], size: int) -> Iterator[list[Member]]:
         yield page
 
 
-def _key(value: Any) -> str:
+def key_declaration(pipeline: str, stage: str, version: str, config_hash: str) -> str:
+    """What the group keys a by= function gave are memoised under (``group_keys.declaration``)."""
+    return json.dumps([pipeline, stage, version, config_hash])
+
+
+def group_key(value: Any) -> str:
+    """The group key of a by= value: a string as it is, None as NO_KEY, anything else as sorted JSON."""
     if value is None:
         return NO_KEY
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

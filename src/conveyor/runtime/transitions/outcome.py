@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.acceptance.judge import Verdict
+from conveyor.runtime.attemptlog import AttemptLog
 from conveyor.runtime.classify import Failure
 from conveyor.runtime.expand import Pending
 from conveyor.runtime.services import Usage
@@ -65,6 +66,8 @@ class Outcome:
     journaled: bool = False
     # A large group's batch and fold steps (runtime/groups.py): memo rows of their outputs, kept as it commits.
     steps: list[NewOutput] | None = None
+    logs: AttemptLog | None = None  # what the stage logged through ``ctx.log``, written with the attempt's row
+    unrepaired: str | None = None  # the answer's text before the acceptance boundary repaired its format
 
 
 @dataclass
