@@ -197,15 +197,31 @@ def diff(data: dict[str, Any]) -> None:
     shown = data["items"][:20]
     for entry in shown:
         outcomes = f"{entry['outcome_a'] or '-'} → {entry['outcome_b'] or '-'}"
-        out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False)
+        out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False,
+                  emoji=False)  # group:a: is no emoji
         for field in entry["fields"][:5]:
             change = f"{_short(field['a'])} → {_short(field['b'])}"
             out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
         if len(entry["fields"]) > 5:
             out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
+        for stage, change in (entry.get("members") or {}).items():
+            out.print(f"      members at {escape(stage)}: {escape(_members(change))}", highlight=False, emoji=False)
     more = sum(v for k, v in counts.items() if k != "unchanged") - len(shown)
     if more > 0:
         out.print(f"  … and {more:,} more changed item(s) (use --json, with a larger --limit)")
+
+
+def _members(change: dict[str, Any]) -> str:
+    """A group stage's member changes on one line: ``+2 (b2.txt, c1.txt), -1 (x.txt), ~1 (a1.txt)``."""
+    if change.get("unknown"):
+        return "not readable (a group made before its members were kept)"
+    parts = []
+    for sign, name in (("+", "added"), ("-", "removed"), ("~", "changed")):
+        count, keys = change["counts"][name], change[name]
+        if count:
+            more = f", … {count - 3} more" if count > 3 else ""
+            parts.append(f"{sign}{count} ({', '.join(keys[:3])}{more})")
+    return ", ".join(parts)
 
 
 def _short(value: Any) -> str:
