@@ -5,17 +5,11 @@ commits that settle the last two of them at once (two workers, PostgreSQL's READ
 other's task still open and neither would make the join: so the deciding transaction first locks the item's row
 (``lock_items``), and the later of the two, once the lock is its, sees the other's commit. On SQLite one writer
 at a time makes the lock needless.
-
-Both reads find a root's tasks by (run, root key) alone and keep the stages they want in Python. With the stages in
-the statement, PostgreSQL planned it from statistics gathered before those stages had a row (a fresh store, right
-after submission: "no task at stage b") and walked the index by (run, stage) over the whole run for every commit:
-120 ms a statement at 5,000 items, and a gather cost 3.8 transitions an item (bench/graph.py). By root it is an
-index range of the few rows each root has, whatever the statistics say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.store.dialect import Dialect
@@ -36,6 +30,14 @@ class StageState(NamedTuple):
 class BarrierQueries:
     db: Dialect
 
+    def refresh_barrier_statistics(self) -> None:
+        """ANALYZE tasks and items when their statistics are stale (PostgreSQL; see Dialect.refresh_statistics).
+        The reads below find a run's roots through (run, root key); a fresh store's tables, never analyzed yet,
+        made the planner take a run for a few rows and read all of its tasks for every commit (120 ms a statement
+        at 5,000 items, and a gather cost 3.8 transitions an item). Outside any transaction: ANALYZE takes a lock
+        that two writing transactions holding row locks could wait on in turn."""
+        self.db.refresh_statistics(("tasks", "items"))
+
     def lock_items(self, items: Sequence[tuple[str, str]]) -> None:
         """Hold these items' rows (run id, item key) until the transaction ends, taken in one order."""
         if not self.db.row_lock:
@@ -52,29 +54,33 @@ class BarrierQueries:
     def stage_states(self, run_id: str, wanted: Sequence[tuple[str, str, str]]
                      ) -> dict[tuple[str, str], StageState]:
         """(item key, stage) -> its task's state, for ``wanted`` (root key, item key, stage) of a run."""
-        wanted_at = {(item, stage) for _, item, stage in wanted}
-        return {(item, stage): state for item, stage, state in self._root_tasks(run_id, {root for root, _, _ in wanted})
-                if (item, stage) in wanted_at}
+        roots = sorted({root for root, _, _ in wanted})
+        stages = sorted({stage for _, _, stage in wanted})
+        items = {item for _, item, _ in wanted}
+        found: dict[tuple[str, str], StageState] = {}
+        marks = ",".join("?" * len(stages))
+        for part in chunks(roots, self.db.in_chunk):
+            where, params = self.db.one_of("root_key", part, "text")
+            for item, stage, *state in self.db.execute(
+                    "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
+                    f"WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
+                if item in items:
+                    found[item, stage] = StageState(*state)
+        return found
 
     def children_states(self, run_id: str, parents: Sequence[tuple[str, str]], stages: Sequence[str]
                         ) -> dict[tuple[str, str], StageState]:
         """For ``parents`` (root key, item key) of a run: (child key, stage) -> state of their fan-out children's
         tasks at ``stages`` (a child's key is ``parent¶index``), one statement per few hundred roots."""
-        wanted, at = {item for _, item in parents}, set(stages)
+        wanted = {item for _, item in parents}
+        marks = ",".join("?" * len(stages))
         found: dict[tuple[str, str], StageState] = {}
-        for item, stage, state in self._root_tasks(run_id, {root for root, _ in parents}):
-            if stage not in at:
-                continue
-            parent, mark, index = item.rpartition(CHILD_MARK)
-            if mark and parent in wanted and index.isdigit():  # a child of a waiting parent, not a grandchild
-                found[item, stage] = state
-        return found
-
-    def _root_tasks(self, run_id: str, roots: set[str]) -> Iterator[tuple[str, str, StageState]]:
-        """(item key, stage, state) of every task of ``roots`` in a run (see the module's docstring: by root only)."""
-        for part in chunks(sorted(roots), self.db.in_chunk):
+        for part in chunks(sorted({root for root, _ in parents}), self.db.in_chunk):
             where, params = self.db.one_of("root_key", part, "text")
             for item, stage, *state in self.db.execute(
                     "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
-                    f"WHERE run_id = ? AND {where}", [run_id, *params]):
-                yield str(item), str(stage), StageState(*state)
+                    f"WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
+                parent, mark, index = str(item).rpartition(CHILD_MARK)
+                if mark and parent in wanted and index.isdigit():  # a child of a waiting parent, not a grandchild
+                    found[item, stage] = StageState(*state)
+        return found
