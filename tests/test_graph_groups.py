@@ -316,6 +316,8 @@ def test_select_filters_group_items_by_stage_and_group_key(tmp_path: Path, store
 def test_a_group_a_replay_made_vanish_is_superseded_not_completed(tmp_path: Path, store_url: str,
                                                                   settled: bool) -> None:
     from conveyor.blobs import FilesystemBlobs
+    from conveyor.service.datasets import iter_rows
+    from conveyor.service.export import run_export
     from conveyor.service.report import find_run, status_report
     from conveyor.service.selection import check, select_report, selection_of
     from conveyor.service.show import show_item
@@ -340,6 +342,9 @@ def test_a_group_a_replay_made_vanish_is_superseded_not_completed(tmp_path: Path
         found = select_report(store, check(selection_of(runs=[done.run_id], outcomes=["superseded"])))
         assert sorted((t["item_key"], t["stage"]) for t in found["items"]) == [("group:c", "by_letter"),
                                                                                 ("group:c", "publish")]
+        rows = iter_rows(run_export(store, FilesystemBlobs(tmp_path / "blobs"), done.run_id, outcome="all"))
+        assert {r["item_key"]: r["outcome"] for r in rows if r["item_key"].startswith("group:")} == {
+            "group:*": "completed", "group:a": "published", "group:b": "published", "group:c": "superseded"}
     finally:
         store.close()
     assert _group_outputs(store_url, done.run_id, "by_letter")["group:a"]["members"] == ["a1.txt", "a2.txt", "c1.txt"]
