@@ -36,9 +36,10 @@ class LazyConsole:
         return getattr(self.console(), name)
 
 
-# Piped output gets room enough that ids and numbers are never cut.
-out = LazyConsole(width=None if sys.stdout.isatty() else 140)
-err = LazyConsole(stderr=True)
+# Piped output gets room enough that ids and numbers are never cut. No emoji codes: an item key is printed as it is
+# (a group item's `group:a:` in "item group:a: published" was a 🅰).
+out = LazyConsole(width=None if sys.stdout.isatty() else 140, emoji=False)
+err = LazyConsole(stderr=True, emoji=False)
 DONE = ("succeeded", "failed", "dead_lettered")
 # The task statuses `status RUN` always shows, so that a stage's row adds up to its tasks.
 STAGE_COLUMNS = ("queued", "running", "awaiting_review", "succeeded", "failed", "rejected", "dead_lettered")
@@ -197,15 +198,14 @@ def diff(data: dict[str, Any]) -> None:
     shown = data["items"][:20]
     for entry in shown:
         outcomes = f"{entry['outcome_a'] or '-'} → {entry['outcome_b'] or '-'}"
-        out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False,
-                  emoji=False)  # group:a: is no emoji
+        out.print(f"  {escape(entry['item_key'])}: {entry['change']} ({outcomes})", highlight=False)
         for field in entry["fields"][:5]:
             change = f"{_short(field['a'])} → {_short(field['b'])}"
             out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
         if len(entry["fields"]) > 5:
             out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
         for stage, change in (entry.get("members") or {}).items():
-            out.print(f"      members at {escape(stage)}: {escape(_members(change))}", highlight=False, emoji=False)
+            out.print(f"      members at {escape(stage)}: {escape(_members(change))}", highlight=False)
     more = sum(v for k, v in counts.items() if k != "unchanged") - len(shown)
     if more > 0:
         out.print(f"  … and {more:,} more changed item(s) (use --json, with a larger --limit)")
