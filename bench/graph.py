@@ -1,6 +1,7 @@
 """Joins, gathers and groups beside the no-op chain (issue 28, point 6).
 
     PYTHONPATH=src .venv/bin/python bench/graph.py [--items 20000] [--rounds 3] [--group-items 100000] [--no-write]
+                                                  [--backend sqlite|postgres (default: both)]
 
 The pipelines of bench/graph_pipelines.py, each run whole through `conveyor run --workers 2` in a fresh store,
 on SQLite and on PostgreSQL (CONVEYOR_TEST_PG, or 127.0.0.1:5432), alternated for ``--rounds`` rounds:
@@ -11,8 +12,9 @@ on SQLite and on PostgreSQL (CONVEYOR_TEST_PG, or 127.0.0.1:5432), alternated fo
   gather adds is gather − fanout: each, divided by one transition, is the figure (target <= 1.0: a join or
   gather adds no more than one transition's cost an item). Each run's wall time includes the command's
   start-up, the same for every pipeline, so it cancels in the differences.
-- a reduce of ``--group-items`` members (batches of 1,000 folded up a tree) on SQLite: the peak resident memory
-  of the command and its worker processes (target <= 200 MB each), and the run's wall time.
+- with ``--backend``, that backend alone (the table has its row only);
+- a reduce of ``--group-items`` members (batches of 1,000 folded up a tree; 0: none) on SQLite: the peak resident
+  memory of the command and its worker processes (target <= 200 MB each), and the run's wall time.
 """
 
 from __future__ import annotations
@@ -60,12 +62,12 @@ def run(pipeline: str, items: Path, db: str, blobs: Path) -> tuple[float, dict]:
     return wall, json.loads(done.stdout)
 
 
-def side_by_side(work: Path, n: int, rounds: int) -> dict[str, dict[str, list[float]]]:
+def side_by_side(work: Path, n: int, rounds: int, backends: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
     items = manifest(work / f"items-{n}.jsonl", n)
-    rates: dict[str, dict[str, list[float]]] = {"sqlite": {}, "postgres": {}}
+    rates: dict[str, dict[str, list[float]]] = {backend: {} for backend in backends}
     for r in range(rounds):
         for name in TASKS_PER_ITEM:
-            for backend in ("sqlite", "postgres"):
+            for backend in backends:
                 scratch = Path(tempfile.mkdtemp(dir=work))
                 if backend == "sqlite":
                     wall, out = run(name, items, f"sqlite:///{scratch / 'store.db'}", scratch / "blobs")
@@ -107,15 +109,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--group-items", type=int, default=100_000)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), help="this backend alone (default: both)")
     args = parser.parse_args()
+    backends = (args.backend,) if args.backend else ("sqlite", "postgres")
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-graph-") as scratch:
         work = Path(scratch)
-        rates = side_by_side(work, args.items, args.rounds)
-        wall, peak_mb, out, added_steps, again = group_memory(work, args.group_items)
+        rates = side_by_side(work, args.items, args.rounds, backends)
+        group = group_memory(work, args.group_items) if args.group_items else None
     lines = [BEGIN, "## Joins, gathers and groups beside the chain (bench/graph.py)", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "",
              f"    PYTHONPATH=src .venv/bin/python bench/graph.py --items {args.items} --rounds {args.rounds} "
-             f"--group-items {args.group_items}", "",
+             f"--group-items {args.group_items}" + (f" --backend {args.backend}" if args.backend else ""), "",
              f"{args.items:,} items through `conveyor run --workers 2` in a fresh store each, pipelines alternated "
              f"over {args.rounds} rounds (medians; the command's start-up is in every figure). A join or gather "
              "adds at most one transition's cost an item when (join - chain) / (chain4 - chain) and "
@@ -129,12 +133,16 @@ def main() -> None:
         cells = " | ".join(f"{per_item[n]:.0f} µs" for n in ("chain", "chain4", "join", "fanout", "gather"))
         lines.append(f"| {backend} | {cells} | {step:.0f} µs | {join:.2f} | {gather:.2f} | "
                      f"{'yes' if max(join, gather) <= 1.0 else 'no'} |")
-    lines += ["", f"A reduce of {args.group_items:,} members (batches of 1,000, folded) on SQLite: the run took "
-              f"{wall:.1f} s; peak resident memory of the command and its workers {peak_mb:.0f} MB (target <= 200 "
-              f"MB: {'met' if peak_mb <= 200 else 'not met'}); outcomes {out['outcomes']}. One member added, the "
-              f"run again took {again:.1f} s and ran {added_steps} step(s) (its batch, the folds above it and the "
-              f"group's own answer; log_1000({args.group_items:,}) is about "
-              f"{math.log(max(args.group_items, 2), 1000):.1f}).", "", END]
+    lines.append("")
+    if group is not None:
+        wall, peak_mb, out, added_steps, again = group
+        lines += [f"A reduce of {args.group_items:,} members (batches of 1,000, folded) on SQLite: the run took "
+                  f"{wall:.1f} s; peak resident memory of the command and its workers {peak_mb:.0f} MB (target <= 200 "
+                  f"MB: {'met' if peak_mb <= 200 else 'not met'}); outcomes {out['outcomes']}. One member added, the "
+                  f"run again took {again:.1f} s and ran {added_steps} step(s) (its batch, the folds above it and the "
+                  f"group's own answer; log_1000({args.group_items:,}) is about "
+                  f"{math.log(max(args.group_items, 2), 1000):.1f}).", ""]
+    lines.append(END)
     section = "\n".join(lines)
     print(section)
     if not args.no_write:

@@ -235,3 +235,116 @@ def test_a_group_whose_worker_is_killed_runs_again_once_and_publishes_once(tmp_p
                  run_id) == [("succeeded", 2)]
     assert query(store_url, "SELECT item_key, COUNT(*) FROM publications GROUP BY item_key") == [("group:a", 1)]
     assert reconciled(store_url, run_id)["outcomes"] == {"completed": 2, "published": 1}
+
+
+def _replayed(target: str, store_url: str, blobs: Path, run_id: str, item: str) -> None:
+    """Replay ``item``'s parse downstream (its source corrected) and work the run to its end."""
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.runtime import target as target_module
+    from conveyor.service.replay import ReplayOptions, replay
+    from conveyor.service.selection import Selection
+    from conveyor.store import open_store
+    from tests.helpers import work
+
+    target_module._cache.clear()
+    store = open_store(store_url)
+    try:
+        replay(store, FilesystemBlobs(blobs), Selection(runs=(run_id,), stages=("parse",), item_glob=item),
+               ReplayOptions(reason="source-corrected", downstream=True))
+    finally:
+        store.close()
+    work(target, store_url, blobs, run_id=run_id)
+
+
+FIVE = {"a1.txt": "apple", "a2.txt": "avocado", "b1.txt": "banana", "b2.txt": "berry", "c1.txt": "cherry"}
+
+
+def test_diff_names_the_members_each_group_gained_lost_or_saw_change(tmp_path: Path, store_url: str) -> None:
+    from tests.helpers import cli, cli_json
+
+    docs = _docs(tmp_path / "docs", FIVE)
+    target = write_pipeline(tmp_path, GROUPED)
+    first = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    (docs / "b2.txt").write_text("apricot")  # b2 moves from group b to group a
+    (docs / "c1.txt").write_text("cranberry")  # c1 stays in group c, its output changed
+    second = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    common = ("--db", store_url, "--blobs", str(tmp_path / "blobs"))
+    diff = cli_json("diff", first.run_id, second.run_id, *common, cwd=tmp_path)
+    by_key = {entry["item_key"]: entry for entry in diff["items"]}
+    assert diff["counts"]["changed"] == 6 and diff["counts"]["unchanged"] == 3  # a1, a2, b1 unchanged
+    assert set(by_key) == {"b2.txt", "c1.txt", "group:*", "group:a", "group:b", "group:c"}
+
+    def members(key: str, stage: str) -> tuple[list[str], list[str], list[str]]:
+        change = by_key[key]["members"][stage]
+        return change["added"], change["removed"], change["changed"]
+    assert members("group:a", "by_letter") == (["b2.txt"], [], [])
+    assert members("group:b", "by_letter") == ([], ["b2.txt"], [])
+    assert members("group:c", "by_letter") == ([], [], ["c1.txt"])
+    assert members("group:*", "everything") == ([], [], ["b2.txt", "c1.txt"])
+    assert {f["field"] for f in by_key["group:a"]["fields"]} >= {"by_letter.members", "publish.text"}
+    assert by_key["group:a"]["change"] == "changed" and by_key["group:a"]["outcome_b"] == "published"
+    text = cli("diff", first.run_id, second.run_id, *common, cwd=tmp_path).stdout
+    assert "group:a: changed (published → published)" in text and "members at by_letter: +1 (b2.txt)" in text
+
+
+def test_select_filters_group_items_by_stage_and_group_key(tmp_path: Path, store_url: str) -> None:
+    from conveyor.service.selection import check, select_report, selection_of
+    from conveyor.store import open_store
+
+    docs = _docs(tmp_path / "docs", FIVE)
+    target = write_pipeline(tmp_path, GROUPED)
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    store = open_store(store_url)
+    try:
+        def picked(**filters: object) -> list[tuple[str, str]]:
+            found = select_report(store, check(selection_of(runs=[done.run_id], **filters)))  # type: ignore[arg-type]
+            return sorted((t["item_key"], t["stage"]) for t in found["items"])
+
+        assert picked(stages=["by_letter"]) == [("group:a", "by_letter"), ("group:b", "by_letter"),
+                                                ("group:c", "by_letter")]
+        assert picked(stages=["by_letter"], item="group:b") == [("group:b", "by_letter")]
+        assert picked(item="group:b") == [("group:b", "by_letter"), ("group:b", "publish")]
+        assert picked(stages=["everything"]) == [("group:*", "everything")]
+        assert picked(item="group:[*]") == [("group:*", "everything")]  # the reduce's one group, by its key
+        assert picked(stages=["publish"], outcomes=["published"]) == [
+            ("group:a", "publish"), ("group:b", "publish"), ("group:c", "publish")]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("settled", [True, False], ids=["settled", "with-a-failure"])
+def test_a_group_a_replay_made_vanish_is_superseded_not_completed(tmp_path: Path, store_url: str,
+                                                                  settled: bool) -> None:
+    from conveyor.blobs import FilesystemBlobs
+    from conveyor.service.datasets import iter_rows
+    from conveyor.service.export import run_export
+    from conveyor.service.report import find_run, status_report
+    from conveyor.service.selection import check, select_report, selection_of
+    from conveyor.service.show import show_item
+    from conveyor.store import open_store
+
+    texts = dict(FIVE) | ({} if settled else {"x.txt": "broken"})
+    docs = _docs(tmp_path / "docs", texts)
+    target = write_pipeline(tmp_path, GROUPED)
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    (docs / "c1.txt").write_text("acorn")  # c1 was group c's only member: it moves to group a, group c is no more
+    _replayed(target, store_url, tmp_path / "blobs", done.run_id, "c1.txt")
+    report = reconciled(store_url, done.run_id)
+    # group:a and group:b published; group:* and the five documents completed; group:c superseded.
+    expected = {"completed": 6, "published": 2, "superseded": 1} | ({} if settled else {"dead_lettered": 1})
+    assert report["outcomes"] == expected and report["unaccounted"] == 0
+    assert report["groups"]["by_letter"] == {"groups": 2, "members": 5, "left_out": 0 if settled else 1}
+    store = open_store(store_url)
+    try:
+        assert status_report(store, find_run(store, done.run_id))["outcomes"] == expected
+        assert show_item(store, FilesystemBlobs(tmp_path / "blobs"), done.run_id, "group:c")["outcome"] == "superseded"
+        assert show_item(store, FilesystemBlobs(tmp_path / "blobs"), done.run_id, "group:a")["outcome"] == "published"
+        found = select_report(store, check(selection_of(runs=[done.run_id], outcomes=["superseded"])))
+        assert sorted((t["item_key"], t["stage"]) for t in found["items"]) == [("group:c", "by_letter"),
+                                                                                ("group:c", "publish")]
+        rows = iter_rows(run_export(store, FilesystemBlobs(tmp_path / "blobs"), done.run_id, outcome="all"))
+        assert {r["item_key"]: r["outcome"] for r in rows if r["item_key"].startswith("group:")} == {
+            "group:*": "completed", "group:a": "published", "group:b": "published", "group:c": "superseded"}
+    finally:
+        store.close()
+    assert _group_outputs(store_url, done.run_id, "by_letter")["group:a"]["members"] == ["a1.txt", "a2.txt", "c1.txt"]

@@ -364,3 +364,52 @@ def test_a_join_with_a_fanout_parent_takes_the_childs_element(tmp_path: Path, st
     done = submit_and_work(target, docs, store_url, tmp_path / "blobs", batch_size=1)
     assert [_value(store_url, done.run_id, f"a.txt\u00b6{i}", "pair") for i in range(3)] == [
         ["one", "ONE"], ["two", "TWO"], ["three", "THREE"]]
+
+
+def test_a_fresh_postgresql_store_is_analyzed_before_readiness_reads_children_by_root(store_url: str) -> None:
+    """A fresh store's tables were never analyzed: PostgreSQL then took a run for a few rows and read all of its
+    tasks for every commit that decided a gather (120 ms a statement at 5,000 items). A commit that leaves joins or
+    gathers to its transaction first brings the statistics up to date, and the children are then found by root."""
+    from conveyor.store import open_store
+
+    if not store_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL planner's choice")
+    store = open_store(store_url)
+    try:
+        columns = ("run_id, pipeline, stage, item_key, root_key, status, task_key, stage_version, config_hash, "
+                   "input_digest, input_kind, input_size, max_attempts, available_at, created_at")
+        roots = [f"doc-{i:05d}" for i in range(3000)]
+        with store.transaction():  # a run of 3,000 roots with two children each, its statistics not gathered
+            store.db.executemany(
+                f"INSERT INTO tasks ({columns}) VALUES ('r', 'p', ?, ?, ?, 'succeeded', ?, '1', 'c', 'd', 'json', 1, "
+                "3, 0, 0)", [(stage, item, root, f"{stage}:{item}") for root in roots
+                             for stage, item in (("a", root), ("b", f"{root}¶0"), ("b", f"{root}¶1"))])
+        store.refresh_barrier_statistics()  # what a commit that decides gathers in its transaction does first
+        seen: list[tuple[str, list[object]]] = []
+        execute = store.db.execute
+
+        def recording(sql: str, params: object = ()) -> list[tuple[object, ...]]:
+            seen.append((sql, list(params)))  # type: ignore[call-overload]
+            return execute(sql, params)  # type: ignore[arg-type]
+        store.db.execute = recording  # type: ignore[method-assign]
+        try:
+            states = store.children_states("r", [(r, r) for r in roots[:10]], ["b"])
+        finally:
+            store.db.execute = execute  # type: ignore[method-assign]
+        assert sorted(states) == sorted((f"{r}¶{i}", "b") for r in roots[:10] for i in range(2))
+        [(sql, params)] = seen
+        plan = "\n".join(str(row[0]) for row in store.db.execute(f"EXPLAIN {sql}", params))
+        assert "root_key = ANY" in plan.split("Index Cond", 1)[-1].splitlines()[0], plan
+    finally:
+        store.close()
+
+
+def test_a_run_whose_gathers_are_decided_in_the_database_analyzes_a_fresh_store(tmp_path: Path,
+                                                                               store_url: str) -> None:
+    if not store_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's statistics")
+    target = write_pipeline(tmp_path, MEMO_GATHER)
+    done = submit_and_work(target, make_docs(tmp_path / "docs", 3), store_url, tmp_path / "blobs", batch_size=1)
+    assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 3}
+    assert query(store_url, "SELECT relname FROM pg_stat_user_tables WHERE relname IN ('tasks', 'items') AND "
+                            "last_analyze IS NOT NULL ORDER BY relname") == [("items",), ("tasks",)]

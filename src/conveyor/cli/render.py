@@ -36,9 +36,10 @@ class LazyConsole:
         return getattr(self.console(), name)
 
 
-# Piped output gets room enough that ids and numbers are never cut.
-out = LazyConsole(width=None if sys.stdout.isatty() else 140)
-err = LazyConsole(stderr=True)
+# Piped output gets room enough that ids and numbers are never cut. No emoji codes: an item key is printed as it is
+# (a group item's `group:a:` in "item group:a: published" was a 🅰).
+out = LazyConsole(width=None if sys.stdout.isatty() else 140, emoji=False)
+err = LazyConsole(stderr=True, emoji=False)
 DONE = ("succeeded", "failed", "dead_lettered")
 # The task statuses `status RUN` always shows, so that a stage's row adds up to its tasks.
 STAGE_COLUMNS = ("queued", "running", "awaiting_review", "succeeded", "failed", "rejected", "dead_lettered")
@@ -209,9 +210,24 @@ def diff(data: dict[str, Any]) -> None:
             out.print(f"      {escape(field['field'])}: {escape(change)}", highlight=False)
         if len(entry["fields"]) > 5:
             out.print(f"      … and {len(entry['fields']) - 5} more field(s)")
+        for stage, change in (entry.get("members") or {}).items():
+            out.print(f"      members at {escape(stage)}: {escape(_members(change))}", highlight=False)
     more = sum(v for k, v in counts.items() if k != "unchanged") - len(shown)
     if more > 0:
         out.print(f"  … and {more:,} more changed item(s) (use --json, with a larger --limit)")
+
+
+def _members(change: dict[str, Any]) -> str:
+    """A group stage's member changes on one line: ``+2 (b2.txt, c1.txt), -1 (x.txt), ~1 (a1.txt)``."""
+    if change.get("unknown"):
+        return "not readable (a group made before its members were kept)"
+    parts = []
+    for sign, name in (("+", "added"), ("-", "removed"), ("~", "changed")):
+        count, keys = change["counts"][name], change[name]
+        if count:
+            more = f", … {count - 3} more" if count > 3 else ""
+            parts.append(f"{sign}{count} ({', '.join(keys[:3])}{more})")
+    return ", ".join(parts)
 
 
 def _short(value: Any) -> str:

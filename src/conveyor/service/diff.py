@@ -1,7 +1,8 @@
 """What a reprocess changed: ``conveyor diff RUN_A RUN_B``, root item by root item.
 
 Both runs are walked in key order, a chunk at a time, and merged; a record is read only when the two
-runs' records of an item differ by digest, so memory holds one chunk of each run, never a run.
+runs' records of an item differ by digest, so memory holds one chunk of each run, never a run. A group item
+(``group:KEY``) is compared by its members and its group stages' outputs (service/groupdiff.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from conveyor.blobs import Blobs
 from conveyor.errors import UserError
+from conveyor.service.groupdiff import GroupSide, is_group, member_changes
 from conveyor.service.records import ABSENT, RunGraph, read_records, shown
 from conveyor.service.report import find_run
 from conveyor.store import RunRecord, SqlStore
@@ -45,8 +47,9 @@ def diff_runs(store: SqlStore, blobs: Blobs, run_a: str, run_b: str, limit: int 
                         "diff compares two runs of one pipeline")
     counts = dict.fromkeys(CHANGES, 0)
     items: list[dict[str, Any]] = []
+    groups = (GroupSide(store, blobs, a), GroupSide(store, blobs, b))
     for batch in batched(merge_walks(walk_items(store, a, chunk), walk_items(store, b, chunk)), chunk):
-        for entry in _compare(store, blobs, batch):
+        for entry in _compare(store, blobs, batch, groups):
             counts[entry["change"]] += 1
             if entry["change"] != "unchanged" and len(items) < limit:
                 items.append(entry)
@@ -98,17 +101,48 @@ def batched(things: Iterable[T], size: int) -> Iterator[list[T]]:
         yield batch
 
 
-def _compare(store: SqlStore, blobs: Blobs, batch: Sequence[Pair]) -> Iterator[dict[str, Any]]:
+def _compare(store: SqlStore, blobs: Blobs, batch: Sequence[Pair],
+             groups: tuple[GroupSide, GroupSide]) -> Iterator[dict[str, Any]]:
     """Each pair's entry; the records of the items whose records differ are read, a batch at a time."""
     differ = [(key, a.ref, b.ref) for key, a, b in batch
               if a is not None and b is not None and a.ref is not None and b.ref is not None
               and (a.ref.digest, a.ref.kind) != (b.ref.digest, b.ref.kind)]
     records_a = read_records(store, blobs, {key: ref_a for key, ref_a, _ in differ})
     records_b = read_records(store, blobs, {key: ref_b for key, _, ref_b in differ})
+    grouped = _group_entries(store, blobs, [key for key, _, _ in batch if is_group(key)], groups)
     for key, a, b in batch:
         fields = field_changes(records_a[key], records_b[key]) if key in records_a else []
-        yield {"item_key": key, "change": change(a, b, fields), "outcome_a": a.outcome if a else None,
-               "outcome_b": b.outcome if b else None, "fields": fields}
+        members: dict[str, Any] = {}
+        if key in grouped:
+            fields, members = grouped[key]
+        entry: dict[str, Any] = {"item_key": key, "change": change(a, b, fields),
+                                 "outcome_a": a.outcome if a else None, "outcome_b": b.outcome if b else None,
+                                 "fields": fields}
+        if is_group(key):
+            if members and entry["change"] == "unchanged":
+                entry["change"] = "changed"
+            entry["members"] = members
+        yield entry
+
+
+def _group_entries(store: SqlStore, blobs: Blobs, keys: Sequence[str], groups: tuple[GroupSide, GroupSide]
+                   ) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """Group item key -> (its changed output fields, by stage: ``STAGE.FIELD``; its member changes by stage)."""
+    if not keys:
+        return {}
+    side_a, side_b = groups
+    tasks_a, tasks_b = side_a.tasks(keys), side_b.tasks(keys)
+    found: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+    for key in keys:
+        mine_a, mine_b = tasks_a.get(key, {}), tasks_b.get(key, {})
+        refs_a, refs_b = side_a.records(mine_a), side_b.records(mine_b)
+        differ = {stage for stage in refs_a.keys() & refs_b.keys()
+                  if (refs_a[stage].digest, refs_a[stage].kind) != (refs_b[stage].digest, refs_b[stage].kind)}
+        read_a = read_records(store, blobs, {stage: refs_a[stage] for stage in differ})
+        read_b = read_records(store, blobs, {stage: refs_b[stage] for stage in differ})
+        fields = field_changes(read_a, read_b) if differ else []
+        found[key] = (fields, member_changes(side_a.members(mine_a), side_b.members(mine_b)))
+    return found
 
 
 def change(a: Side | None, b: Side | None, fields: Sequence[dict[str, Any]]) -> str:

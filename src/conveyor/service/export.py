@@ -29,7 +29,7 @@ store per batch), so memory holds one batch whatever the size of the run.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,8 +191,7 @@ def _run_rows(walk: _RunWalk, keys: Sequence[str], outcomes: Mapping[str, str] |
     rows = []
     for key in keys:
         mine = tasks.get(key, ())
-        outcome = _named(outcomes[key] if outcomes is not None else
-                         settled_outcome([t.stage for t in mine], walk.publish))
+        outcome = _named(outcomes[key] if outcomes is not None else _settled_outcome(mine, walk.publish))
         if outcome not in walk.wanted:
             continue
         why = None if outcome in ACCEPTED else _deciding(mine, outcome, walk.order)
@@ -207,6 +206,13 @@ def _run_rows(walk: _RunWalk, keys: Sequence[str], outcomes: Mapping[str, str] |
         row.update(_usage(walk.run_id, stage, task, sources.get(key), usage.get(key)))
         rows.append(row)
     return rows
+
+
+def _settled_outcome(tasks: Sequence[ExportTask], publish: Collection[str]) -> str:
+    """A root item's outcome in a settled run (``settled_outcome``); ``superseded`` for a group item whose every
+    task a replay superseded (store/reports.py: ITEM_OUTCOMES)."""
+    live = [t.stage for t in tasks if t.status != "superseded"]
+    return "superseded" if tasks and not live else settled_outcome(live, publish)
 
 
 def _named(outcome: str) -> str:

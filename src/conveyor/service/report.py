@@ -27,7 +27,7 @@ USAGE_FIELDS = ("provider_calls", "prompt_tokens", "completion_tokens", "cost", 
 # Every expected item is in exactly one of these (precedence: this order); an item in none (it has no task
 # yet) is unaccounted.
 KNOWN_OUTCOMES = ("in_progress", "accepted", "awaiting_review", "dead_lettered", "failed", "rejected",
-                  "published", "completed")
+                  "published", "completed", "superseded")  # superseded: a group item a replay made vanish
 NOT_ENDED = ("in_progress", "accepted")  # "accepted": past its acceptance stage, not yet published
 REFUSED = ("failed", "dead_lettered", "rejected")
 ACCEPTED = ("published", "completed", "accepted")  # items that made it: the denominator of costs per item
@@ -138,7 +138,9 @@ def groups_of(store: SqlStore, run: RunRecord) -> dict[str, dict[str, int]]:
     if not has_groups(run):
         return {}
     graph = json.loads(run.stages)
-    counts = {(k1, k2): int(v) for k1, k2, _, v in store.run_totals(run.run_id, "tasks")}
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for k1, k2, _, v in store.run_totals(run.run_id, "tasks"):  # cached and not: two rows, both counted
+        counts[k1, k2] += int(v)
     found = {}
     for stage in (s for s in graph if s.get("kind") in ("group", "reduce")):
         parent = stage["after"]

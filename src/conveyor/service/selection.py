@@ -28,12 +28,12 @@ from conveyor.store.tasks import chunks
 PAGE = 1000
 STATUSES = tuple(s.value for s in TaskStatus)
 OUTCOMES = ("in_progress", "accepted", "awaiting_review", "dead_lettered", "failed", "rejected", "published",
-            "completed")
+            "completed", "superseded")
 # Without --status, an outcome selects the tasks that make it: an item is failed because a task failed.
 OUTCOME_STATUSES: dict[str, tuple[str, ...]] = {
     "failed": ("failed",), "dead_lettered": ("dead_lettered",), "rejected": ("rejected",),
     "awaiting_review": ("awaiting_review",), "in_progress": ("queued", "running"), "accepted": ("succeeded",),
-    "published": ("succeeded",), "completed": ("succeeded",)}
+    "published": ("succeeded",), "completed": ("succeeded",), "superseded": ("superseded",)}
 # Names --where compares that are not provenance rows: task columns, the item's source, the stage's code.
 BUILTIN = ("stage_version", "version", "config_hash", "source", "code")
 _CONDITION = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(<=|>=|!=|==|=|<|>)\s*(.*?)\s*")

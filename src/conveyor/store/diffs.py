@@ -26,8 +26,35 @@ class RecordRef(NamedTuple):
     digest: str
 
 
+class GroupTask(NamedTuple):
+    """A group item's task at a group stage, as `conveyor diff` compares it: its input is the group's members."""
+
+    item_key: str
+    stage: str
+    status: str
+    task_key: str
+    input_kind: str
+    input_digest: str
+    input_inline: bytes | None
+    output_kind: str | None
+    output_digest: str | None
+
+
 class DiffQueries:
     db: Dialect
+
+    def group_tasks(self, run_id: str, keys: Sequence[str], stages: Sequence[str]) -> list[GroupTask]:
+        """The tasks of these group items (``group:KEY``) of a run at ``stages`` (superseded ones too)."""
+        found: list[GroupTask] = []
+        marks = ",".join("?" * len(stages))
+        for part in chunks(sorted(set(keys)), 500):
+            rows = self.db.execute(
+                "SELECT item_key, stage, status, task_key, input_kind, input_digest, input_inline, output_kind, "
+                f"output_digest FROM tasks WHERE run_id = ? AND root_key IN ({','.join('?' * len(part))}) "
+                f"AND item_key = root_key AND stage IN ({marks})", (run_id, *part, *stages))
+            found += [GroupTask(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]),
+                                None if r[6] is None else bytes(r[6]), r[7], r[8]) for r in rows]
+        return found
 
     def outcomes_after(self, run_id: str, stages: OutcomeStages, after: str | None,
                        limit: int) -> list[tuple[str, str]]:

@@ -27,12 +27,15 @@ ENDED = ("(SUM(CASE WHEN t.status = '{status}' AND NOT ({{skipped}}) THEN 1 ELSE
          "SUM(CASE WHEN t.status = 'succeeded' AND ({{skip_gathers}}) THEN 1 ELSE 0 END) = 0))")
 
 # One outcome per expected (root) item, from all of its tasks and its children's, in this order:
-# in_progress (open, not past its acceptance stage), accepted (open only after it), awaiting_review,
-# dead_lettered, failed, rejected, published, completed; 'missing' when it has no task (unaccounted).
+# 'missing' when it has no task (unaccounted); superseded when a replay superseded every task it has and nothing
+# took their place (a group item whose members all moved to other groups: the group is no more); in_progress
+# (open, not past its acceptance stage), accepted (open only after it), awaiting_review, dead_lettered, failed,
+# rejected, published, completed.
 ITEM_OUTCOMES = f"""
 SELECT i.item_key,
   CASE
     WHEN COUNT(t.id) = 0 THEN 'missing'
+    WHEN SUM(CASE WHEN t.status <> 'superseded' THEN 1 ELSE 0 END) = 0 THEN 'superseded'
     WHEN SUM(CASE WHEN {OPEN} THEN 1 ELSE 0 END) > 0 THEN
       CASE WHEN SUM(CASE WHEN {OPEN} AND NOT ({{past}}) THEN 1 ELSE 0 END) = 0
              AND SUM(CASE WHEN {{accept}} AND t.status <> 'succeeded' THEN 1 ELSE 0 END) = 0
@@ -247,8 +250,28 @@ class ReportQueries(RunTotalsQueries, QueueCountQueries):
             published = int(self.db.execute(
                 f"SELECT COUNT(DISTINCT root_key) FROM tasks WHERE run_id = ? AND stage IN ({marks})",
                 (run_id, *publish_stages))[0][0])
-        counts = {"published": published, "completed": with_tasks - published, "missing": roots - with_tasks}
+        vanished = self.vanished_groups(run_id, publish_stages)
+        gone_published = sum(1 for had_publish in vanished.values() if had_publish)
+        counts = {"published": published - gone_published,
+                  "completed": with_tasks - published - (len(vanished) - gone_published),
+                  "superseded": len(vanished), "missing": roots - with_tasks}
         return {k: v for k, v in counts.items() if v}
+
+    def vanished_groups(self, run_id: str, publish_stages: Sequence[str] = ()) -> dict[str, bool]:
+        """The run's group items whose every task a replay superseded, none made again (their members moved to
+        other groups): item key -> whether one of those tasks was at a publish stage. Only a group item can be
+        so (a replay re-opens a root item's own task), so only the group items' key range is read."""
+        rows = self.db.execute(
+            "SELECT t.root_key, t.stage, t.status FROM items i JOIN tasks t ON t.run_id = i.run_id AND "
+            "t.root_key = i.item_key WHERE i.run_id = ? AND i.item_key >= 'group:' AND i.item_key < 'group;' "
+            "AND i.parent_key IS NULL", (run_id,))
+        found: dict[str, bool] = {}
+        live: set[str] = set()
+        for root, stage, status in rows:
+            if status != "superseded":
+                live.add(str(root))
+            found[str(root)] = found.get(str(root), False) or stage in publish_stages
+        return {root: published for root, published in found.items() if root not in live}
 
     def group_item_count(self, run_id: str) -> int:
         """The run's group items (``group:KEY``, made by its group stages)."""

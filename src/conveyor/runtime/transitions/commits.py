@@ -61,6 +61,8 @@ class Commits(JobEvents, Readiness):
         claimed as they were inserted (their memo lookup was made while preparing it), ``claimed`` ones
         come from the queue."""
         writes = self.prepare(outcomes, now)
+        if writes.pending:
+            self.fresh_statistics()
         self._take_fresh(writes, claim, now)
         where = {o.task.id: (o.task.run_id, o.task.stage) for o in outcomes}
         since = {o.task.id: o.task.available_at for o in outcomes}

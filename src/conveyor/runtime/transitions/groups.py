@@ -76,6 +76,8 @@ class Groups(Readiness):
         items: list[NewItem] = []
         for key in sorted(groups):
             ref = store_value(*members_data(key, groups.pop(key)), blobs)
+            if ref.inline is not None and not blobs.exists(ref.digest):
+                blobs.put(ref.inline)  # kept whatever its size: `conveyor diff` reads a group's members from it
             item = GROUP_PREFIX + key
             seeds.append(Seed(run_id, item, item, stage.name, ref))
             items.append(NewItem(run_id, item, None, item, ref.digest, ref.size, now))

@@ -10,6 +10,7 @@ another join), until none is left.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
 
 SUCCEEDED = "succeeded"
+STATISTICS_EVERY_S = 30.0  # how often a process asks whether the statistics its readiness reads plan by are stale
 SETTLED = Ref("succeeded", "", 0, None)  # a child that succeeded, before its output is read
 
 
@@ -42,6 +44,18 @@ ENDINGS = ("failed", "dead_lettered", "rejected")
 
 
 class Readiness(Base):
+    _statistics_at = -STATISTICS_EVERY_S - 1.0  # monotonic time this process last asked (see fresh_statistics)
+
+    def fresh_statistics(self) -> None:
+        """Before a commit that decides joins or gathers in the database, outside its transaction: the planner's
+        statistics of tasks and items brought up to date when stale (store/barriers.py), asked at most every
+        STATISTICS_EVERY_S in a process (one catalog read; an ANALYZE only after a table grew by a fifth)."""
+        now = time.monotonic()
+        if now - self._statistics_at < STATISTICS_EVERY_S:
+            return
+        self._statistics_at = now
+        self.store.refresh_barrier_statistics()
+
     def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
                       opened: OpenTally) -> int:
         """Plan ``planned`` and write its rows, then those of the joins and gathers it made ready, inside the
