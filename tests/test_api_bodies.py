@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from conveyor.api import ApiSettings, create_app
 from conveyor.api.settings import MAX_JSON
+from conveyor.service.dashboard import MAX_PAGE
 from tests.apiserver import SMALL_PIPELINE, make_token
 from tests.helpers import write_pipeline
 
@@ -178,7 +179,8 @@ def test_a_dashboard_form_is_bounded_in_fields_files_and_size(app: FastAPI, stor
         pytest.skip("form parsing does not depend on the backend")
 
     async def test(c: httpx.AsyncClient) -> None:
-        many = await c.post("/reviews/1/reject", data={f"f{i}": "v" for i in range(40)})
+        # A form holds a handful of fields and one per review entry of a page (a selection): no more.
+        many = await c.post("/reviews/1/reject", data={f"f{i}": "v" for i in range(16 + MAX_PAGE + 1)})
         assert many.status_code == 400 and "Too many fields" in many.text
         filed = await c.post("/reviews/1/reject", files={"f": ("a.txt", b"x")}, data={"why": "no"})
         assert filed.status_code == 400 and "Too many files" in filed.text

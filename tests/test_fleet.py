@@ -165,7 +165,10 @@ def test_an_idle_worker_wakes_on_notify_well_before_its_poll(tmp_path: Path, pg_
         store.close()
     print("wake latency (ms), from the submit's start / end to the stage's start:",
           [(round(x * 1000, 1), round(y * 1000, 1)) for x, y in latencies])
-    assert max(x for x, _ in latencies) < 0.5, f"an idle worker sleeping 2 s or more woke after {latencies} s"
+    # From the submission's end (its commit): a busy machine can take most of a second to submit one item, which
+    # the worker cannot wake before; woken by its poll instead, it would start seconds later.
+    assert max(y for _, y in latencies) < 0.5, f"an idle worker sleeping 2 s or more woke after {latencies} s"
+    assert max(x for x, _ in latencies) < 2.0, f"an idle worker sleeping 2 s or more woke after {latencies} s"
     assert worker.poll() is None
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
