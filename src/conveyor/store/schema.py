@@ -740,4 +740,15 @@ CREATE TABLE group_keys (
 );
 """,
     ),
+    (
+        26,
+        "the console's items table: a run's tasks of one stage in key order, full-text search over error messages",
+        """
+-- The items page (service/itemtable.py) lists a run's tasks in key order (root, item, stage: the order of the
+-- tasks' unique index) a page at a time; filtered by stage, it walks this index instead of every task of the run.
+CREATE INDEX tasks_run_stage_key ON tasks (run_id, stage, root_key, item_key);
+-- The words of the error messages of tasks with an error class (store/errortext.py).
+{task_error_text};
+""",
+    ),
 ]
