@@ -33,6 +33,7 @@ from conveyor.service.selection import (
     selection_of,
     task_filter,
 )
+from conveyor.service.tenancy import client_key, owned_key
 from conveyor.store import RunRecord, SqlStore
 from conveyor.store.selection import SelectedTask, TaskFilter
 
@@ -55,11 +56,13 @@ class ItemQuery:
     prefix: str | None = None
     text: str | None = None
 
-    def selection(self, run_id: str, now: float) -> Selection:
-        """The `conveyor select` selection of run ``run_id`` this filter names (one-line errors when wrong)."""
+    def selection(self, run_id: str, now: float, tenant: str | None = None) -> Selection:
+        """The `conveyor select` selection of run ``run_id`` this filter names (one-line errors when wrong); a
+        tenant's key prefix is of its own keys (stored under its namespace: service/tenancy.py)."""
+        prefix = owned_key(tenant, self.prefix) if tenant is not None and self.prefix else self.prefix
         return check(selection_of([run_id], stages=_one(self.stage), statuses=_one(self.status),
                                   error_classes=_one(self.error_class), where=self.where, outcomes=_one(self.outcome),
-                                  now=now, key_prefix=self.prefix, error_text=self.text,
+                                  now=now, key_prefix=prefix, error_text=self.text,
                                   review_states=_one(self.review)))
 
     def params(self) -> dict[str, str]:
@@ -77,7 +80,7 @@ def items_page(store: SqlStore, run_id: str, tenant: str | None, query: ItemQuer
     each with its item's outcome and its review entry; ``next_after`` the cursor of the next page (None: the
     last), ``short`` True when the page stopped looking before it was full."""
     run = find_run(store, run_id, tenant)
-    selection = query.selection(run.run_id, store.clock())
+    selection = query.selection(run.run_id, store.clock(), tenant)
     check_stages(selection, {run.run_id: run})
     position = None
     if after is not None:
@@ -86,7 +89,7 @@ def items_page(store: SqlStore, run_id: str, tenant: str | None, query: ItemQuer
             raise NotFound(f"no task {after} in run {run.run_id}; start again from the first page")
     rows, next_after, short = _page(store, run, selection, position, limit)
     return {"run_id": run.run_id, "pipeline": run.pipeline, "stages": _stage_names(run),
-            "filter": query.params(), "selection": selection.as_json(), "rows": _shown(store, run, rows),
+            "filter": query.params(), "selection": selection.as_json(), "rows": _shown(store, run, rows, tenant),
             "next_after": next_after, "short": short}
 
 
@@ -129,10 +132,12 @@ def _any_counted(store: SqlStore, run_id: str, f: TaskFilter) -> bool:
     return False
 
 
-def _shown(store: SqlStore, run: RunRecord, rows: list[SelectedTask]) -> list[dict[str, Any]]:
+def _shown(store: SqlStore, run: RunRecord, rows: list[SelectedTask], tenant: str | None) -> list[dict[str, Any]]:
+    """The rows as the page shows them: a tenant sees its keys as it chose them."""
     outcomes = store.outcomes_of(run.run_id, RunGraph.of(run).stages, sorted({t.root_key for t in rows}))
     reviews = store.reviews_of_tasks([t.id for t in rows])
-    return [{"task_id": t.id, "item_key": t.item_key, "root_key": t.root_key, "stage": t.stage, "status": t.status,
+    return [{"task_id": t.id, "item_key": t.item_key if tenant is None else client_key(tenant, t.item_key),
+             "stage": t.stage, "status": t.status,
              "error_class": t.error_class, "error": t.last_error, "attempts": t.attempts, "finished_at": t.finished_at,
              "outcome": outcomes.get(t.root_key), "review_id": reviews[t.id][0] if t.id in reviews else None,
              "review": reviews[t.id][1] if t.id in reviews else None} for t in rows]
@@ -196,7 +201,7 @@ def _selected(store: SqlStore, run_id: str, tenant: str | None, query: ItemQuery
     if action not in ACTIONS:
         raise UserError(f"action {action!r}: use one of {', '.join(ACTIONS)}")
     run = find_run(store, run_id, tenant)
-    selection = query.selection(run.run_id, store.clock())
+    selection = query.selection(run.run_id, store.clock(), tenant)
     check_stages(selection, {run.run_id: run})
     return run, selection
 

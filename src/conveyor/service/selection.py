@@ -33,6 +33,7 @@ from conveyor.store.selection import (
 from conveyor.store.tasks import chunks
 
 PAGE = 1000
+__all__ = ["OUTCOMES", "REVIEW_STATES", "STATUSES", "Selection", "select", "select_report", "selection_of"]
 STATUSES = tuple(s.value for s in TaskStatus)
 OUTCOMES = ("in_progress", "accepted", "awaiting_review", "dead_lettered", "failed", "rejected", "published",
             "completed")
