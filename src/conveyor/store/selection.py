@@ -90,7 +90,9 @@ class SelectedTask(NamedTuple):
 COLUMN_NAMES = frozenset({"stage_version", "config_hash"})
 
 
-def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
+def _where(db: Dialect, f: TaskFilter, walk: bool = False) -> tuple[list[str], list[Any]]:
+    """The conditions of ``f`` on task ``t``; with ``walk``, provenance conditions are probes of each task's own
+    provenance rows (its primary key) for a walk of the run's tasks in key order, instead of an id list."""
     clauses: list[str] = []
     params: list[Any] = []
 
@@ -102,7 +104,8 @@ def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
     # With provenance conditions (review states, words of an error on SQLite), the id list they make drives the
     # query: `|| ''` keeps SQLite's planner from walking every task of the run through the run's index instead
     # (2 s instead of 50 ms at a million tasks).
-    driven = bool(f.provenance or f.models or f.review_states or (f.error_text and db.name == "sqlite"))
+    listed = (f.provenance or f.models) and not walk
+    driven = bool(listed or f.review_states or (f.error_text and db.name == "sqlite"))
     among("(t.run_id || '')" if driven else "t.run_id", f.runs)
     among("t.stage", f.stages)
     among("t.status", f.statuses)
@@ -126,15 +129,19 @@ def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
     ids = ("t.id {negate}IN (SELECT t2.id FROM provenance p JOIN tasks t2 ON t2.run_id = p.run_id AND "
            "t2.root_key = p.root_key AND t2.item_key = p.item_key AND t2.stage = p.stage WHERE " + scope +
            "p.name = ? AND {condition})")
+    if walk:  # a probe of the task's own rows (the primary key), never the values' index (SQLite's `+` says so)
+        ids = ("{negate}EXISTS (SELECT 1 FROM provenance p WHERE p.run_id = t.run_id AND p.root_key = t.root_key "
+               "AND p.item_key = t.item_key AND p.stage = t.stage AND p.name = ? AND {condition})")
+        ids = ids.replace("{condition}", "+{condition}") if db.name == "sqlite" else ids
     if f.models:
         clauses.append(ids.format(negate="", condition=f"p.value IN ({','.join('?' * len(f.models))})"))
-        params += [*f.runs, "model", *f.models]
+        params += [*([] if walk else f.runs), "model", *f.models]
     for term in f.provenance:
         if term.op == "!=":
             clauses.append(ids.format(negate="NOT ", condition="p.sort_key = ?"))
         else:
             clauses.append(ids.format(negate="", condition=f"p.sort_key {OPS[term.op]} ?"))
-        params += [*f.runs, term.name, term.sort_key]
+        params += [*([] if walk else f.runs), term.name, term.sort_key]
     if f.key_prefix:
         clauses.append("t.root_key >= ? AND t.root_key < ?")
         params += [f.key_prefix, f.key_prefix + PAST_PREFIX]
@@ -159,11 +166,15 @@ def _where(db: Dialect, f: TaskFilter) -> tuple[list[str], list[Any]]:
     return clauses, params
 
 
-def narrow(f: TaskFilter) -> bool:
+def narrow(f: TaskFilter, walk: bool = False) -> bool:
     """Whether ``f`` names its tasks through an index of few rows (the run's failures and waits, its review
-    entries, the words of error messages, provenance rows) rather than walking the run's tasks."""
+    entries, the words of error messages, provenance rows unless ``walk``) rather than walking the run's tasks."""
     unsettled = bool(f.statuses) and set(f.statuses) <= set(UNSETTLED)
-    return bool(unsettled or f.error_classes or f.error_text or f.review_states or f.provenance or f.models)
+    named = (f.provenance or f.models) and not walk
+    return bool(unsettled or f.error_classes or f.error_text or f.review_states or named)
+
+
+BROAD = 2_000  # provenance rows a condition matches from which a walk of the run's tasks finds a page sooner
 
 
 class SelectionQueries:
@@ -189,14 +200,43 @@ class SelectionQueries:
         broad filter is a walk of an index, never a sort of the run. A narrow filter (failures, an error class
         or words of its message, review entries, provenance) is driven by its own index and its few rows sorted;
         SQLite is told so by an ordering no index gives, or its planner may walk the whole run in order."""
-        clauses, params = _where(self.db, f)
+        sql, params = self._task_page_sql(f, after, limit)
+        return [SelectedTask(*r) for r in self.db.execute(sql, params)]
+
+    def task_page_plan(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> list[str]:
+        """The database's plan of ``task_page`` (EXPLAIN), one line per step: which index each filter uses."""
+        sql, params = self._task_page_sql(f, after, limit)
+        if self.db.name == "postgres":
+            return [str(r[0]) for r in self.db.execute(f"EXPLAIN {sql}", params)]
+        return [str(r[-1]) for r in self.db.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+
+    def _task_page_sql(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> tuple[str, list[Any]]:
+        walk = self._broad(f)
+        clauses, params = _where(self.db, f, walk)
         if after is not None:
             clauses.append("t.root_key >= ? AND (t.root_key, t.item_key, t.stage) > (?, ?, ?)")
             params += [after[0], *after]
-        first = "t.root_key || ''" if self.db.name == "sqlite" and narrow(f) else "t.root_key"
-        rows = self.db.execute(f"SELECT {SELECTED_COLUMNS} FROM tasks t WHERE {' AND '.join(clauses)} "
-                               f"ORDER BY {first}, t.item_key, t.stage LIMIT ?", [*params, limit])
-        return [SelectedTask(*r) for r in rows]
+        first = "t.root_key || ''" if self.db.name == "sqlite" and narrow(f, walk) else "t.root_key"
+        return (f"SELECT {SELECTED_COLUMNS} FROM tasks t WHERE {' AND '.join(clauses)} "
+                f"ORDER BY {first}, t.item_key, t.stage LIMIT ?", [*params, limit])
+
+    def _broad(self, f: TaskFilter) -> bool:
+        """Whether every provenance condition of ``f`` holds for at least BROAD rows of its run (each counted up
+        to that, through the provenance rows' index): then a page is found sooner by walking the run's tasks in
+        key order and probing each one's rows than by sorting the list of every task they name. Nothing else in
+        ``f`` may be narrower: failures, review entries and words of errors drive the query themselves."""
+        if not (f.provenance or f.models) or len(f.runs) != 1 or narrow(f, walk=True):
+            return False
+        conditions = [("model", f"value IN ({','.join('?' * len(f.models))})", list(f.models))] if f.models else []
+        for term in f.provenance:
+            if term.op != "!=":  # a negation names the tasks without a value: it cannot drive an id list
+                conditions.append((term.name, f"sort_key {OPS[term.op]} ?", [term.sort_key]))
+        for name, condition, values in conditions:
+            rows = self.db.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM provenance WHERE run_id = ? AND name = ? "
+                                   f"AND {condition} LIMIT {BROAD}) AS found", [f.runs[0], name, *values])
+            if int(rows[0][0]) < BROAD:
+                return False
+        return True
 
     def task_position(self, run_id: str, task_id: int) -> tuple[str, str, str] | None:
         """(root key, item key, stage) of a task of ``run_id``: where a page of ``task_page`` goes on from."""
