@@ -432,3 +432,25 @@ def test_the_runs_list_filters_by_pipeline_status_and_date(server: Server) -> No
         bad = b.get("/", params={"status": "green"})
         assert bad.status_code == 422 and "use one of" in bad.text
         assert b.get("/", params={"since": "yesterday-ish"}).status_code == 422
+
+
+def test_select_takes_the_items_pages_filters(tmp_path: Path, store_url: str) -> None:
+    """`conveyor select` names what the items page shows: a key prefix, words of the error, a review state."""
+    from tests.helpers import cli, cli_json, submit_and_work
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in (("p-0", "poison a"), ("p-1", "poison b"), ("u-0", "unsure c"), ("f-0", "fine d")):
+        (docs / f"{name}.txt").write_text(text)
+    run_id = submit_and_work(write_pipeline(tmp_path, PIPELINE), docs, store_url, tmp_path / "blobs").run_id
+
+    def keys(*args: str) -> list[str]:
+        data = cli_json("select", "--run", run_id, "--db", store_url, *args, cwd=tmp_path)
+        return sorted(t["item_key"] for t in data["items"])
+
+    assert keys("--error-text", "poison document") == ["p-0.txt", "p-1.txt"]
+    assert keys("--error-text", "POISON", "--key-prefix", "p-1") == ["p-1.txt"]
+    assert keys("--error-text", "nowhere") == [] and keys("--key-prefix", "u-") == ["u-0.txt"]
+    assert keys("--review", "open") == ["u-0.txt"] and keys("--review", "rejected") == []
+    wrong = cli("select", "--review", "maybe", "--db", store_url, cwd=tmp_path)
+    assert wrong.returncode == 2 and "review state 'maybe'" in wrong.stderr

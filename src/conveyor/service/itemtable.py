@@ -41,6 +41,7 @@ ROUNDS = 8  # candidate reads a page makes before it is answered short (outcome 
 CANDIDATES = 250  # tasks a read takes when some of them may be dropped here
 ACTIONS = ("replay", "approve", "reject")
 BULK_MAX = 10_000  # review entries one approve or reject decides (a larger selection: narrow it, or the CLI)
+REPLAY_MAX = 100_000  # tasks one replay from the console re-opens (its dry run plans each one while you wait)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,11 @@ def _selected(store: SqlStore, run_id: str, tenant: str | None, query: ItemQuery
     run = find_run(store, run_id, tenant)
     selection = query.selection(run.run_id, store.clock(), tenant)
     check_stages(selection, {run.run_id: run})
+    if action == "replay":
+        f, _ = task_filter(selection, run.run_id)
+        if sum(store.count_tasks(f).values()) > REPLAY_MAX:
+            raise UserError(f"this selection holds more than {REPLAY_MAX:,} tasks; narrow it (by status, stage, error "
+                            "class, key prefix) or replay it with `conveyor replay`")
     return run, selection
 
 
