@@ -90,9 +90,10 @@ class SelectedTask(NamedTuple):
 COLUMN_NAMES = frozenset({"stage_version", "config_hash"})
 
 
-def _where(db: Dialect, f: TaskFilter, walk: bool = False) -> tuple[list[str], list[Any]]:
+def _where(db: Dialect, f: TaskFilter, walk: bool = False, keyed: bool = False) -> tuple[list[str], list[Any]]:
     """The conditions of ``f`` on task ``t``; with ``walk``, provenance conditions are probes of each task's own
-    provenance rows (its primary key) for a walk of the run's tasks in key order, instead of an id list."""
+    provenance rows (its primary key) for a walk of the run's tasks in key order, instead of an id list; with
+    ``keyed`` (a page in key order), the stage as ``tasks_run_stage_key`` indexes it."""
     clauses: list[str] = []
     params: list[Any] = []
 
@@ -107,7 +108,7 @@ def _where(db: Dialect, f: TaskFilter, walk: bool = False) -> tuple[list[str], l
     listed = (f.provenance or f.models) and not walk
     driven = bool(listed or f.review_states or (f.error_text and db.name == "sqlite"))
     among("(t.run_id || '')" if driven else "t.run_id", f.runs)
-    among("t.stage", f.stages)
+    among("(t.stage || '')" if keyed else "t.stage", f.stages)
     among("t.status", f.statuses)
     if f.statuses and set(f.statuses) <= set(UNSETTLED):
         clauses.append(_UNSETTLED_TERM)
@@ -212,11 +213,16 @@ class SelectionQueries:
 
     def _task_page_sql(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> tuple[str, list[Any]]:
         walk = self._broad(f)
-        clauses, params = _where(self.db, f, walk)
-        if after is not None:
+        clauses, params = _where(self.db, f, walk, keyed=not narrow(f, walk))
+        # A narrow filter's rows are sorted; on SQLite neither the order nor the cursor may name the key columns
+        # plainly, or its planner walks the run's key index from the cursor instead of the filter's own index.
+        first = "t.root_key || ''" if self.db.name == "sqlite" and narrow(f, walk) else "t.root_key"
+        if after is not None and first != "t.root_key":
+            clauses.append(f"({first}, t.item_key, t.stage) > (?, ?, ?)")
+            params += [*after]
+        elif after is not None:
             clauses.append("t.root_key >= ? AND (t.root_key, t.item_key, t.stage) > (?, ?, ?)")
             params += [after[0], *after]
-        first = "t.root_key || ''" if self.db.name == "sqlite" and narrow(f, walk) else "t.root_key"
         return (f"SELECT {SELECTED_COLUMNS} FROM tasks t WHERE {' AND '.join(clauses)} "
                 f"ORDER BY {first}, t.item_key, t.stage LIMIT ?", [*params, limit])
 
