@@ -214,11 +214,13 @@ class SelectionQueries:
     def _task_page_sql(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> tuple[str, list[Any]]:
         walk = self._broad(f)
         clauses, params = _where(self.db, f, walk, keyed=not narrow(f, walk))
-        # A narrow filter's rows are sorted; on SQLite neither the order nor the cursor may name the key columns
-        # plainly, or its planner walks the run's key index from the cursor instead of the filter's own index.
-        first = "t.root_key || ''" if self.db.name == "sqlite" and narrow(f, walk) else "t.root_key"
-        if after is not None and first != "t.root_key":
-            clauses.append(f"({first}, t.item_key, t.stage) > (?, ?, ?)")
+        # A narrow filter's rows are sorted: its cursor may not name the key columns plainly (nor, on SQLite, its
+        # order), or the planners walk the run's key index from the cursor instead of the filter's own index (on
+        # PostgreSQL, 0.5 s for a second page of failures at a million items). `|| ''` keeps the column's order.
+        narrowed = narrow(f, walk)
+        first = "t.root_key || ''" if self.db.name == "sqlite" and narrowed else "t.root_key"
+        if after is not None and narrowed:
+            clauses.append("(t.root_key || '', t.item_key, t.stage) > (?, ?, ?)")
             params += [*after]
         elif after is not None:
             clauses.append("t.root_key >= ? AND (t.root_key, t.item_key, t.stage) > (?, ?, ?)")
