@@ -325,6 +325,8 @@ def test_the_items_page_filters_pages_and_acts_on_the_selection(tmp_path: Path, 
         assert paged == [task for task, _ in everything] and len(set(paged)) == len(paged)
         paged = walk(b, f"/runs/{run_id}/items?limit=2&prefix=u-", r'data-item="([^"]+)"')
         assert paged == [f"u-unsure-{n}.txt" for n in range(4)]
+        paged = walk(b, f"/runs/{run_id}/items?limit=3&review=open", r'data-item="([^"]+)"')  # a narrow filter's pages
+        assert paged == [f"{p}-unsure-{n}.txt" for p in "uv" for n in range(4)]
 
         dead = items_of(b, run_id, status="dead_lettered")
         assert [key for _, key in dead] == [f"p-poison-{n}.txt" for n in range(3)]
