@@ -40,8 +40,8 @@ from conveyor.store.provenance import sort_key  # noqa: E402
 
 SCRIPT = "selection"
 BEGIN, END = markers(f"{SCRIPT}.py")
-STAGES = '[{"name": "parse", "after": null, "kind": "map", "version": "1"}, ' \
-         '{"name": "extract", "after": "parse", "kind": "map", "version": "1"}]'
+STAGES = '[{"name": "parse", "after": null, "kind": "map", "version": "1", "config_hash": "c"}, ' \
+         '{"name": "extract", "after": "parse", "kind": "map", "version": "1", "config_hash": "c"}]'
 TASK_COLUMNS = ("run_id", "pipeline", "stage", "item_key", "root_key", "status", "task_key", "stage_version",
                 "config_hash", "input_digest", "input_kind", "input_size", "max_attempts", "available_at",
                 "created_at", "finished_at", "error_class", "last_error", "attempts", "cached")

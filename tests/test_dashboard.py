@@ -5,6 +5,7 @@ CSRF check, and the actions (replay, approve, edit, reject)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,11 @@ def log_in(client: httpx.Client, token: str, next: str = "/") -> httpx.Response:
     """Post the login form as a browser does: its page first (the form's CSRF value and its cookie)."""
     form = client.get("/login")
     return client.post("/login", data={"token": token, "next": next, "csrf": csrf(form.text)})
+
+
+def ends(row: str) -> dict[str, int]:
+    """A runs page row's counts of tasks failed, dead-lettered, awaiting review and rejected."""
+    return {name: int(re.sub(r"<[^>]+>", "", count)) for name, count in re.findall(r'data-end="(\w+)">(.*?)</td>', row)}
 
 
 def csrf(html: str) -> str:
@@ -107,9 +113,11 @@ def test_every_page_renders_and_a_tenant_sees_only_its_runs(server: Server) -> N
         assert 'data-accepted>1</span> / 1 accepted' in runs and 'data-published>1</span> / 1 published' in runs
         rows = {run: re.search(rf'<tr data-run="{run}">(.*?)</tr>', runs, re.S).group(1)  # type: ignore[union-attr]
                 for run in (sure, unsure, poison)}
-        assert "data-failed>1<" in rows[poison] and "s-finished_failed" in rows[poison], "not a green finished"
-        assert "data-waiting>1<" in rows[unsure] and "data-failed>0<" in rows[unsure]
-        assert "s-finished" in rows[sure] and "data-failed>0<" in rows[sure] and "data-waiting>0<" in rows[sure]
+        assert ends(rows[poison]) == {"failed": 0, "dead_lettered": 1, "awaiting_review": 0, "rejected": 0}
+        assert "s-finished_failed" in rows[poison] and "finished with failures" in rows[poison], "not a green finished"
+        assert ends(rows[unsure])["awaiting_review"] == 1 and "waiting for review" in rows[unsure]
+        assert not any(ends(rows[sure]).values()) and 'data-badge="finished">finished<' in rows[sure]
+        assert f'href="/runs/{poison}/items?status=dead_lettered">1<' in rows[poison]
 
         run = b.get(f"/runs/{sure}").text
         assert 'data-stage="extract"' in run and 'data-stage="publish"' in run and "<svg" in run
@@ -499,3 +507,180 @@ def test_the_item_pages_reads_go_by_the_items_key(tmp_path: Path, store_url: str
             assert not scanned, f"a table read whole by:\n{sql}\n{plan}"
     finally:
         store.close()
+# --- the items page (issue 30 point 1) and the runs list's filters (point 4) ------------------------------------
+
+def mixed_run(tmp_path: Path, server: Server) -> str:
+    """A run (made from the command line: an operator's) of 6 fine documents, 3 poison ones (dead-lettered) and
+    8 unsure ones (waiting for review: 4 keyed u-, 4 keyed v-), worked to its end."""
+    from tests.helpers import submit_and_work
+
+    docs = tmp_path / "mixed"
+    docs.mkdir()
+    for prefix, count, text in (("a-fine", 6, "a fine document"), ("p-poison", 3, "poison pill"),
+                                ("u-unsure", 4, "unsure u"), ("v-unsure", 4, "unsure v")):
+        for n in range(count):
+            (docs / f"{prefix}-{n}.txt").write_text(f"{text} {n}")
+    return submit_and_work(write_pipeline(tmp_path, PIPELINE), docs, server.store_url, server.blobs).run_id
+
+
+def rows_of(html: str) -> list[tuple[str, str]]:
+    """(task id, item key) of each row of an items page."""
+    return re.findall(r'<tr data-task="(\d+)" data-item="([^"]+)">', html)
+
+
+def items_of(b: httpx.Client, run_id: str, **query: Any) -> list[tuple[str, str]]:
+    answer = b.get(f"/runs/{run_id}/items", params={"limit": 100, **query})
+    assert answer.status_code == 200, answer.text
+    return rows_of(answer.text)
+
+
+def count_of(html: str) -> int:
+    found = re.search(r'data-count="(\d+)"', html)
+    assert found, html
+    return int(found.group(1))
+
+
+def test_the_items_page_filters_pages_and_acts_on_the_selection(tmp_path: Path, server: Server) -> None:
+    run_id = mixed_run(tmp_path, server)
+    with browser(server, server.token("ops", operator=True)) as b:
+        assert 'data-items-link' in b.get(f"/runs/{run_id}").text
+        everything = items_of(b, run_id)
+        assert len(everything) == 6 * 2 + 3 + 8  # fine: extract and publish; the others stopped at extract
+        keys = [key for _, key in everything]
+        assert keys == sorted(keys) and all(f'href="/runs/{run_id}/items/{key}"' in b.get(
+            f"/runs/{run_id}/items", params={"limit": 100}).text for key in set(keys))
+        paged = walk(b, f"/runs/{run_id}/items?limit=4", r'<tr data-task="(\d+)"')  # keyset pages, no offset
+        assert paged == [task for task, _ in everything] and len(set(paged)) == len(paged)
+        paged = walk(b, f"/runs/{run_id}/items?limit=2&prefix=u-", r'data-item="([^"]+)"')
+        assert paged == [f"u-unsure-{n}.txt" for n in range(4)]
+        paged = walk(b, f"/runs/{run_id}/items?limit=3&review=open", r'data-item="([^"]+)"')  # a narrow filter's pages
+        assert paged == [f"{p}-unsure-{n}.txt" for p in "uv" for n in range(4)]
+
+        dead = items_of(b, run_id, status="dead_lettered")
+        assert [key for _, key in dead] == [f"p-poison-{n}.txt" for n in range(3)]
+        assert items_of(b, run_id, error_class="value_error") == dead
+        assert items_of(b, run_id, text="poison") == dead == items_of(b, run_id, text="POISON document")
+        assert items_of(b, run_id, text="poison unheard-of") == []
+        assert items_of(b, run_id, outcome="dead_lettered") == dead
+        assert len(items_of(b, run_id, outcome="published")) == 12 and len(items_of(b, run_id, stage="publish")) == 6
+        assert len(items_of(b, run_id, review="open")) == 8 and items_of(b, run_id, review="approved") == []
+        assert len(items_of(b, run_id, where="config_hash != nothing", stage="extract")) == 6 + 3 + 8
+        assert items_of(b, run_id, status="queued") == []
+        assert "u-unsure-0.txt" in b.get(f"/runs/{run_id}/items", params={"prefix": "u-"}).text
+        for bad, says in (({"status": "bogus"}, "use one of"), ({"where": "parser <"}, "NAME OP VALUE"),
+                          ({"stage": "nope"}, "no selected run has that stage"), ({"review": "maybe"}, "review state")):
+            answer = b.get(f"/runs/{run_id}/items", params=bad)
+            assert answer.status_code == 422 and says in answer.text, bad
+
+        # Replay these: a dry run first (nothing written), then the act, through `conveyor replay`'s function.
+        look = b.get(f"/runs/{run_id}/selection", params={"status": "dead_lettered", "action": "replay"})
+        assert look.status_code == 200 and count_of(look.text) == 3 and "Nothing has been done yet" in look.text
+        form = {"csrf": csrf(look.text), "status": "dead_lettered", "reason": "retry"}
+        assert b.post(f"/runs/{run_id}/selection/replay", data={**form, "csrf": "0" * 64}).status_code == 403
+        assert b.post(f"/runs/{run_id}/selection/replay", data={k: v for k, v in form.items() if k != "csrf"}
+                      ).status_code == 403
+        store = open_store(server.store_url)
+        try:
+            assert store.replays_of(run_id) == []  # neither the dry run nor the refused posts wrote anything
+        finally:
+            store.close()
+        done = b.post(f"/runs/{run_id}/selection/replay", data=form)
+        assert done.status_code == 303 and "acted=replay&count=3" in done.headers["location"]
+        assert "status=dead_lettered" in done.headers["location"]
+        assert "Replayed 3 tasks" in b.get(done.headers["location"]).text
+
+        # Approve these (the u- items), reject these (the v- items) with a reason.
+        look = b.get(f"/runs/{run_id}/selection", params={"prefix": "u-", "action": "approve"})
+        assert count_of(look.text) == 4 and "go on to publish" in look.text
+        form = {"csrf": csrf(look.text), "prefix": "u-", "expected": "4"}
+        done = b.post(f"/runs/{run_id}/selection/approve", data=form)
+        assert done.status_code == 303 and "acted=approve&count=4" in done.headers["location"]
+        again = b.post(f"/runs/{run_id}/selection/approve", data=form)  # none left open: not what was shown
+        assert again.status_code == 409 and "not the 4 shown" in again.text
+        look = b.get(f"/runs/{run_id}/selection", params={"prefix": "v-", "review": "open", "action": "reject"})
+        assert count_of(look.text) == 4
+        form = {"csrf": csrf(look.text), "prefix": "v-", "review": "open", "expected": "4"}
+        assert b.post(f"/runs/{run_id}/selection/reject", data=form).status_code == 422  # a reason is needed
+        done = b.post(f"/runs/{run_id}/selection/reject", data={**form, "why": "not ours"})
+        assert done.status_code == 303 and "count=4" in done.headers["location"]
+
+        assert [k for _, k in items_of(b, run_id, prefix="v-", status="rejected")] == [
+            f"v-unsure-{n}.txt" for n in range(4)]
+        assert len(items_of(b, run_id, review="rejected")) == 4 and len(items_of(b, run_id, review="approved")) == 4
+        deadline = time.monotonic() + 60  # the server's worker takes the approved items on, and the replayed ones
+        while time.monotonic() < deadline and (len(items_of(b, run_id, prefix="u-", stage="publish")) < 4
+                                               or len(items_of(b, run_id, status="dead_lettered")) < 3):
+            time.sleep(0.2)
+        assert len(items_of(b, run_id, prefix="u-", outcome="published")) == 8
+        assert items_of(b, run_id, text="poison") == items_of(b, run_id, status="dead_lettered")
+        assert len(items_of(b, run_id, text="poison")) == 3  # the error words follow the tasks, once each
+
+
+def test_a_tenant_neither_sees_nor_acts_on_anothers_items(tmp_path: Path, server: Server) -> None:
+    acme, globex = server.token("acme"), server.token("globex")
+    unsure = submit(server, acme, "unsure of acme", ("awaiting_review",))
+    operators = mixed_run(tmp_path, server)
+    with browser(server, acme) as b:
+        assert [key for _, key in items_of(b, unsure)] == [unsure]  # an API job's item key is its job id
+        assert b.get(f"/runs/{operators}/items").status_code == 404  # a run of no job of acme's
+        look = b.get(f"/runs/{unsure}/selection", params={"action": "approve"})
+        assert count_of(look.text) == 1
+        token = csrf(look.text)
+    with browser(server, globex) as b:
+        mine = csrf(b.get("/").text)
+        for path, params in ((f"/runs/{unsure}/items", {}), (f"/runs/{unsure}/selection", {"action": "approve"}),
+                             (f"/runs/{operators}/items", {"status": "dead_lettered"})):
+            answer = b.get(path, params=params)
+            assert answer.status_code == 404 and "no run" in answer.text, path
+        for action in ("approve", "replay", "reject"):
+            answer = b.post(f"/runs/{unsure}/selection/{action}", data={"csrf": mine, "why": "theirs"})
+            assert answer.status_code == 404, action
+            assert b.post(f"/runs/{unsure}/selection/{action}", data={"csrf": token}).status_code == 403
+    with server.client(acme) as api:
+        assert api.get(f"/v1/jobs/{unsure}").json()["status"] == "awaiting_review"  # nobody decided it
+
+
+def test_the_runs_list_filters_by_pipeline_status_and_date(server: Server) -> None:
+    acme = server.token("acme")
+    sure = submit(server, acme, "a sure thing")
+    unsure = submit(server, acme, "unsure one", ("awaiting_review",))
+    poison = submit(server, acme, "poison pill")
+    with browser(server, acme) as b:
+        def listed(**query: Any) -> list[str]:
+            answer = b.get("/", params=query)
+            assert answer.status_code == 200, answer.text
+            return re.findall(r'<tr data-run="([^"]+)"', answer.text)
+
+        assert listed() == [poison, unsure, sure]
+        assert listed(status="finished_failed") == [poison] and listed(status="finished_waiting") == [unsure]
+        assert listed(status="finished") == [sure] and listed(status="submitted") == []
+        assert listed(pipeline="ops") == [poison, unsure, sure] and listed(pipeline="other") == []
+        assert listed(since="2000-01-01", until="2999-12-31") == [poison, unsure, sure]
+        assert listed(until="2000-01-01") == [] and listed(since="2999-01-01") == []
+        assert walk(b, "/?status=finished_waiting&limit=1", r'<tr data-run="([^"]+)"') == [unsure]
+        assert walk(b, "/?pipeline=ops&limit=1", r'<tr data-run="([^"]+)"') == [poison, unsure, sure]
+        bad = b.get("/", params={"status": "green"})
+        assert bad.status_code == 422 and "use one of" in bad.text
+        assert b.get("/", params={"since": "yesterday-ish"}).status_code == 422
+
+
+def test_select_takes_the_items_pages_filters(tmp_path: Path, store_url: str) -> None:
+    """`conveyor select` names what the items page shows: a key prefix, words of the error, a review state."""
+    from tests.helpers import cli, cli_json, submit_and_work
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in (("p-0", "poison a"), ("p-1", "poison b"), ("u-0", "unsure c"), ("f-0", "fine d")):
+        (docs / f"{name}.txt").write_text(text)
+    run_id = submit_and_work(write_pipeline(tmp_path, PIPELINE), docs, store_url, tmp_path / "blobs").run_id
+
+    def keys(*args: str) -> list[str]:
+        data = cli_json("select", "--run", run_id, "--db", store_url, *args, cwd=tmp_path)
+        return sorted(t["item_key"] for t in data["items"])
+
+    assert keys("--error-text", "poison document") == ["p-0.txt", "p-1.txt"]
+    assert keys("--error-text", "POISON", "--key-prefix", "p-1") == ["p-1.txt"]
+    assert keys("--error-text", "nowhere") == [] and keys("--key-prefix", "u-") == ["u-0.txt"]
+    assert keys("--review", "open") == ["u-0.txt"] and keys("--review", "rejected") == []
+    wrong = cli("select", "--review", "maybe", "--db", store_url, cwd=tmp_path)
+    assert wrong.returncode == 2 and "review state 'maybe'" in wrong.stderr

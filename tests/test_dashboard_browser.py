@@ -246,3 +246,69 @@ def test_the_item_page_renders_its_journey_and_logs_without_a_console_error(chro
         shot(page, "item-journey")
         page.wait_for_load_state("networkidle")
         assert errors == [], errors
+def test_filter_the_items_and_act_on_them_by_clicking(chromium: Any, server: Server, tmp_path: Path) -> None:
+    """The items page (issue 30 point 1): filter through the form (the filter lands in the URL), approve the
+    waiting ones and replay the broken ones from their dry runs, with no console error on any page."""
+    from playwright.sync_api import expect
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in [*((f"a-fine-{n}", f"fine {n}") for n in range(2)),
+                       *((f"b-broken-{n}", f"broken {n}") for n in range(2)),
+                       *((f"u-unsure-{n}", f"unsure {n}") for n in range(3))]:
+        (docs / f"{name}.txt").write_text(text)
+    (tmp_path / "broken").touch()
+    target = write_pipeline(tmp_path, PIPELINE)
+    store = open_store(server.store_url)
+    try:
+        run_id = submit_run(load_target(target), target, str(docs), store, FilesystemBlobs(server.blobs)).run_id
+    finally:
+        store.close()
+    page = logged_in(chromium, server, server.token("ops", operator=True))
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    page.goto(f"{server.url}/runs/{run_id}")
+    expect(page.locator("[data-badge]")).to_have_text("finished with failures")  # the server's worker ran it
+    page.click("a[data-items-link]")
+    rows = page.locator("tr[data-task]")
+    expect(rows).to_have_count(2 * 2 + 2 + 3)  # fine: extract and publish; broken and unsure: extract
+    shot(page, "items")
+
+    page.select_option("form[data-items-filter] select[name=review]", "open")
+    page.click("form[data-items-filter] button[type=submit]")
+    expect(rows).to_have_count(3)
+    assert "review=open" in page.url
+    page.click("text=Approve these…")
+    expect(page.locator("[data-count]")).to_have_attribute("data-count", "3")
+    expect(page.locator("[data-forecast]")).to_contain_text("go on to publish")
+    shot(page, "items-approve-dry-run")
+    page.get_by_role("button", name="Approve 3").click()
+    expect(page.locator("[data-notice]")).to_contain_text("Approved 3 review entries")
+
+    page.goto(f"{server.url}/runs/{run_id}/items")
+    page.fill("form[data-items-filter] input[name=text]", "broken until fixed")
+    page.click("form[data-items-filter] button[type=submit]")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("dead_lettered")
+    page.click("text=Replay these…")
+    expect(page.locator("[data-count]")).to_have_attribute("data-count", "2")
+    (tmp_path / "broken").unlink()  # the fix is in: the replayed ones now succeed
+    page.fill("form[data-act] input[name=why]", "fixed the parser")
+    page.get_by_role("button", name="Replay 2").click()
+    expect(page.locator("[data-notice]")).to_contain_text("Replayed 2 tasks")
+    shot(page, "items-replayed")
+
+    page.goto(f"{server.url}/runs/{run_id}/items?outcome=published&stage=publish")
+    for _ in range(100):  # the server's worker publishes the approved and the replayed items
+        if page.locator("tr[data-task]").count() == 2 + 3 + 2:
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    expect(rows).to_have_count(2 + 3 + 2)
+    rows.first.locator("a").first.click()  # each row links to its item's page
+    expect(page).to_have_url(f"{server.url}/runs/{run_id}/items/a-fine-0.txt")
+    page.goto(f"{server.url}/?status=finished")
+    expect(page.locator(f'tr[data-run="{run_id}"] [data-badge]')).to_have_text("finished")
+    assert errors == []

@@ -45,23 +45,31 @@ Until = Annotated[str | None, typer.Option("--until", help="ended (or created) b
 Outcomes = Annotated[list[str] | None, typer.Option(
     "--outcome", help="items whose reconciliation outcome is this (rejected, failed, published, ...; repeatable); "
     "without --status/--stage, the tasks that make that outcome")]
+KeyPrefix = Annotated[str | None, typer.Option("--key-prefix", metavar="PREFIX", help="root items whose key starts "
+                                               "with this (their fan-out children with them)")]
+ErrorText = Annotated[str | None, typer.Option("--error-text", metavar="WORDS", help="tasks whose error message "
+                                               "holds every one of these words (full-text)")]
+Reviews = Annotated[list[str] | None, typer.Option("--review", help="tasks with a review entry in this state: open, "
+                                                   "approved, edited, accepted, rejected, escalated (repeatable)")]
 
 
 def _selection(runs: list[str] | None, stages: list[str] | None, statuses: list[str] | None,
                error_classes: list[str] | None, item: str | None, items: str | None, where: str | None,
                models: list[str] | None, since: str | None, until: str | None, outcomes: list[str] | None,
-               now: float) -> Any:
+               now: float, key_prefix: str | None = None, error_text: str | None = None,
+               reviews: list[str] | None = None) -> Any:
     from conveyor.service.selection import selection_of
 
     return selection_of(runs or (), stages or (), statuses or (), error_classes or (), item, items, where,
-                        models or (), since, until, outcomes or (), now)
+                        models or (), since, until, outcomes or (), now, key_prefix, error_text, reviews or ())
 
 
 @app.command("select")
 def select_(
     run: Runs = None, stage: Stages = None, status: Statuses = None, error_class: ErrorClasses = None,
     item: ItemGlob = None, items: ItemsFile = None, where: Where = None, model: Models = None, since: Since = None,
-    until: Until = None, outcome: Outcomes = None,
+    until: Until = None, outcome: Outcomes = None, key_prefix: KeyPrefix = None, error_text: ErrorText = None,
+    review: Reviews = None,
     count: Annotated[bool, typer.Option("--count", help="also count the tasks per stage and the items per "
                                         "outcome")] = False,
     limit: Annotated[int, typer.Option("--limit", min=0, help="tasks listed (count covers them all)")] = 1000,
@@ -74,7 +82,7 @@ def select_(
     try:
         with store_for(db, create=False) as store:
             selection = _selection(run, stage, status, error_class, item, items, where, model, since, until,
-                                   outcome, store.clock())
+                                   outcome, store.clock(), key_prefix, error_text, review)
             data = select_report(store, selection, limit, count)
     except StoreMissing as exc:
         raise NotFound(f"nothing to select: {exc}") from None
@@ -87,7 +95,8 @@ def replay(
                                         "on every task it re-opens")],
     run: Runs = None, stage: Stages = None, status: Statuses = None, error_class: ErrorClasses = None,
     item: ItemGlob = None, items: ItemsFile = None, where: Where = None, model: Models = None, since: Since = None,
-    until: Until = None, outcome: Outcomes = None,
+    until: Until = None, outcome: Outcomes = None, key_prefix: KeyPrefix = None, error_text: ErrorText = None,
+    review: Reviews = None,
     note: Annotated[str | None, typer.Option("--note", help="more about why, recorded with the reason")] = None,
     downstream: Annotated[bool, typer.Option("--downstream", help="also make again everything after each re-opened "
                                              "task on its item")] = False,
@@ -112,7 +121,7 @@ def replay(
     try:
         with store_for(db, create=False) as store, stages_progress(as_json) as progress:
             selection = _selection(run, stage, status, error_class, item, items, where, model, since, until,
-                                   outcome, store.clock())
+                                   outcome, store.clock(), key_prefix, error_text, review)
             blob_store = _blobs(blobs)
             data = reopen(store, blob_store, selection, options)
             if process and not dry_run:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.blobs import Blobs
+from conveyor.errors import UserError
 from conveyor.service import report, review
 from conveyor.service.plots import graph_chart, line_chart
 from conveyor.service.progress import done_at, overview, progress_stages, timeline, timeline_bucket
@@ -25,17 +27,68 @@ PREVIEW_CHARS = 2_000  # characters of JSON shown of a candidate or an output on
 EDIT_CHARS = 200_000  # a candidate longer than this is edited with `conveyor review edit`, not in a text area
 REPLAYS_SHOWN = 20
 OUTCOMES_UP_TO = 20_000  # items of a run whose outcomes a run page counts (each read)
+RUNS_SCANNED = 200  # runs a filtered runs page looks at before it answers short
+ENDS = ("failed", "dead_lettered", "awaiting_review", "rejected")  # task statuses the runs page counts per run
+# A run's badge: its status, except that a finished run with refused tasks or answers waiting says so.
+BADGES = ("submitting", "submitted", "paused_budget", "paused_breaker", "abandoned", "finished", "finished_failed",
+          "finished_waiting")
 
 
-def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | None = None) -> dict[str, Any]:
-    """The newest runs (``run_status`` each) with their accepted and published items of expected."""
-    runs = report.list_status(store, limit + 1, tenant, before)["runs"]
-    shown = runs[:limit]
-    for status in shown:
-        run = store.get_run(status["run_id"])
-        status["progress"] = progress_of(run, status) if run is not None else None
-        mark_ends(status)
-    return {"runs": shown, "next_before": shown[-1]["created_at"] if len(runs) > limit else None}
+@dataclass(frozen=True)
+class RunsFilter:
+    """What the runs page is narrowed to (every field optional): a pipeline, a status badge (``BADGES``), and
+    runs created from ``since`` and before ``until`` (epoch seconds)."""
+
+    pipeline: str | None = None
+    status: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+def runs_page(store: SqlStore, tenant: str | None, limit: int, before: float | None = None,
+              only: RunsFilter = RunsFilter()) -> dict[str, Any]:
+    """The newest runs (``run_status`` each, narrowed by ``only``) with their accepted and published items of
+    expected and their tasks that failed, were dead-lettered, wait for review or were rejected. Newest first,
+    a page from ``before`` (the keyset cursor: a creation time). A status is known only once a run's totals are
+    read, so a page looks at no more than RUNS_SCANNED runs: when it stops short, ``next_before`` goes on from
+    the last run it looked at."""
+    if only.status is not None and only.status not in BADGES:
+        raise UserError(f"status {only.status!r}: use one of {', '.join(BADGES)}")
+    shown: list[dict[str, Any]] = []
+    cursor = before if before is not None else only.until
+    scanned, ended = 0, False
+    while len(shown) <= limit and scanned < RUNS_SCANNED and not ended:
+        batch = _newest(store, tenant, limit + 1, cursor, only.pipeline)
+        ended = len(batch) <= limit
+        for run in batch:
+            if only.since is not None and run.created_at < only.since:
+                ended = True
+                break
+            scanned, cursor = scanned + 1, run.created_at
+            if only.pipeline is not None and run.pipeline != only.pipeline:
+                continue
+            status = _run_row(store, run)
+            if only.status is None or status["badge"] == only.status:
+                shown.append(status)
+            if len(shown) > limit:
+                break
+    if len(shown) > limit:
+        return {"runs": shown[:limit], "next_before": shown[limit - 1]["created_at"], "short": False}
+    return {"runs": shown, "next_before": None if ended else cursor, "short": not ended}
+
+
+def _newest(store: SqlStore, tenant: str | None, limit: int, before: float | None,
+            pipeline: str | None) -> list[RunRecord]:
+    """The newest runs the caller may see before ``before`` (a tenant's through its jobs, which do not say their
+    pipeline: those the caller filters)."""
+    return store.list_runs(limit, before, pipeline) if tenant is None else tenant_runs(store, tenant, limit, before)
+
+
+def _run_row(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    status = report.run_status(store, run)
+    status["progress"] = progress_of(run, status)
+    mark_ends(status)
+    return status
 
 
 def change_key(store: SqlStore, tenant: str | None, run_id: str | None = None, limit: int = 20) -> str:
@@ -60,11 +113,12 @@ def run_over(store: SqlStore, tenant: str | None, run_id: str) -> bool:
 
 
 def mark_ends(status: dict[str, Any]) -> None:
-    """Add to a ``run_status`` its tasks that ended refused (``failed``: failed, dead-lettered or rejected) and
-    those waiting for a reviewer (``waiting``), and the ``badge`` its status is drawn with: a finished run with
-    refused tasks is ``finished_failed``, one with answers waiting ``finished_waiting``, never a plain green
-    "finished"."""
+    """Add to a ``run_status`` its tasks that ended refused (``failed``: failed, dead-lettered or rejected), those
+    waiting for a reviewer (``waiting``), each kind's count (``ends``), and the ``badge`` its status is drawn
+    with: a finished run with refused tasks is ``finished_failed``, one with answers waiting
+    ``finished_waiting``, never a plain green "finished"."""
     stages = status["stages"].values()
+    status["ends"] = {name: sum(c.get(name, 0) for c in stages) for name in ENDS}
     status["failed"] = sum(c.get(name, 0) for c in stages for name in report.REFUSED)
     status["waiting"] = sum(c.get("awaiting_review", 0) for c in stages)
     finished = status["status"] == "finished"

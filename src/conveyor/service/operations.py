@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.blobs import Blobs
-from conveyor.service import dashboard, itempage, report, review
+from conveyor.service import dashboard, itempage, itemtable, report, review
 from conveyor.service.records import SampleOptions
 from conveyor.service.replay import ReplayOptions, replay
 from conveyor.service.selection import selection_of
@@ -81,8 +81,9 @@ def replay_selection(view: TenantView, blobs: Blobs, runs: Sequence[str], stages
 
 # --- the dashboard's pages (service/dashboard.py) --------------------------------------------------------------
 
-def runs_page(view: TenantView, limit: int, before: float | None) -> dict[str, Any]:
-    return dashboard.runs_page(view.store, view.scope, limit, before)
+def runs_page(view: TenantView, limit: int, before: float | None,
+              only: dashboard.RunsFilter = dashboard.RunsFilter()) -> dict[str, Any]:
+    return dashboard.runs_page(view.store, view.scope, limit, before, only)
 
 
 def change_key(view: TenantView, run_id: str | None) -> str:
@@ -118,3 +119,20 @@ def decide_many(view: TenantView, blobs: Blobs, ids: Sequence[int], decision: st
 
 def review_page(view: TenantView, blobs: Blobs, review_id: int) -> dict[str, Any]:
     return dashboard.review_page(view.store, blobs, review_id, view.scope)
+
+
+# --- the console's items page (service/itemtable.py) ---------------------------------------------------------
+
+def items_page(view: TenantView, run_id: str, query: itemtable.ItemQuery, limit: int,
+               after: int | None) -> dict[str, Any]:
+    return itemtable.items_page(view.store, run_id, view.scope, query, limit, after)
+
+
+def bulk_preview(view: TenantView, blobs: Blobs, run_id: str, query: itemtable.ItemQuery, action: str,
+                 reason: str) -> dict[str, Any]:
+    return itemtable.bulk_preview(view.store, blobs, run_id, view.scope, query, action, reason)
+
+
+def bulk_act(view: TenantView, blobs: Blobs, run_id: str, query: itemtable.ItemQuery, action: str, by: str,
+             why: str | None, expected: int | None, reason: str) -> dict[str, Any]:
+    return itemtable.bulk_act(view.store, blobs, run_id, view.scope, query, action, by, why, expected, reason)

@@ -22,10 +22,18 @@ from conveyor.errors import NotFound, PipelineError, UserError
 from conveyor.service.records import RunGraph
 from conveyor.store import CHILD_MARK, RunRecord, SqlStore, TaskStatus
 from conveyor.store.provenance import sort_key
-from conveyor.store.selection import COLUMN_NAMES, UNSETTLED, ProvenanceTerm, SelectedTask, TaskFilter
+from conveyor.store.selection import (
+    COLUMN_NAMES,
+    REVIEW_STATES,
+    UNSETTLED,
+    ProvenanceTerm,
+    SelectedTask,
+    TaskFilter,
+)
 from conveyor.store.tasks import chunks
 
 PAGE = 1000
+__all__ = ["OUTCOMES", "REVIEW_STATES", "STATUSES", "Selection", "select", "select_report", "selection_of"]
 STATUSES = tuple(s.value for s in TaskStatus)
 OUTCOMES = ("in_progress", "accepted", "awaiting_review", "dead_lettered", "failed", "rejected", "published",
             "completed", "superseded")
@@ -68,6 +76,9 @@ class Selection:
     since: float | None = None
     until: float | None = None
     outcomes: tuple[str, ...] = ()
+    key_prefix: str | None = None  # root items whose key starts so
+    error_text: str | None = None  # words found in the task's error message (store/errortext.py)
+    review_states: tuple[str, ...] = ()  # the task has a review entry in one of these states
 
     def as_json(self) -> dict[str, Any]:
         return {k: v for k, v in {
@@ -75,6 +86,7 @@ class Selection:
             "error_classes": list(self.error_classes), "item": self.item_glob, "items": len(self.items) or None,
             "where": " and ".join(f"{c.name} {c.op} {c.value}" for c in self.where) or None,
             "models": list(self.models), "since": self.since, "until": self.until, "outcomes": list(self.outcomes),
+            "key_prefix": self.key_prefix, "error_text": self.error_text, "review_states": list(self.review_states),
         }.items() if v not in (None, [], ())}
 
 
@@ -162,13 +174,22 @@ def read_items(path: str | None) -> tuple[str, ...]:
 def selection_of(runs: Sequence[str] = (), stages: Sequence[str] = (), statuses: Sequence[str] = (),
                  error_classes: Sequence[str] = (), item: str | None = None, items: str | None = None,
                  where: str | None = None, models: Sequence[str] = (), since: str | None = None,
-                 until: str | None = None, outcomes: Sequence[str] = (), now: float = 0.0) -> Selection:
-    """The selection a user's options name (`conveyor select|replay`, the API's replays): status ``any``
-    is every status; ``items`` is a file of keys; ``since``/``until`` may be durations before ``now``."""
+                 until: str | None = None, outcomes: Sequence[str] = (), now: float = 0.0,
+                 key_prefix: str | None = None, error_text: str | None = None,
+                 review_states: Sequence[str] = ()) -> Selection:
+    """The selection a user's options name (`conveyor select|replay`, the API's replays, the console's items
+    page): status ``any`` is every status; ``items`` is a file of keys; ``since``/``until`` may be durations
+    before ``now``."""
     return Selection(runs=tuple(runs), stages=tuple(stages), statuses=tuple(s for s in statuses if s != "any"),
                      error_classes=tuple(error_classes), item_glob=item, items=read_items(items),
                      where=parse_where(where), models=tuple(models), since=parse_time(since, "--since", now),
-                     until=parse_time(until, "--until", now), outcomes=tuple(outcomes))
+                     until=parse_time(until, "--until", now), outcomes=tuple(outcomes),
+                     key_prefix=key_prefix or None, error_text=_words(error_text), review_states=tuple(review_states))
+
+
+def _words(text: str | None) -> str | None:
+    """A search's words, or None for none (blank)."""
+    return " ".join(text.split()) or None if text else None
 
 
 def check(selection: Selection) -> Selection:
@@ -179,6 +200,9 @@ def check(selection: Selection) -> Selection:
     for outcome in selection.outcomes:
         if outcome not in OUTCOMES:
             raise UserError(f"--outcome {outcome!r}: use one of {', '.join(OUTCOMES)}")
+    for state in selection.review_states:
+        if state not in REVIEW_STATES:
+            raise UserError(f"review state {state!r}: use one of {', '.join(REVIEW_STATES)}")
     return selection
 
 
@@ -199,18 +223,23 @@ def select(store: SqlStore, selection: Selection) -> Selected:
     """The tasks ``selection`` names, streamed in (run, task id) order."""
     selection = check(selection)
     runs = runs_of(store, selection)
+    check_stages(selection, runs)
+    return Selected(_task_pages(store, selection, runs), runs)
+
+
+def check_stages(selection: Selection, runs: dict[str, RunRecord]) -> None:
+    """A one-line error for a stage that no selected run has."""
     for name in selection.stages:
         if not any(name in _stage_names(run) for run in runs.values()):
             raise UserError(f"--stage {name!r}: no selected run has that stage "
                             f"({', '.join(sorted({s for r in runs.values() for s in _stage_names(r)})) or 'no runs'})")
-    return Selected(_task_pages(store, selection, runs), runs)
 
 
 def _stage_names(run: RunRecord) -> list[str]:
     return [s["name"] for s in json.loads(run.stages)]
 
 
-def _filter(selection: Selection, run_id: str) -> tuple[TaskFilter, list[Condition]]:
+def task_filter(selection: Selection, run_id: str) -> tuple[TaskFilter, list[Condition]]:
     """The part of the selection the store answers, and the conditions checked here (built-in names)."""
     terms, columns, here = [], [], []
     for c in selection.where:
@@ -225,7 +254,8 @@ def _filter(selection: Selection, run_id: str) -> tuple[TaskFilter, list[Conditi
     if not statuses and selection.outcomes and not selection.stages:
         statuses = tuple(dict.fromkeys(s for o in selection.outcomes for s in OUTCOME_STATUSES[o]))
     f = TaskFilter((run_id,), selection.stages, statuses, selection.error_classes, selection.item_glob,
-                   tuple(columns), tuple(terms), selection.models, selection.since, selection.until)
+                   tuple(columns), tuple(terms), selection.models, selection.since, selection.until,
+                   selection.key_prefix, selection.error_text, selection.review_states)
     return f, here
 
 
@@ -233,7 +263,7 @@ def _task_pages(store: SqlStore, selection: Selection, runs: dict[str, RunRecord
     items = set(selection.items)
     item_roots = {key.split(CHILD_MARK, 1)[0] for key in items} if items else None
     for run_id, run in runs.items():
-        f, here = _filter(selection, run_id)
+        f, here = task_filter(selection, run_id)
         roots = item_roots
         if selection.outcomes:
             judged = set(outcome_roots(store, run, selection.outcomes))
@@ -241,7 +271,7 @@ def _task_pages(store: SqlStore, selection: Selection, runs: dict[str, RunRecord
         for page in _pages(store, f, None if roots is None else sorted(roots)):
             if items:  # an item named in the file, or a fan-out child of one
                 page = [t for t in page if t.item_key in items or t.root_key in items]
-            page = _checked_here(store, page, here)
+            page = checked_here(store, page, here)
             if page:
                 yield page
 
@@ -260,7 +290,7 @@ def _pages(store: SqlStore, f: TaskFilter, roots: Sequence[str] | None) -> Itera
             after = page[-1].id
 
 
-def _checked_here(store: SqlStore, page: list[SelectedTask], here: Sequence[Condition]) -> list[SelectedTask]:
+def checked_here(store: SqlStore, page: list[SelectedTask], here: Sequence[Condition]) -> list[SelectedTask]:
     """Conditions on built-in names: the task's own columns, its item's source digest, its stage's code."""
     if not here or not page:
         return page

@@ -20,6 +20,7 @@ import orjson
 from conveyor.errors import UserError
 from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
 from conveyor.store.checkpointer import Checkpointer
+from conveyor.store.errortext import POSTGRES_ERROR_TEXT, SQLITE_ERROR_TEXT
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
 
 if TYPE_CHECKING:
@@ -214,6 +215,7 @@ class SqliteDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
+        "task_error_text": SQLITE_ERROR_TEXT,
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
         "attempt_second": "CAST(started_at + COALESCE(duration, 0) AS INTEGER)",
         "epoch_second": "CAST(available_at AS INTEGER)"}
@@ -392,6 +394,7 @@ class PostgresDialect:
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
+        "task_error_text": POSTGRES_ERROR_TEXT,
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
         "attempt_second": "CAST(FLOOR(started_at + COALESCE(duration, 0)) AS BIGINT)",
         "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}

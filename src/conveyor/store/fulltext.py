@@ -16,10 +16,12 @@ are taken literally), on PostgreSQL it goes through ``plainto_tsquery``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conveyor.errors import UserError
-from conveyor.store.dialect import Dialect
+
+if TYPE_CHECKING:
+    from conveyor.store.dialect import Dialect
 
 SNIPPET_WORDS = 16
 MAX_ITEM_LOCKS = 1000  # item locks one transaction takes on PostgreSQL; past it, whole collections
@@ -131,3 +133,4 @@ def words(query: str) -> list[str]:
     if not found:
         raise UserError("the search query is empty; give some words, e.g. conveyor search \"error budget\"")
     return found
+

@@ -55,13 +55,14 @@ class RunQueries(GroupQueries):
         rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return _run(rows[0]) if rows else None
 
-    def list_runs(self, limit: int = 20, before: float | None = None) -> list[RunRecord]:
-        """The newest runs (created before ``before``, when given: the next page), newest first."""
-        if before is None:
-            rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
-        else:
-            rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE created_at < ? ORDER BY created_at DESC "
-                                   "LIMIT ?", (before, limit))
+    def list_runs(self, limit: int = 20, before: float | None = None, pipeline: str | None = None) -> list[RunRecord]:
+        """The newest runs (created before ``before``, when given: the next page; of ``pipeline``, when given),
+        newest first."""
+        clauses = [c for c, v in (("created_at < ?", before), ("pipeline = ?", pipeline)) if v is not None]
+        params = [v for v in (before, pipeline) if v is not None]
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs {where}ORDER BY created_at DESC LIMIT ?",
+                               (*params, limit))
         return [_run(r) for r in rows]
 
     # --- the submission's heartbeat -------------------------------------------

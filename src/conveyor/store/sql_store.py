@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -124,5 +125,20 @@ class SqlStore(TaskQueries, RunQueries, ReportQueries, QuotaQueries, ReplayQueri
 
 
 def _statements(ddl: str) -> list[str]:
+    """A migration's statements, split at semicolons, except those inside a trigger's BEGIN ... END."""
     lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    statements: list[str] = []
+    held: list[str] = []
+    for piece in "\n".join(lines).split(";"):
+        held.append(piece)
+        text = ";".join(held).strip()
+        if _TRIGGER.match(text) and not _END.search(text):
+            continue
+        if text:
+            statements.append(text)
+        held = []
+    return statements
+
+
+_TRIGGER = re.compile(r"CREATE\s+TRIGGER\b", re.IGNORECASE)
+_END = re.compile(r"\bEND$", re.IGNORECASE)

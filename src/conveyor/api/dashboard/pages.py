@@ -5,10 +5,12 @@ changed (live.py), or every 2 s."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse
 
 from conveyor.api.context import Scoped, Svc
 from conveyor.api.dashboard.render import PageRoute, page
@@ -17,7 +19,9 @@ from conveyor.api.operations import Name, RowId
 from conveyor.errors import Forbidden
 from conveyor.service import dashboard
 from conveyor.service import operations as ops
+from conveyor.service.dashboard import RunsFilter
 from conveyor.service.progress import AGE_CAP
+from conveyor.service.selection import parse_time
 from conveyor.service.workers import list_workers
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
@@ -41,11 +45,25 @@ WORKERS_SHOWN = 500
 
 
 @router.get("/", response_class=HTMLResponse)
-async def runs(request: Request, view: View, before: Before = None, limit: Limit = 20) -> HTMLResponse:
-    """The newest runs with their accepted and published items of expected; ``?before=`` pages on."""
-    data = await view.call(ops.runs_page, limit, before)
+async def runs(request: Request, view: View, before: Before = None, limit: Limit = 20, pipeline: Filter = None,
+               status: Filter = None, since: Filter = None, until: Filter = None) -> HTMLResponse:
+    """The newest runs with their accepted and published items of expected and their failures and waits;
+    ``?pipeline=``, ``?status=`` (a badge), ``?since=``/``?until=`` (dates) narrow them, ``?before=`` pages on."""
+    only = runs_filter(pipeline, status, since, until)
+    data = await view.call(ops.runs_page, limit, before, only)
     live = any(r["status"] != "finished" for r in data["runs"])
-    return page(request, "runs.html", data=data, live=live, limit=limit)
+    shown = {k: v for k, v in (("pipeline", pipeline), ("status", status), ("since", since), ("until", until)) if v}
+    return page(request, "runs.html", data=data, live=live, limit=limit, shown=shown, badges=dashboard.BADGES,
+                filter_query=urlencode(shown))
+
+
+def runs_filter(pipeline: str | None, status: str | None, since: str | None, until: str | None) -> RunsFilter:
+    """The runs page's filter; a date alone in ``until`` means up to the end of that day (UTC)."""
+    now = time.time()
+    end = parse_time(until, "until", now)
+    if end is not None and until is not None and len(until.strip()) == len("2026-12-01"):
+        end += 86400.0
+    return RunsFilter(pipeline or None, status or None, parse_time(since, "since", now), end)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -62,15 +80,6 @@ async def dead_letters(request: Request, run_id: Name, view: View, error_class: 
     """A run's dead letters by error class, with a Replay button per entry and per class."""
     data = await view.call(ops.dead_letters_page, run_id, error_class, limit, after)
     return page(request, "dead_letters.html", data=data, limit=limit, replayed=replayed)
-
-
-@router.get("/runs/{run_id}/items", response_class=HTMLResponse)
-async def find_item(run_id: Name, key: Annotated[str, Query(min_length=1, max_length=1000, pattern=TEXT)],
-                    who: Who) -> RedirectResponse:
-    """The run page's "find an item" box: to that item's page."""
-    from urllib.parse import quote
-
-    return RedirectResponse(f"/runs/{quote(run_id, safe='')}/items/{quote(key, safe='')}", status_code=303)
 
 
 @router.get("/runs/{run_id}/items/{item_key:path}", response_class=HTMLResponse)

@@ -74,11 +74,20 @@ def first_line(text: Any, width: int = 200) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+BADGE_WORDS = {"finished_failed": "finished with failures", "finished_waiting": "waiting for review",
+               "paused_budget": "paused: budget", "paused_breaker": "paused: breaker"}
+
+
+def badge(name: Any) -> str:
+    """A run's badge in words: a finished run with failures or waits never reads as a plain "finished"."""
+    return BADGE_WORDS.get(str(name), str(name).replace("_", " "))
+
+
 def _environment() -> Environment:
     env = Environment(loader=PackageLoader("conveyor.api.dashboard", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True), trim_blocks=True,
                       lstrip_blocks=True)
-    env.filters.update(when=when, age=age, number=number, usd=usd, first_line=first_line)
+    env.filters.update(when=when, age=age, number=number, usd=usd, first_line=first_line, badge=badge)
     return env
 
 
