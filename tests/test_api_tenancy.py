@@ -27,15 +27,15 @@ KEY = "contract-42"
 # A route's path parameters, and what each names of tenant A's: a route with another parameter fails the test
 # until it is added here (and scoped).
 PARAMETERS = {"job_id": "job", "run_id": "job", "batch_id": "batch", "review_id": "review",
-              "dead_letter_id": "dead_letter", "item_key": "item_key"}
+              "dead_letter_id": "dead_letter", "item_key": "item_key", "action": "action"}
 # What a POST needs besides its id to get past validation, so that its 404 comes from the tenancy rule.
 BODIES = {"approve": {}, "edit": {"fields": {"title": "x"}}, "reject": {"why": "not yours"},
           "replay": {"reason": "not yours"}}
 # Routes that take ids in their body: the body naming tenant A's.
 ID_BODIES = {"/v1/replays": lambda ids: {"reason": "retry", "runs": [ids["job"]]}}
 # Routes with no id that create (their ids are new) or are not a tenant's (operators only, 403 for a tenant).
-# Routes with no id in their path or JSON body. /reviews/decide names its entries in a form: another tenant's
-# are skipped and counted, never decided (tests/test_dashboard.py, the review queue's selection test).
+# /reviews/decide names its entries in a form: another tenant's are skipped and counted, never decided
+# (tests/test_dashboard.py, the review queue's selection test).
 UNSCOPED = {"/v1/jobs": {"POST"}, "/v1/batches": {"POST"}, "/login": {"GET", "POST"}, "/logout": {"POST"},
             "/reviews/decide": {"POST"}}
 
@@ -120,7 +120,7 @@ def _events(c: httpx.Client, job_id: str) -> list[dict[str, Any]]:
 
 def test_every_route_answers_another_tenants_ids_with_404(server: Server, tmp_path: Path) -> None:
     acme, globex = server.token("acme"), server.token("globex")
-    ids = tenant_work(server, acme)
+    ids = tenant_work(server, acme) | {"action": "approve"}  # the items table's bulk action on a selection
     secrets = [ids["job"], ids["batch"], "@acme", "of acme"]
     routes = app_routes(server, tmp_path)
     assert {"/v1/jobs/{job_id}", "/runs/{run_id}/items/{item_key:path}", "/reviews/{review_id}"} <= {
