@@ -19,7 +19,7 @@ escalate to, unless OPENAI_BASE_URL or OPENAI_API_KEY is set: then to that endpo
 6. One page edited: that page's stages, its section's overview (a group) and publication run again, nothing else.
 
 The demo's store is ./.conveyor/manpages/ (CONVEYOR_DB, CONVEYOR_BLOBS), made afresh on every run. With
-CONVEYOR_BLOBS=s3://BUCKET/PREFIX set (and CONVEYOR_S3_ENDPOINT and the AWS variables, see the README) the blobs
+CONVEYOR_BLOBS=s3://BUCKET/PREFIX set (and CONVEYOR_S3_ENDPOINT and the AWS variables, see docs/how-to/s3.md) the blobs
 go to that bucket instead; the database is still made afresh.
 """
 

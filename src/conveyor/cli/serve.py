@@ -46,8 +46,8 @@ def serve(
     no_relay: Annotated[bool, typer.Option("--no-relay", help="deliver no webhooks from this process")] = False,
     db: Db = DEFAULT_DB, blobs: Blobs = DEFAULT_BLOBS,
 ) -> None:
-    """Serve the HTTP API (see the README's "HTTP API"): submit jobs, follow them, review, replay; and the
-    dashboard's pages at / (the README's "Dashboard")."""
+    """Serve the HTTP API (docs/how-to/http-api.md): submit jobs, follow them, review, replay; and the
+    dashboard's pages at / (docs/how-to/observability.md, "Dashboard")."""
     try:
         import uvicorn
 

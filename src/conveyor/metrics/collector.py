@@ -1,7 +1,8 @@
 """A Prometheus collector over the store: every scrape reads one ``service.metrics.snapshot``.
 
 Registered on a registry of its own (never prometheus_client's global one), so several apps or tests in one
-process never share metrics. Every metric is documented in the README (HTTP API, Metrics).
+process never share metrics. Every metric is documented in the site's metrics reference (reference/metrics.md,
+generated from this collector when the site is built).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from conveyor.store.diffs import RecordRef
 
 
 def compare_runs(store: SqlStore, blobs: Blobs, run_a: str, run_b: str, chunk: int = CHUNK) -> dict[str, Any]:
-    """``{"run_a", "run_b", "runs": [A, B], "agreement"}`` (the fields: README, JSON output, ``compare``)."""
+    """``{"run_a", "run_b", "runs": [A, B], "agreement"}`` (the fields: docs/reference/json.md, ``compare``)."""
     a, b = find_run(store, run_a), find_run(store, run_b)
     return {"run_a": a.run_id, "run_b": b.run_id, "runs": [run_figures(store, a), run_figures(store, b)],
             "agreement": agreement(store, blobs, a, b, chunk).as_json()}

@@ -3,7 +3,7 @@ rollback (of an item, or of everything a run published) and search over the live
 text), by meaning (the query embedded with the model that made the collection's vectors, ranked by cosine
 similarity) or both (the two rankings fused by reciprocal rank fusion).
 
-Each function returns the plain dict that ``--json`` prints; the README documents every field.
+Each function returns the plain dict that ``--json`` prints; docs/reference/json.md documents every field.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ TEXT_MAX = 200  # characters of a bytes output shown as text
 def show_item(store: SqlStore, blobs: Blobs, run_id: str, item_key: str, stage: str | None = None,
               offset: int = 0, limit: int | None = None) -> dict[str, Any]:
     """One item of a run: ``{"run_id", "item_key", "pipeline", "outcome", "meta", "source", "trace_id", "journey",
-    "tasks_total", "tasks"}`` (the README's JSON output section names every field). ``item_key`` is a root item
+    "tasks_total", "tasks"}`` (docs/reference/json.md names every field). ``item_key`` is a root item
     (its fan-out descendants' tasks come after its own, then those of the groups it is a member of) or a child
     (``doc.pdf¶3``: it and its descendants); ``stage`` keeps one stage; ``offset`` and ``limit`` a page of the
     tasks (outputs, attempts and reviews are read for that page only)."""

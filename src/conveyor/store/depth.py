@@ -1,8 +1,8 @@
 """The autoscaler's signal: per stage, the tasks ready to run now, when the oldest of them became so, and the
 tasks being worked on (leased).
 
-``QUEUE_DEPTH`` is a documented, stable query (README "Running a fleet"; deploy/keda/scaledobject.yaml sums it
-over a pipeline's stages): scalers outside conveyor run it as written. It reads the hot queue's three partial
+``QUEUE_DEPTH`` is a documented, stable query (docs/how-to/keda.md; deploy/keda/scaledobject.yaml sums it over a
+pipeline's stages): scalers outside conveyor run it as written. It reads the hot queue's three partial
 indexes only: ``tasks_runnable`` for tasks ready to run, ``tasks_suspect`` for the few that were in flight when a
 worker died, ``tasks_leased`` for the running ones. Retry waits not due yet and finished tasks are never counted
 (nor read).
