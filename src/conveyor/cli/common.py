@@ -70,20 +70,12 @@ AcceptCode = Annotated[list[str] | None, typer.Option(
 def store_for(db: str, create: bool = True) -> Iterator[SqlStore]:
     """The store at ``db`` (``create=False``: StoreMissing when there is none). A store this opening created is
     told on stderr once the command's work went through: a command that fails says one line, its error."""
-    from conveyor.store import lost_connection, new_store_note, open_store
+    from conveyor.store import new_store_note, opened_store
 
-    store = open_store(db, create=create)
-    note = new_store_note(store)
-    try:
+    with opened_store(db, create=create) as store:
+        note = new_store_note(store)
         yield store
         tell_new_store(note)
-    except Exception as exc:
-        lost = lost_connection(store, exc)
-        if lost is None:
-            raise
-        raise lost from None
-    finally:
-        store.close()
 
 
 def tell_new_store(note: str | None) -> None:

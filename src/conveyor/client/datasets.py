@@ -8,6 +8,7 @@ other value is the column ``value``), read a batch at a time from the store.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -36,13 +37,14 @@ class Result(NamedTuple):
     outcome: str
 
 
-class _Rows:
+class _Rows(ABC):
     """What a run and a collection share: their rows, read through one ``Export`` per call."""
 
     workspace: Workspace
 
+    @abstractmethod
     def _export(self, store: SqlStore, blobs: Blobs, stage: str | None, outcome: str | None) -> Export:
-        raise NotImplementedError
+        """The rows this object stands for (a run's items, a collection's live versions)."""
 
     def _results(self, stage: str | None, outcome: str | None) -> Iterator[Result]:
         with self.workspace.opened(create=False) as store:

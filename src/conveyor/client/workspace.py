@@ -67,18 +67,10 @@ class Workspace:
     def opened(self, create: bool = True) -> Iterator[SqlStore]:
         """The store, open for the block (``create=False``: StoreMissing when there is none); a connection lost
         on the way is one line that says so."""
-        from conveyor.store import lost_connection, open_store
+        from conveyor.store import opened_store
 
-        store = open_store(self.db, create=create)
-        try:
+        with opened_store(self.db, create=create) as store:
             yield store
-        except Exception as exc:
-            lost = lost_connection(store, exc)
-            if lost is None:
-                raise
-            raise lost from None
-        finally:
-            store.close()
 
     def blob_store(self, writable: bool = False) -> Blobs:
         """The blob store (``writable``: checked that it can be written, as a run needs)."""

@@ -160,19 +160,13 @@ def _shown(fleet: Fleet, progress: Progress | None) -> Iterator[None]:
     if progress is None:
         yield
         return
-    stop = threading.Event()
 
-    def draw() -> None:
-        while not stop.wait(fleet.options.poll):
+    def draw(ended: threading.Event) -> None:
+        while not ended.wait(fleet.options.poll):
             progress(fleet.status)
 
-    drawer = threading.Thread(target=draw, name="conveyor-progress", daemon=True)
-    drawer.start()
-    try:
+    with _beside("conveyor-progress", draw):
         yield
-    finally:
-        stop.set()
-        drawer.join()
     progress(fleet.status)
 
 
@@ -183,9 +177,8 @@ def _stopping(stop: threading.Event | None, request_stop: Callable[[], None]) ->
     if stop is None:
         yield
         return
-    ended = threading.Event()
 
-    def watch() -> None:
+    def watch(ended: threading.Event) -> None:
         while not ended.is_set():
             if stop.wait(0.1):
                 try:
@@ -194,13 +187,21 @@ def _stopping(stop: threading.Event | None, request_stop: Callable[[], None]) ->
                     return
                 ended.wait(0.1)
 
-    watcher = threading.Thread(target=watch, name="conveyor-stop", daemon=True)
-    watcher.start()
+    with _beside("conveyor-stop", watch):
+        yield
+
+
+@contextmanager
+def _beside(name: str, loop: Callable[[threading.Event], None]) -> Iterator[None]:
+    """``loop(ended)`` in a daemon thread while the block runs; ``ended`` is set, and the thread joined, after."""
+    ended = threading.Event()
+    thread = threading.Thread(target=loop, args=(ended,), name=name, daemon=True)
+    thread.start()
     try:
         yield
     finally:
         ended.set()
-        watcher.join()
+        thread.join()
 
 
 def last_alerts(store: SqlStore, pipeline: Pipeline) -> None:

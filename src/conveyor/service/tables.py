@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
@@ -226,7 +227,7 @@ def pyarrow_modules() -> tuple[Any, Any]:
     return pyarrow, pyarrow.compute
 
 
-class _Table:
+class _Table(ABC):
     """What the two readers share: where the table is (for messages and paths) and how a bad row is told."""
 
     once = False
@@ -235,11 +236,13 @@ class _Table:
     def __init__(self, where: str, name: str, base: Path, columns: TableColumns) -> None:
         self.where, self.name, self.base, self.columns = where, name, base, columns
 
+    @abstractmethod
     def keys(self, skip_bad_lines: bool) -> Iterator[tuple[int, str]]:
-        raise NotImplementedError
+        """(row, key) of each row with a usable key, for the check of keys given twice."""
 
+    @abstractmethod
     def items(self, skip_bad_lines: bool, strict: bool) -> Iterator[SourceItem]:
-        raise NotImplementedError
+        """The table's items, streamed."""
 
     def bad(self, row: int, why: str, skip_bad_lines: bool) -> SourceItem:
         """A bad row's ``bad_input`` item (``skip_bad_lines``), else its InputError."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +46,7 @@ __all__ = [
     "Declaration", "Ended", "ExpiredLease", "Lease", "NewDeadLetter", "NewItem", "NewOutput", "NewPublication",
     "NewTasks", "Notice",
     "PlainAttempt", "Retried", "RunRecord", "SqlStore", "StoredOutput", "Succeeded", "TaskStatus", "WorkerRow",
-    "lost_connection", "new_store_note", "open_store", "sqlite_path",
+    "lost_connection", "new_store_note", "open_store", "opened_store", "sqlite_path",
 ]
 
 # The records and the store, by the module that defines each: imported when first used, so that a command
@@ -155,6 +157,22 @@ def lost_connection(store: SqlStore, exc: BaseException,
         return None
     return BackendUnavailable(f"lost the connection to the store at {_redact(store.url)} ({_first_line(exc)}); "
                               f"{then}")
+
+
+@contextmanager
+def opened_store(url: str | None = None, *, create: bool = True) -> Iterator[SqlStore]:
+    """The store at ``url``, open for the block and closed after it (``create=False``: StoreMissing when there is
+    none); a connection lost on the way is raised as ``lost_connection``'s one line, never a driver's traceback."""
+    store = open_store(url, create=create)
+    try:
+        yield store
+    except Exception as exc:
+        lost = lost_connection(store, exc)
+        if lost is None:
+            raise
+        raise lost from None
+    finally:
+        store.close()
 
 
 def _first_line(exc: BaseException) -> str:
