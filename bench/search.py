@@ -1,7 +1,8 @@
 """Search-by-meaning benchmark: 100,000 published vectors of 384 dimensions, a query's latency and its recall@10
 against an exact scan.
 
-    PYTHONPATH=src .venv/bin/python bench/search.py [--vectors 100000] [--queries 50] [--no-pg] [--no-write]
+    PYTHONPATH=src .venv/bin/python bench/search.py [--vectors 100000] [--queries 50] [--no-pg] [--no-pgvector]
+        [--no-write]
 
 The vectors are random unit vectors with clustered structure (CLUSTERS centres; each vector a centre plus
 noise, normalised), so that near neighbours exist as they do among real embeddings; making 100,000 real MiniLM
@@ -165,6 +166,7 @@ def main() -> None:
     parser.add_argument("--vectors", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--no-pg", action="store_true", help="skip PostgreSQL even when CONVEYOR_TEST_PG is set")
+    parser.add_argument("--no-pgvector", action="store_true", help="skip the private PostgreSQL with pgvector")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args()
 
@@ -203,12 +205,40 @@ def main() -> None:
             pg_scan = time_scan(pg_url, queries[:SCAN_QUERIES])
             print(f"PostgreSQL: published in {pg_published:.1f} s; "
                   f"exact scan median {ms(statistics.median(pg_scan))} ms")
+    pgvector = None if args.no_pgvector else time_pgvector(data, queries, truth)
     if not args.no_write:
-        write_section(f"{SCRIPT}.py", report(args, built, (took, cpu, load), scores, index, scan, kept, pg_scan))
+        write_section(f"{SCRIPT}.py", report(args, built, (took, cpu, load), scores, index, scan, kept, pg_scan,
+                                             pgvector))
+
+
+def time_pgvector(data: Sequence[array[float]], queries: Sequence[array[float]],
+                  truth: Sequence[Sequence[str]]) -> tuple[float, float, list[float], list[float], float] | None:
+    """The same vectors on a private PostgreSQL with pgvector (tests/pgvector_server.py): published, the first
+    search (makes the table), then the queries: (publish s, first search s, wall s per query, recall per query,
+    load average), or None without pgserver."""
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+    from tests.pgvector_server import binaries, running_pgvector
+
+    if binaries() is None:
+        print("pgvector: pgserver is not installed; skipped")
+        return None
+    with running_pgvector() as admin, pg_database(admin, "pgvector") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION vector")
+        published = publish(url, data)
+        built = first_search(url, queries[0])
+        load = os.getloadavg()[0]
+        took, _, found, index = time_queries(url, queries)
+    scores = recall(found, truth)
+    print(f"PostgreSQL with {index}: published in {published:.1f} s, first search {ms(built)} ms, median "
+          f"{ms(statistics.median(took))} ms, recall@10 {statistics.mean(scores):.3f}, load average {load:.1f}")
+    return published, built, took, scores, load
 
 
 def report(args: Any, built: float, timed: tuple[list[float], list[float], float], scores: list[float], index: str,
-           scan: list[float], kept: float, pg_scan: list[float]) -> str:
+           scan: list[float], kept: float, pg_scan: list[float],
+           pgvector: tuple[float, float, list[float], list[float], float] | None) -> str:
     took, cpu, load = timed
     median, p95 = statistics.median(took), sorted(took)[int(0.95 * (len(took) - 1))]
     passed = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
@@ -236,6 +266,13 @@ def report(args: Any, built: float, timed: tuple[list[float], list[float], float
     if pg_scan:
         lines.append(f"| exact scan on PostgreSQL (no pgvector), median of {len(pg_scan)} | "
                      f"{ms(statistics.median(pg_scan))} ms | | |")
+    if pgvector:
+        _, pg_built, pg_took, pg_scores, pg_load = pgvector
+        lines += [f"| PostgreSQL 16 with pgvector (pgserver's server): query latency, median (load {pg_load:.1f}) | "
+                  f"{ms(statistics.median(pg_took))} ms | | |",
+                  f"| PostgreSQL with pgvector: recall@10 | {statistics.mean(pg_scores):.3f} | | |",
+                  f"| PostgreSQL with pgvector: first search (makes the table from the live vectors) | "
+                  f"{ms(pg_built)} ms | | |"]
     lines += [f"| 1,000 items published again, the index kept in step in the same transactions | {kept:.2f} s | | |",
               "", END]
     return "\n".join(lines)

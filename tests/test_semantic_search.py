@@ -294,3 +294,22 @@ def test_the_http_api_searches_by_meaning_for_its_tenants(tmp_path: Path, store_
         with server.client(operator) as c:
             every = c.get("/v1/search", params={"q": "vehicle", "mode": "semantic"}).json()
             assert sorted(keys(every)[:2]) == ["@acme/oil", "@globex/car"]
+
+
+def test_python_searches_a_collection_by_words_and_by_meaning(guides: Collection, tmp_path: Path,
+                                                              store_url: str) -> None:
+    import conveyor
+
+    manuals = conveyor.open(store_url, str(tmp_path / "blobs")).collection("guides")
+    near = manuals.search("car", mode="semantic", pipeline=guides.pipeline())
+    assert near[0]["item_key"] == "oil" and near[0]["similarity"] > 0.9
+    fused = manuals.search("puppy", mode="hybrid", limit=2, pipeline=guides.pipeline())
+    assert fused[0]["item_key"] == "puppy" and len(fused) == 2
+    assert [h["item_key"] for h in manuals.search("puppy")] == ["puppy"]
+    with pytest.raises(UserError, match="search mode 'fuzzy'"):
+        manuals.search("car", mode="fuzzy")
+    empty = conveyor.open(f"sqlite:///{tmp_path}/none.db", str(tmp_path / "blobs")).collection("guides")
+    assert empty.search("car") == []
+    with pytest.raises(UserError, match="nothing has been published"):
+        empty.search("car", mode="semantic")
+    assert not (tmp_path / "none.db").exists()

@@ -12,13 +12,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from conveyor.errors import UserError
+from conveyor.errors import StoreMissing, UserError
 from conveyor.service.datasets import arrow_table, iter_rows, whole_value, write_export
 from conveyor.service.export import VALUE, VALUE_PREFIX, Export, Row, collection_export
 
 if TYPE_CHECKING:
     from conveyor.blobs import Blobs
     from conveyor.client.workspace import Workspace
+    from conveyor.pipeline import Pipeline
     from conveyor.store import SqlStore
 
 _NOT_PROVENANCE = ("item_key", "outcome")
@@ -121,3 +122,30 @@ class Collection(_Rows):
         """Write the live versions to the Parquet file ``path`` (written whole, then renamed into place);
         ``{"rows", "path", ...}``."""
         return self._parquet(path, None, None)
+
+    def search(self, query: str, *, mode: str = "words", limit: int = 10,
+               pipeline: Pipeline | None = None) -> list[dict[str, Any]]:
+        """The live versions that answer ``query``, best first, as ``conveyor search --json`` gives its
+        ``results`` (``item_key``, ``version``, ``score`` or ``similarity``, ``snippet``, ``fields``, ...).
+        ``mode``: ``"words"`` (every word occurs), ``"semantic"`` (by meaning: the query embedded with the model
+        that made the collection's vectors, through ``pipeline``'s provider when given, else the local
+        all-MiniLM-L6-v2) or ``"hybrid"`` (both rankings fused by reciprocal rank)::
+
+            conveyor.open().collection("manuals").search("compress a file", mode="semantic")[0]["item_key"]
+        """
+        from conveyor.service.embedder import query_embedder
+        from conveyor.service.publications import MODES, check_search
+        from conveyor.service.publications import search as find
+
+        check_search(query, limit, mode)
+        assert mode in MODES  # check_search said so
+        try:
+            with self.workspace.opened(create=False) as store:
+                found = find(store, query, self.name, limit, mode,
+                             query_embedder(pipeline) if mode != "words" else None)
+        except StoreMissing:
+            if mode != "words":
+                raise UserError("nothing has been published in this store yet: there are no vectors to "
+                                "search") from None
+            return []
+        return list(found["results"])

@@ -56,6 +56,11 @@ class Dialect(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
+    def execute_binary(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """``execute``, the rows sent in the backend's binary form where it has one (large byte values: a quarter of
+        the time of PostgreSQL's hex text on the wire)."""
+        ...
+
     def glob(self, pattern: str) -> tuple[str, str]:
         """The operator and the parameter that match a text column against a shell-style ``pattern`` (``*``,
         ``?``, ``[abc]``, ``[!abc]``; case-sensitive): ``f"item_key {op} ?"``."""
@@ -251,6 +256,9 @@ class SqliteDialect:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql, params).fetchall()
+
+    def execute_binary(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()  # SQLite hands bytes over as they are
 
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self.conn.execute(sql, params).rowcount
@@ -449,6 +457,11 @@ class PostgresDialect:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cur = self._live().execute(self._sql(sql), params)
         return cur.fetchall() if cur.description else []
+
+    def execute_binary(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._live().cursor(binary=True) as cur:
+            cur.execute(self._sql(sql), params)
+            return cur.fetchall() if cur.description else []
 
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._live().execute(self._sql(sql), params).rowcount
