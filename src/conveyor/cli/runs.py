@@ -34,6 +34,7 @@ from conveyor.cli.common import (
     emit,
     finish_run,
     interrupted,
+    released_everything,
     resume_hint,
     stage_output_to_stderr,
     stages_progress,
@@ -81,6 +82,7 @@ def run(
                 summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
             except Interrupted as exc:
                 interrupted(exc.run_id, db, blobs)
+    released_everything()
     finish_run(summary, as_json, input, resume_hint(summary["run_id"], db, blobs))
 
 
@@ -130,6 +132,7 @@ def resume(
             summary = resume_run(run_id, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
+    released_everything()
     finish_run(summary, as_json, resume_with=resume_hint(summary["run_id"], db, blobs))
 
 

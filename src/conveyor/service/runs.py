@@ -273,8 +273,9 @@ class Fleet:
         """A worker forked before the store was opened, now told to work the run; None when there is none."""
         if self.options.forks is None:
             return None
-        return self.options.forks.take(WorkOrder(self.run_id, self.store.url, self.blobs.url,
-                                                 self.options.provider_batch))
+        folder = getattr(self.blobs, "root", None)  # a folder by its path: a file: URL would import urllib.request
+        return self.options.forks.take(WorkOrder(self.run_id, self.store.url, self.blobs.url if folder is None
+                                                 else str(folder), self.options.provider_batch))
 
     def release_forks(self) -> None:
         if self.options.forks is not None:
