@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,15 +50,19 @@ SMALL_ITEMS = 10
 SMALL_TARGET_S = 0.5  # beyond the stage time
 
 
-def run_cli(args: list[str], src: Path) -> tuple[float, dict[str, Any]]:
-    """Wall seconds of one whole ``conveyor ... --json`` process and its JSON; it must exit 0."""
+def run_cli(args: list[str], src: Path) -> tuple[float, float, dict[str, Any]]:
+    """Wall seconds of one whole ``conveyor ... --json`` process, the CPU seconds (user + system) of it and its
+    workers, and its JSON; it must exit 0."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([*conveyor(), *args, "--json"], env=environment(src), cwd=ROOT, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"conveyor {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return wall, json.loads(proc.stdout)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads(proc.stdout)
 
 
 def bare(src: Path) -> float:
@@ -89,19 +94,22 @@ def cached(folder: Path, items: int, sources: dict[str, Path], rounds: int) -> l
     manifest = write_manifest(folder / f"cached-{items}.jsonl", items, "cached")
     base, blobs = folder / f"cached-{items}.db", folder / "blobs"
     args = ["run", NOOP, "--input", str(manifest), "--blobs", str(blobs)]
-    run_cli([*args, "--db", f"sqlite:///{base}"], ROOT / "src")
+    run_cli([*args, "--db", f"sqlite:///{base}"], ROOT / "src")  # the cold run the re-runs repeat
     walls: dict[str, list[float]] = {name: [] for name in sources}
+    cpus: dict[str, list[float]] = {name: [] for name in sources}
     yardstick: list[float] = []
     for _ in range(rounds):
         for name, src in sources.items():
             copy = folder / "copy.db"
             copy_store(base, copy)
+            os.sync()  # the copy's pages reach the disk now, not while the re-run is timed
             yardstick.append(bare(src))
-            wall, out = run_cli([*args, "--db", f"sqlite:///{copy}"], src)
+            wall, cpu, out = run_cli([*args, "--db", f"sqlite:///{copy}"], src)
             if out["cached"] != 3 * items or out["stage_calls"] != 0 or out["unaccounted"] != 0:
                 raise RuntimeError(f"{name}: a cached re-run of {items} items made {out['stage_calls']} stage calls "
                                    f"and {out['cached']} cached tasks (expected 0 and {3 * items})")
             walls[name].append(wall)
+            cpus[name].append(cpu)
             drop_store(copy)
             print(f"{name:>24}  cached re-run, {items:,} items: {wall:6.2f} s  {3 * items / wall:9,.0f} tasks/s",
                   flush=True)
@@ -109,9 +117,10 @@ def cached(folder: Path, items: int, sources: dict[str, Path], rounds: int) -> l
     rows = []
     for name, times in walls.items():
         wall = statistics.median(times)
+        rate = 3 * items / wall
         rows.append({"src": name, "figure": f"cached re-run, {items:,} items (conveyor run)", "wall": wall,
-                     "value": 3 * items / wall, "unit": "tasks/s", "target": CACHED_TARGET, "pass": 3 * items / wall
-                     >= CACHED_TARGET, "rounds": ", ".join(f"{3 * items / t:,.0f}" for t in times)})
+                     "cpu": statistics.median(cpus[name]), "value": rate, "unit": "tasks/s", "target": CACHED_TARGET,
+                     "pass": rate >= CACHED_TARGET, "rounds": ", ".join(f"{3 * items / t:,.0f}" for t in times)})
     rows.append(_bare_row(yardstick))
     return rows
 
@@ -123,24 +132,27 @@ def small(folder: Path, sources: dict[str, Path], rounds: int) -> list[dict[str,
     warm = write_manifest(folder / "small-warm.jsonl", SMALL_ITEMS, "warm-up")
     run_cli(["run", SLEEP, "--input", str(warm), *common], ROOT / "src")  # the store exists, its files are read
     over: dict[str, list[float]] = {name: [] for name in sources}
+    cpus: dict[str, list[float]] = {name: [] for name in sources}
     yardstick: list[float] = []
     for index in range(rounds):
         for name, src in sources.items():
             manifest = write_manifest(folder / "small.jsonl", SMALL_ITEMS, f"round {index} {name}")
             yardstick.append(bare(src))
-            wall, out = run_cli(["run", SLEEP, "--input", str(manifest), *common], src)
+            wall, cpu, out = run_cli(["run", SLEEP, "--input", str(manifest), *common], src)
             if out["stage_calls"] != SMALL_ITEMS or out["outcomes"] != {"completed": SMALL_ITEMS}:
                 raise RuntimeError(f"{name}: a run of {SMALL_ITEMS} new items made {out['stage_calls']} stage calls, "
                                    f"outcomes {out['outcomes']}")
             over[name].append(wall - STAGE_S)
+            cpus[name].append(cpu)
             print(f"{name:>24}  {SMALL_ITEMS} items, {STAGE_S:.1f} s stage: {wall:6.2f} s, "
                   f"{wall - STAGE_S:5.2f} s beyond it", flush=True)
     rows = []
     for name, times in over.items():
         extra = statistics.median(times)
         rows.append({"src": name, "figure": f"{SMALL_ITEMS} items, wall beyond a {STAGE_S:.1f} s stage (conveyor run)",
-                     "wall": extra + STAGE_S, "value": extra, "unit": "s", "target": SMALL_TARGET_S,
-                     "pass": extra <= SMALL_TARGET_S, "rounds": ", ".join(f"{t:.2f}" for t in times)})
+                     "wall": extra + STAGE_S, "cpu": statistics.median(cpus[name]), "value": extra, "unit": "s",
+                     "target": SMALL_TARGET_S, "pass": extra <= SMALL_TARGET_S,
+                     "rounds": ", ".join(f"{t:.2f}" for t in times)})
     rows.append(_bare_row(yardstick))
     return rows
 
@@ -148,7 +160,8 @@ def small(folder: Path, sources: dict[str, Path], rounds: int) -> list[dict[str,
 def _bare_row(times: list[float]) -> dict[str, Any]:
     wall = statistics.median(times)
     return {"src": "", "figure": "`python -c pass` (yardstick, alternated with the above)", "wall": wall,
-            "value": wall, "unit": "s", "target": None, "pass": None, "rounds": ", ".join(f"{t:.3f}" for t in times)}
+            "cpu": None, "value": wall, "unit": "s", "target": None, "pass": None,
+            "rounds": ", ".join(f"{t:.3f}" for t in times)}
 
 
 def section(rows: list[dict[str, Any]], args: argparse.Namespace, compiled: dict[str, tuple[int, int]],
@@ -161,22 +174,26 @@ def section(rows: list[dict[str, Any]], args: argparse.Namespace, compiled: dict
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "", call, "",
              "Whole `conveyor run` processes on SQLite, started as a user starts them (the environment's `conveyor` "
              "script), timed from start to exit. *Cached re-run*: bench/noop_pipeline.py (three stages) over N "
-             "items once, then the same command on a fresh copy of that store each round; every task is answered "
+             "items once, then the same command on a fresh copy of that store each round (written to disk before the "
+             "clock starts); every task is answered "
              "from the memo (checked), and the figure is 3 N tasks / the process's wall time. *10 items*: "
              "bench/sleep_pipeline.py, one async stage waiting 1.0 s per item, ten at once, over ten new items on an "
              "existing store with the default workers (one per core); the figure is the wall time minus the 1.0 s "
-             "stage time. Each command is alternated, round by round, with `python -c pass` and with the other "
+             "stage time. *cpu s*: user + system time of the command and its workers (the median; less moved by "
+             "other work on the host than the wall time). Each command is alternated, round by round, with "
+             "`python -c pass` and with the other "
              f"src/ folder when there is one; medians of {args.rounds} rounds (cached) and {args.small_rounds} "
              f"(10 items), each round's figures in the last column. 1-minute load average at the start: {load:.1f} "
              f"({os.cpu_count()} cores).", "",
-             "| src | figure | wall s | value | unit | target | | rounds |",
-             "| --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
+             "| src | figure | wall s | cpu s | value | unit | target | | rounds |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | --- | --- |"]
     for r in rows:
         target = "" if r["target"] is None else (f"≥ {r['target']:,.0f}" if r["unit"] == "tasks/s"
                                                  else f"≤ {r['target']:.2f}")
         verdict = "" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
         value = f"{r['value']:,.0f}" if r["unit"] == "tasks/s" else f"{r['value']:.3f}"
-        lines.append(f"| {r['src']} | {r['figure']} | {r['wall']:.3f} | {value} | {r['unit']} | {target} | "
+        cpu = "" if r["cpu"] is None else f"{r['cpu']:.2f}"
+        lines.append(f"| {r['src']} | {r['figure']} | {r['wall']:.3f} | {cpu} | {value} | {r['unit']} | {target} | "
                      f"{verdict} | {r['rounds']} |")
     if args.baseline:
         lines += ["", f"*{args.label}*: the same commands with another src/ folder (`--baseline`), alternated "
