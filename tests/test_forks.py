@@ -4,8 +4,14 @@ fork."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from conveyor.service.forks import Forked
 from tests.helpers import cli_json, make_docs, query, write_pipeline
 
 PIPE = """
@@ -87,3 +93,17 @@ def test_told_not_to_fork_the_run_starts_new_worker_processes(tmp_path: Path, st
     out = cli_json(*_args(target, docs, store_url, tmp_path), cwd=tmp_path, env={"CONVEYOR_FORK_WORKERS": "0"})
     assert out["outcomes"] == {"completed": 4} and out["unaccounted"] == 0
     assert {verb for _, verb, _, _ in _calls(tmp_path)} == {"worker"}
+
+
+def test_a_forked_workers_handle_answers_as_a_popen_does() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        handle = Forked(proc.pid)
+        assert handle.poll() is None and handle.returncode is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            handle.wait(timeout=0.05)
+        handle.terminate()
+        assert handle.wait(timeout=30) == -signal.SIGTERM and handle.poll() == -signal.SIGTERM
+        handle.kill()  # gone already: nothing is sent
+    finally:
+        proc.kill()

@@ -19,6 +19,7 @@ records every attempt: what the store holds is the same either way.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -98,9 +99,18 @@ class WorkerForks:
         self.waiting: list[tuple[Forked, int]] = []  # (child, the write end of its pipe)
         sys.stdout.flush()  # what this process has buffered must not be written again by a child
         sys.stderr.flush()
+        # What is loaded now (the modules, the pipeline) is left out of the garbage collector's walks from here on,
+        # as Python's documentation advises before a fork: a walk writes to every object it visits, which would
+        # copy the shared pages into each child, and the submission's full collections need not visit them.
+        gc.freeze()
         for _ in range(count):
             read, write = os.pipe()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # no more processes or memory now: the fleet starts the rest as new processes
+                os.close(read)
+                os.close(write)
+                break
             if pid == 0:  # the child: never returns
                 os.close(write)
                 for _, other in self.waiting:
