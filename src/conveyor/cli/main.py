@@ -29,6 +29,7 @@ def main() -> None:
     from typer.exceptions import TyperException
 
     from conveyor.cli.commands import INTERRUPTED, app_for, every_stage_when_unnamed
+    from conveyor.cli.common import quick_exit
     from conveyor.errors import ConveyorError, UserError
     from conveyor.runtime import tracing
 
@@ -51,7 +52,9 @@ def main() -> None:
         _fail(f"error: {exc}", 2)
     except ConveyorError as exc:
         _fail(f"error [{exc.code}]: {exc}", 1)
-    raise SystemExit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    quick_exit(code)  # a run's process ends without the interpreter's teardown (cli/common.py)
+    raise SystemExit(code)
 
 
 def _tracing_configured() -> bool:

@@ -34,6 +34,7 @@ from conveyor.cli.common import (
     emit,
     finish_run,
     interrupted,
+    released_everything,
     resume_hint,
     stage_output_to_stderr,
     stages_progress,
@@ -61,6 +62,7 @@ def run(
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
     from conveyor.runtime.target import load_target
+    from conveyor.service.forks import forked_workers
     from conveyor.service.runs import Interrupted, RunOptions, run_pipeline
 
     input = table_input(input, key, text, path, value, meta)
@@ -69,15 +71,18 @@ def run(
     if dry_run:
         _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json, sets)
         return
-    blob_store = writable_blobs(blobs)
-    options = RunOptions(workers=workers, lane=lane, provider_batch=provider_batch,
-                         submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
-                                               budget_usd=budget_usd, sets=sets))
-    with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
-        try:
-            summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
-        except Interrupted as exc:
-            interrupted(exc.run_id, db, blobs)
+    # The workers are forked now, with the pipeline loaded, before the store is opened (service/forks.py).
+    with forked_workers(pipeline, target, workers) as forks:
+        blob_store = writable_blobs(blobs)
+        options = RunOptions(workers=workers, lane=lane, provider_batch=provider_batch, forks=forks,
+                             submit=submit_options(skip_bad_lines, strict_inputs, accept_code_change,
+                                                   budget_usd=budget_usd, sets=sets))
+        with store_for(db) as store, stages_progress(as_json) as progress, stage_output_to_stderr():
+            try:
+                summary = run_pipeline(pipeline, target, input, store, blob_store, options, progress)
+            except Interrupted as exc:
+                interrupted(exc.run_id, db, blobs)
+    released_everything()
     finish_run(summary, as_json, input, resume_hint(summary["run_id"], db, blobs))
 
 
@@ -127,6 +132,7 @@ def resume(
             summary = resume_run(run_id, store, blob_store, options, progress)
         except Interrupted as exc:
             interrupted(exc.run_id, db, blobs)
+    released_everything()
     finish_run(summary, as_json, resume_with=resume_hint(summary["run_id"], db, blobs))
 
 

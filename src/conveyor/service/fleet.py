@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 PARENT_ENV = "CONVEYOR_EXIT_WITH_PARENT"
 USER_ERROR_EXIT = 2  # a worker that exits with this printed why; starting it again would say it again
@@ -65,7 +66,21 @@ def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
+class Process(Protocol):
+    """A worker process as the fleets handle it: subprocess.Popen, or a forked one (service/forks.py)."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def stop_processes(procs: Sequence[Process], grace_s: float) -> None:
     """SIGTERM each (they finish or give back their tasks), then SIGKILL what is left after ``grace_s``."""
     for proc in procs:
         if proc.poll() is None:

@@ -23,7 +23,8 @@ from conveyor.runtime.services import require_provider
 from conveyor.runtime.target import load_target
 from conveyor.runtime.worker import Worker, WorkerOptions
 from conveyor.service.declarations import check_same
-from conveyor.service.fleet import USER_ERROR_EXIT, default_workers, stop_processes
+from conveyor.service.fleet import USER_ERROR_EXIT, Process, default_workers, stop_processes
+from conveyor.service.forks import WorkerForks, WorkOrder
 from conveyor.service.inputs import SourceItem, memory_input
 from conveyor.service.report import find_run, reconcile, run_progress
 from conveyor.service.submit import SubmitOptions, Submitted, submit
@@ -49,6 +50,9 @@ class RunOptions:
     # Set from another thread (the Python API's, on Ctrl-C): the run stops as on Ctrl-C, its workers finishing or
     # releasing their tasks, and becomes Interrupted. Give the same event to ``submit.stop``.
     stop: threading.Event | None = None
+    # Workers forked by the caller before it opened the store (service/forks.py), taken as the run's first
+    # workers; the ones not taken are told to exit once the submission is done. None: new processes.
+    forks: WorkerForks | None = None
 
 
 def run_pipeline(
@@ -134,6 +138,7 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
     with _interruptible(fleet):
         if options.workers <= 0:
             done = submission(None)
+            fleet.release_forks()
             fleet.run_id = done.run_id
             worker = Worker(pipeline, target, store.url, blobs, WorkerOptions(
                 run_id=done.run_id, until_idle=True, provider_batch=options.provider_batch))
@@ -143,6 +148,7 @@ def _process(pipeline: Pipeline, fleet: Fleet, progress: Progress | None,
                 raise KeyboardInterrupt("stopped")  # the worker drained: the run is left as Ctrl-C leaves it
         else:
             done = submission(fleet.start)
+            fleet.release_forks()  # none needed, or more than were taken: they exit now
             fleet.run_id = done.run_id
             if fleet.procs:
                 fleet.watch(progress)
@@ -251,7 +257,7 @@ class Fleet:
     def __init__(self, pipeline: str, target: str, store: SqlStore, blobs: Blobs, options: RunOptions) -> None:
         self.pipeline, self.target, self.store, self.blobs, self.options = pipeline, target, store, blobs, options
         self.run_id = ""
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Process] = []
         self.restarts = 0
 
     def note_run(self, run_id: str) -> None:
@@ -261,7 +267,19 @@ class Fleet:
 
     def start(self, run_id: str) -> None:
         self.run_id = run_id
-        self.procs = [self._spawn() for _ in range(self.options.workers)]
+        self.procs = [self._forked() or self._spawn() for _ in range(self.options.workers)]
+
+    def _forked(self) -> Process | None:
+        """A worker forked before the store was opened, now told to work the run; None when there is none."""
+        if self.options.forks is None:
+            return None
+        folder = getattr(self.blobs, "root", None)  # a folder by its path: a file: URL would import urllib.request
+        return self.options.forks.take(WorkOrder(self.run_id, self.store.url, self.blobs.url if folder is None
+                                                 else str(folder), self.options.provider_batch))
+
+    def release_forks(self) -> None:
+        if self.options.forks is not None:
+            self.options.forks.close()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "conveyor", "worker", self.target, "--until-idle", "--run", self.run_id,
@@ -279,7 +297,7 @@ class Fleet:
         A worker that stops on a user error (exit 2: it printed why) stops the run.
         """
         while True:
-            time.sleep(self.options.poll)
+            self._pause()
             if self.options.stop is not None and self.options.stop.is_set():
                 raise KeyboardInterrupt("stopped")  # as Ctrl-C: the caller stops the workers, gently
             if progress is not None:
@@ -303,6 +321,17 @@ class Fleet:
                 if progress is not None:
                     progress(self.status)
                 return
+
+    def _pause(self) -> None:
+        """One poll's wait, cut short when a worker that was running exits: the run's end is seen at once."""
+        running = [p for p in self.procs if p.poll() is None]
+        deadline, delay = time.monotonic() + self.options.poll, 0.002
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or any(p.poll() is not None for p in running):
+                return
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.025)
 
     def status(self) -> dict[str, Any]:
         return run_progress(self.store, find_run(self.store, self.run_id))
