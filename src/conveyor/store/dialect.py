@@ -207,6 +207,7 @@ def sqlite_cache_kib(env: Any = os.environ) -> int:
 COPY_FROM = 16
 DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its direct COPY met an existing row
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
+CLOSE_WAIT_S = 5.0  # how long close waits for a PostgreSQL wait_for_work it woke (else it leaves the listener open)
 # PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
 # they counted, plus STALE_ROWS, were written since (autovacuum's own rule, which a server may have switched off).
 STALE_SHARE, STALE_ROWS = 0.2, 1_000
@@ -252,6 +253,10 @@ class SqliteDialect:
         self._depth = 0
         self.path = path
         self._watcher: Any = None
+        # wait_for_work runs in a thread of its own (a worker's idle wait) and may still be polling when the store
+        # is closed: the watcher is used and closed only under this lock, and not used after close.
+        self._watch_lock = threading.Lock()
+        self._closed = False
         self._writers = WriterLock(path) if path != ":memory:" and not path.startswith("file:") else None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -344,19 +349,26 @@ class SqliteDialect:
         """Return once another connection commits, or ``timeout`` passes: ``PRAGMA data_version`` (a read of
         the WAL index in shared memory, no lock) changes on every commit made elsewhere. Read on a connection
         of its own, every WAKE_POLL_S, so a job queued through the API starts within milliseconds."""
-        if self._watcher is None:
-            if self.path == ":memory:":
-                time.sleep(timeout)
-                return
-            import sqlite3
-
-            self._watcher = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        version = self._watcher.execute("PRAGMA data_version").fetchone()[0]
+        if self.path == ":memory:":
+            time.sleep(timeout)
+            return
+        version = self._data_version()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while version is not None and time.monotonic() < deadline:
             time.sleep(min(WAKE_POLL_S, max(0.0, deadline - time.monotonic())))
-            if self._watcher.execute("PRAGMA data_version").fetchone()[0] != version:
+            if self._data_version() != version:
                 return
+
+    def _data_version(self) -> int | None:
+        """The watcher's ``PRAGMA data_version`` (made on first use); None once the store is closed."""
+        with self._watch_lock:
+            if self._closed:
+                return None
+            if self._watcher is None:
+                import sqlite3
+
+                self._watcher = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            return int(self._watcher.execute("PRAGMA data_version").fetchone()[0])
 
     def lost(self) -> bool:
         """Never: an embedded store has no connection to lose."""
@@ -382,8 +394,10 @@ class SqliteDialect:
 
     def close(self) -> None:
         self.conn.close()
-        if self._watcher is not None:
-            self._watcher.close()
+        with self._watch_lock:  # a wait still polling in its thread returns at its next look
+            self._closed = True
+            if self._watcher is not None:
+                self._watcher.close()
         if self._writers is not None:
             self._writers.close()
 
@@ -421,6 +435,10 @@ class PostgresDialect:
         self.conn = psycopg.connect(url, autocommit=True)
         self._psycopg = psycopg
         self._listener: Any = None
+        # wait_for_work blocks in a thread of its own (a worker's idle wait) and may still be listening when the
+        # store is closed: the listener is used and closed only under this lock (close wakes it with a NOTIFY).
+        self._listen_lock = threading.Lock()
+        self._closed = False
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
         self._copied: dict[str, CopiedRows | None] = {}  # None: not of the shape (executemany)
@@ -621,25 +639,40 @@ class PostgresDialect:
         """Block until a NOTIFY arrives or ``timeout`` passes. When the listening connection is lost, wait out
         ``timeout`` as a poll would and listen on a new connection next time (what was sent meanwhile is
         missed: the caller looks for work after every wait anyway)."""
-        try:
-            if self._listener is None:
-                self._listener = self._psycopg.connect(self.url, autocommit=True)
-                self._listener.execute(f"LISTEN {self.channel}")
-            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-                break
-        except self._psycopg.OperationalError:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
-            time.sleep(timeout)
+        with self._listen_lock:
+            if self._closed:
+                return
+            try:
+                if self._listener is None:
+                    self._listener = self._psycopg.connect(self.url, autocommit=True)
+                    self._listener.execute(f"LISTEN {self.channel}")
+                for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                    break
+                return
+            except self._psycopg.OperationalError:
+                if self._listener is not None:
+                    self._listener.close()
+                    self._listener = None
+        time.sleep(timeout)
 
     def checkpointing(self) -> AbstractContextManager[None]:
         """Nothing to do: the server writes its log back on its own schedule, not at a client's close."""
         return nullcontext()
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
+        self._closed = True
+        if self._listener is not None and self._listen_lock.locked():  # a wait is listening: wake it
+            try:
+                self.conn.execute(f"NOTIFY {self.channel}")
+            except self._psycopg.Error:
+                pass
+        if self._listen_lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                if self._listener is not None:
+                    self._listener.close()
+                    self._listener = None
+            finally:
+                self._listen_lock.release()
         self.conn.close()
 
 
