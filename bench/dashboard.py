@@ -1,6 +1,6 @@
 """Dashboard benchmark: how long each page takes at 1,000,000 items, on SQLite and PostgreSQL.
 
-    .venv/bin/python bench/dashboard.py [--items 1000000] [--runs 30] [--repeat 7] [--pg URL] [--no-write]
+    .venv/bin/python bench/dashboard.py [--items 1000000] [--runs 30] [--repeat 7] [--pg URL] [--no-write] [--keep DIR]
 
 A store is filled straight through SQL (bench/selection.py's ``populate``: a run of ``--items`` root items with
 a ``parse`` and an ``extract`` task each, 15,000 parses failed), then given one attempt per task spread over the
@@ -11,12 +11,18 @@ operator's token): one warm-up, then ``--repeat`` requests; the table gives the 
 target of 300 ms. For the slow pages, the service calls under them are timed too, to say which one costs. The
 items page (``/runs/R/items``) is asked with each of its filters alone, and each filter's query plan printed
 (EXPLAIN), with the indexes it uses.
+Then each page a person opens is loaded in Chromium (Debian's /usr/bin/chromium through Playwright; no browser
+download) from a `conveyor serve` of the same store: the median time from the navigation's start to its load
+event against the target of 1 s, and the console's errors (``--no-browser`` leaves this out).
+``--keep DIR`` keeps both stores (DIR/bench.db and a PostgreSQL database named after DIR) and reuses them on the
+next run with the same ``--items`` instead of writing them again (two minutes each at a million items).
 Writes its section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,18 +197,123 @@ def service_calls(store: SqlStore, run_id: str, repeat: int) -> list[str]:
     return rows
 
 
+LOAD_TARGET_S = 1.0
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def browser_pages(targets: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The pages a person opens (not a page's 2 s refresh), the items page with a few of its filters."""
+    kept = ("runs", "runs, page 2", "one run", "dead letters", "dead letters of a class", "review queue",
+            "one review", "one item's journey", "workers", "items: no filter", "items: status failed",
+            "items: error class", "items: provenance, narrow", "items: approve these, the dry run")
+    return [("login form", "/login"), *((label, path) for label, path in targets if label in kept)]
+
+
+def browser_loads(url: str, blobs: str, backend: str, token: str, run_id: str, targets: list[tuple[str, str]],
+                  repeat: int) -> list[str]:
+    """Each page loaded in Chromium (Debian's /usr/bin/chromium through Playwright; no browser download) from a
+    `conveyor serve` of this store, logged in with ``token``: one warm-up, then ``repeat`` loads; the time from
+    the navigation's start to its load event (the Navigation Timing entry), and the console's errors."""
+    import socket
+    import subprocess
+
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    log = Path(blobs).parent / f"serve-{backend}.log"
+    with log.open("wb") as said:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "serve", "--db", url, "--blobs", blobs, "--workers", "0", "--port",
+             str(port), "--no-relay"], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            stdout=said, stderr=subprocess.STDOUT)
+    rows = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"conveyor serve did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        with sync_playwright() as play:
+            browser = play.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                errors: list[str] = []
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(f"{base}/login")
+                page.fill("#token", token)
+                page.click("form.login button[type=submit]")
+                page.wait_for_url(f"{base}/")
+                for label, path in browser_pages(targets):
+                    errors.clear()
+                    loads = []
+                    status = 0
+                    for n in range(repeat + 1):
+                        answer = page.goto(f"{base}{path}", wait_until="load")
+                        status = answer.status if answer is not None else 0
+                        entry = page.evaluate("() => { const [e] = performance.getEntriesByType('navigation'); "
+                                              "return e.loadEventEnd - e.startTime; }")
+                        if n:  # the first load warms up
+                            loads.append(float(entry) / 1000)
+                    median = statistics.median(loads)
+                    ok = status == 200 and median <= LOAD_TARGET_S and not errors
+                    seen = "; ".join(sorted(set(errors)))[:120] or "none"
+                    rows.append(f"| {backend} | {label} | `{path.replace(run_id, 'R')}` | {status} | "
+                                f"{min(loads) * 1000:,.0f} | {median * 1000:,.0f} | {seen} | "
+                                f"{'PASS' if ok else 'FAIL'} |")
+                    print(rows[-1], flush=True)
+            finally:
+                browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    return rows
+
+
+def status_process(url: str, run_id: str, repeat: int) -> str:
+    """`conveyor status RUN` as a person runs it: the whole process (start, imports, the reads, the table)."""
+    import subprocess
+
+    def run() -> None:
+        subprocess.run([sys.executable, "-m", "conveyor", "status", run_id, "--db", url], check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL)
+
+    best, median, _ = timed(run, repeat)
+    label = "`conveyor status RUN` (the whole process: start, imports, the reads, the table)"
+    return f"| {label} | {best * 1000:,.0f} | {median * 1000:,.0f} |"
+
+
 def bench(url: str, backend: str, args: argparse.Namespace,
-          blobs: str) -> tuple[list[str], list[str], list[str]]:
+          blobs: str) -> tuple[list[str], list[str], list[str], list[str]]:
     from starlette.testclient import TestClient
 
     store = open_store(url)
     try:
-        run_id, seconds = fill(store, args.items, args.runs)
-        print(f"{backend}: wrote {args.items:,} items ({2 * args.items:,} tasks and attempts), {DEAD} dead letters, "
-              f"{REVIEWS} reviews and {args.runs} small runs in {seconds:.1f} s", flush=True)
+        kept = store.db.execute("SELECT run_id FROM runs WHERE run_id LIKE 'rbench-%' AND expected = ? AND EXISTS "
+                                "(SELECT 1 FROM reviews r WHERE r.run_id = runs.run_id)", (args.items,))
+        if kept:  # --keep: the store of an earlier run of this script, as it was written
+            run_id = kept[0][0]
+            print(f"{backend}: reusing the store kept with run {run_id} ({args.items:,} items)", flush=True)
+        else:
+            run_id, seconds = fill(store, args.items, args.runs)
+            print(f"{backend}: wrote {args.items:,} items ({2 * args.items:,} tasks and attempts), {DEAD} dead "
+                  f"letters, {REVIEWS} reviews and {args.runs} small runs in {seconds:.1f} s", flush=True)
         token = create_token(store, "ops", operator=True)["token"]
         targets = pages(store, run_id)
-        calls = service_calls(store, run_id, args.repeat)
+        calls = [*service_calls(store, run_id, args.repeat), status_process(url, run_id, args.repeat)]
         explained = [f"| {backend} {row[1:]}" for row in plans(store, run_id)]
         for row in explained:
             print(row, flush=True)
@@ -222,7 +333,20 @@ def bench(url: str, backend: str, args: argparse.Namespace,
         print(rows[-1], flush=True)
     for row in calls:
         print(f"{backend} {row}", flush=True)
-    return rows, [f"| {backend} {row[1:]}" for row in calls], explained
+    loads = [] if args.no_browser else browser_loads(url, blobs, backend, token, run_id, targets, args.repeat)
+    return rows, [f"| {backend} {row[1:]}" for row in calls], explained, loads
+
+
+@contextlib.contextmanager
+def kept_pg_database(admin: str, keep: Path) -> Iterator[str]:
+    """A PostgreSQL database named after ``keep`` (made when missing), left in place afterwards."""
+    import psycopg
+
+    name = "conveyor_bench_dash_" + "".join(c if c.isalnum() else "_" for c in keep.resolve().name.lower())
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f"CREATE DATABASE {name}")
+    yield f"{admin.partition('?')[0].rpartition('/')[0]}/{name}"
 
 
 def main() -> None:
@@ -233,36 +357,59 @@ def main() -> None:
     parser.add_argument("--pg", default=os.environ.get("CONVEYOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
                         help="an admin URL of a PostgreSQL server ('' to leave PostgreSQL out)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--no-browser", action="store_true", help="leave out the page loads in Chromium")
+    parser.add_argument("--keep", metavar="DIR", type=Path,
+                        help="keep the stores (DIR/bench.db and a PostgreSQL database named after DIR) and reuse "
+                             "them on the next run with the same --items, instead of writing fresh ones")
     args = parser.parse_args()
     rows: list[str] = []
     calls: list[str] = []
     explained: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="conveyor-bench-dash-") as work:
+    loads: list[str] = []
+    load_before = os.getloadavg()
+    if not args.no_browser and not CHROMIUM.exists():
+        raise SystemExit(f"no {CHROMIUM} for the page loads: `apt-get install chromium`, or --no-browser")
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            work = str(args.keep.resolve())
+        else:
+            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="conveyor-bench-dash-"))
         found = bench(f"sqlite:///{work}/bench.db", "sqlite", args, f"{work}/blobs")
         rows += found[0]
         calls += found[1]
         explained += found[2]
+        loads += found[3]
         if args.pg:
-            with pg_database(args.pg, "dash") as url:
+            with kept_pg_database(args.pg, args.keep) if args.keep else pg_database(args.pg, "dash") as url:
                 found = bench(url, "postgres", args, f"{work}/blobs")
                 rows += found[0]
                 calls += found[1]
                 explained += found[2]
+                loads += found[3]
     section = "\n".join([
         BEGIN, "## Dashboard pages (bench/dashboard.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "",
-        f"    .venv/bin/python bench/dashboard.py --items {args.items} --runs {args.runs} --repeat {args.repeat}", "",
+        f"    .venv/bin/python bench/dashboard.py {' '.join(sys.argv[1:])}", "",
         f"Machine: nproc {os.cpu_count()}; {platform.platform()}; Python {platform.python_version()}. "
         f"A run of {args.items:,} items (two tasks and two attempts each; {DEAD} dead letters in two classes, "
         f"{REVIEWS} answers waiting for review) and {args.runs} small runs, written straight into a fresh store; "
         "each page asked through `create_app` in this process with an operator's token, one warm-up then "
-        f"{args.repeat} requests. Target: a median under {TARGET_S * 1000:.0f} ms.", "",
+        f"{args.repeat} requests. Target: a median under {TARGET_S * 1000:.0f} ms. Load average (1, 5, 15 min) "
+        f"{' / '.join(f'{x:.1f}' for x in load_before)} at the start, "
+        f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (a shared machine).", "",
         "| backend | page | path | status | KiB | best ms | median ms | result |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |", *rows, "",
         "The service calls under the run pages, alone (best and median ms):", "",
         "| backend call | best ms | median ms |", "| --- | ---: | ---: |", *calls, "",
         "The items page's filters, each first read's plan (EXPLAIN) and the indexes it uses:", "",
-        "| backend filter | indexes | plan |", "| --- | --- | --- |", *explained, "", END])
+        "| backend filter | indexes | plan |", "| --- | --- | --- |", *explained, "",
+        *([f"Each page loaded in Chromium ({CHROMIUM}, headless, through Playwright) from a `conveyor serve` of the "
+           "same store, logged in as the operator: one warm-up, then "
+           f"{args.repeat} loads; the time from the navigation's start to its load event (Navigation Timing), and "
+           f"the console's errors. Target: a median of at most {LOAD_TARGET_S * 1000:.0f} ms and no error.", "",
+           "| backend | page | path | status | best ms | median ms | console errors | result |",
+           "| --- | --- | --- | ---: | ---: | ---: | --- | --- |", *loads, ""] if loads else []), END])
     if not args.no_write:
         write_section(f"{SCRIPT}.py", section)
 

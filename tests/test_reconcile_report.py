@@ -13,7 +13,7 @@ import pytest
 from conveyor.blobs import FilesystemBlobs
 from conveyor.runtime.target import load_target
 from conveyor.service import review
-from conveyor.service.records import MAX_SLICE_VALUES, SampleOptions, _Picks, record_stage
+from conveyor.service.records import MAX_SLICE_VALUES, RunGraph, SampleOptions, _Picks, record_stage
 from conveyor.service.report import exit_code, find_run, reconcile, status_report
 from conveyor.service.submit import submit
 from conveyor.store import open_store
@@ -312,3 +312,59 @@ def test_exit_codes_through_the_cli(tmp_path: Path, store_url: str, target: str)
     assert proc.returncode == 3 and json.loads(proc.stdout)["outcomes"] == {"in_progress": 3}
     shown = cli("reconcile", run_id, *args, "--sample", "2", "--slice", "kind", "--seed", "x", cwd=tmp_path)
     assert shown.returncode == 3 and "expected 3, unaccounted 0" in shown.stdout
+
+
+# --- an ended run of a simple graph: its troubled items read, the others counted from the run's totals -----------
+
+SIMPLE = """
+    from conveyor import Pipeline, Retry, TerminalError
+    from conveyor.acceptance import Accept, Review
+
+    pipe = Pipeline("simple", retry=Retry(max_attempts=2, base=0.01, cap=0.01))
+
+    @pipe.stage(accept=Accept(confidence="confidence", threshold=0.9, review=Review(deadline="1h")))
+    def extract(ctx, source: bytes) -> dict:
+        text = source.decode()
+        if text.startswith("poison"):
+            raise ValueError("cannot parse")
+        if text.startswith("refuse"):
+            raise TerminalError("refused", error_class="unreadable")
+        return {"title": text.split()[0], "confidence": 0.5 if text.startswith("unsure") else 0.95}
+
+    @pipe.stage(after=extract)
+    def shout(ctx, doc: dict) -> dict:
+        return {"title": doc["title"].upper()}
+
+    @pipe.stage(after=shout, kind="publish")
+    def publish(ctx, doc: dict) -> None:
+        return None
+"""
+
+
+def test_an_ended_run_of_a_simple_graph_counts_its_outcomes_as_each_item_would(tmp_path: Path,
+                                                                                 store_url: str) -> None:
+    from conveyor.service.report import _ended_entry
+
+    target = write_pipeline(tmp_path, SIMPLE)
+    done = submit_and_work(target, manifest(tmp_path, GOOD + BAD + UNSURE), store_url, tmp_path / "blobs")
+    _decide(store_url, tmp_path / "blobs", "r.txt", "reject")
+    # One item loses its publication (completed), one every task (missing), one item that succeeded carries an
+    # error class (read whole), as rows changed around the engine would have them.
+    query(store_url, "DELETE FROM tasks WHERE run_id = ? AND root_key = ? AND stage = 'publish'", done.run_id, "a.txt")
+    query(store_url, "DELETE FROM tasks WHERE run_id = ? AND root_key = ?", done.run_id, "c")
+    query(store_url, "UPDATE tasks SET error_class = 'flaky' WHERE run_id = ? AND root_key = ? AND stage = 'shout'",
+          done.run_id, "b.md")
+    store = open_store(store_url)
+    try:
+        store.recount_run_totals(done.run_id)
+        store.recount_open_task_seconds()
+        run = find_run(store, done.run_id)
+        status = status_report(store, run)
+        assert _ended_entry(store, run, RunGraph.of(run), status) == "extract", "the bounded count is the one asked"
+        whole = store.item_outcomes(done.run_id, RunGraph.of(run).stages)
+    finally:
+        store.close()
+    assert whole == {"published": 1, "completed": 1, "missing": 1, "failed": 2, "dead_lettered": 1,
+                     "awaiting_review": 1, "rejected": 1}
+    assert status["outcomes"] == {k: v for k, v in whole.items() if k != "missing"}
+    assert status["unaccounted"] == 1

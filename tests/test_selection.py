@@ -198,3 +198,34 @@ def test_select_cli_json_and_its_one_line_errors(tmp_path: Path, store_url: str,
         assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and words in wrong.stderr, wrong.stderr
     empty = cli("select", "--json", cwd=tmp_path / "docs")
     assert empty.returncode == 2 and not (tmp_path / "docs" / ".conveyor").exists()
+
+
+@pytest.mark.parametrize("walk", [1, 5000])
+def test_pages_of_one_provenance_condition_read_from_its_rows_are_the_usual_pages(
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, walk: int) -> None:
+    from conveyor.store import selection as store_selection
+    from conveyor.store.selection import ProvenanceTerm, TaskFilter
+
+    run_id = _run(tmp_path, store_url, monkeypatch, "1.24.9", "paged.py")
+    monkeypatch.setattr(store_selection, "WALK", walk)  # 1: the first look always falls short, the sort answers
+    store = open_store(store_url)
+    try:
+        for term, found in ((ProvenanceTerm("parser", "=", sort_key("1.24.9")), 5),
+                            (ProvenanceTerm("schema", ">=", sort_key("3")), 5),
+                            (ProvenanceTerm("parser", "<", sort_key("1.24.0")), 0)):
+            f = TaskFilter(runs=(run_id,), provenance=(term,))
+            assert len(store._provenance_page_sql(f, None, 2)) == 2, "the provenance rows' statements are asked"
+            pages, usual, after = [], [], None
+            while True:
+                page = [(t.root_key, t.item_key, t.stage) for t in store.task_page(f, after, 2)]
+                sql, params = store._task_page_sql(f, after, 2)
+                usual.append([(str(r[2]), str(r[3]), str(r[4])) for r in store.db.execute(sql, params)])
+                pages.append(page)
+                if len(page) < 2:
+                    break
+                after = page[-1]
+            assert pages == usual and sum(map(len, pages)) == found, (term, pages)
+        mixed = TaskFilter(runs=(run_id,), stages=("parse",), provenance=(ProvenanceTerm("parser", "=", "x"),))
+        assert store._provenance_page_sql(mixed, None, 2) == [], "with another condition, the usual statement"
+    finally:
+        store.close()

@@ -1,9 +1,10 @@
-"""What every request works with: a store per thread, the blob store, the pipelines served, the caller."""
+"""What every request works with: a store lent from a pool, the blob store, the pipelines served, the caller."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -21,9 +22,15 @@ from conveyor.store import SqlStore, open_store
 T = TypeVar("T")
 
 
+# Idle stores (connections) the pool keeps for the next calls; one more, after a burst, is closed when returned.
+IDLE_STORES = 8
+
+
 class Services:
-    """The server's parts. Stores are opened once per thread (a store is one connection, not thread-safe);
-    every store call runs in the thread pool, never on the event loop."""
+    """The server's parts. Every store call runs in the thread pool, never on the event loop, with a store (one
+    connection, used by one thread at a time) lent from a pool for that call: the server holds as many
+    connections as calls run at once (the thread pool bounds them), at most ``IDLE_STORES`` of them idle, not
+    one per thread the pool ever made (its threads come and go), and closes them all at shutdown."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
@@ -35,22 +42,43 @@ class Services:
             if pipeline.name in self.pipelines:
                 raise UserError(f"two served targets declare the pipeline {pipeline.name!r}; serve each name once")
             self.pipelines[pipeline.name] = (pipeline, target)
-        self._local = threading.local()
-        self._stores: list[SqlStore] = []
+        self._idle: list[SqlStore] = []
+        self._lent = 0
+        self._closed = False
         self._lock = threading.Lock()
 
-    def store(self) -> SqlStore:
-        store: SqlStore | None = getattr(self._local, "store", None)
-        if store is None:
-            store = open_store(self.settings.db, migrate=False)
-            self._local.store = store
+    @contextmanager
+    def store(self) -> Iterator[SqlStore]:
+        """A store for the block, the idle one used last or a new one; back to the pool after it (closed when
+        the pool holds ``IDLE_STORES`` idle already, or the server has shut down)."""
+        with self._lock:
+            store = self._idle.pop() if self._idle else None
+            self._lent += 1
+        try:
+            if store is None:
+                store = open_store(self.settings.db, migrate=False)
+            yield store
+        finally:
             with self._lock:
-                self._stores.append(store)
-        return store
+                self._lent -= 1
+                kept = store is not None and not self._closed and len(self._idle) < IDLE_STORES
+                if kept and store is not None:
+                    self._idle.append(store)
+            if store is not None and not kept:
+                _close(store)
+
+    def connections(self) -> tuple[int, int]:
+        """(stores lent now, stores idle in the pool)."""
+        with self._lock:
+            return self._lent, len(self._idle)
+
+    def _with_store(self, fn: Callable[[SqlStore], T]) -> T:
+        with self.store() as store:
+            return fn(store)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(store, *args, **kwargs)`` in the thread pool, with that thread's store."""
-        return await run_in_threadpool(lambda: fn(self.store(), *args, **kwargs))
+        """``fn(store, *args, **kwargs)`` in the thread pool, with a store lent for the call."""
+        return await run_in_threadpool(self._with_store, lambda store: fn(store, *args, **kwargs))
 
     def pipeline(self, name: str | None) -> tuple[Pipeline, str]:
         """The served pipeline called ``name`` (the only one, when None); NotFound otherwise."""
@@ -67,13 +95,18 @@ class Services:
         return found
 
     def close(self) -> None:
+        """Close the idle stores; one lent now is closed when its call gives it back."""
         with self._lock:
-            stores, self._stores = self._stores, []
+            stores, self._idle, self._closed = self._idle, [], True
         for store in stores:
-            try:
-                store.close()
-            except Exception:  # closing at shutdown: a connection that broke is gone already
-                pass
+            _close(store)
+
+
+def _close(store: SqlStore) -> None:
+    try:
+        store.close()
+    except Exception:  # closing a connection that broke: it is gone already
+        pass
 
 
 def services(request: Request) -> Services:
@@ -109,7 +142,8 @@ class Scoped:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(view, *args, **kwargs)`` in the thread pool, ``view`` the caller's TenantView."""
-        return await run_in_threadpool(lambda: fn(TenantView(self.svc.store(), self.who), *args, **kwargs))
+        return await run_in_threadpool(
+            self.svc._with_store, lambda store: fn(TenantView(store, self.who), *args, **kwargs))
 
 
 def scoped(svc: Svc, who: Who) -> Scoped:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.context import Services
 from conveyor.metrics import exposition, new_registry
-from conveyor.store import SqlStore
 
 
 def install(app: FastAPI, svc: Services) -> None:
-    """Add /metrics to ``app``; each scrape runs in the thread pool with that thread's store."""
-
-    @contextmanager
-    def thread_store() -> Iterator[SqlStore]:
-        yield svc.store()
-
-    registry = new_registry(thread_store, [pipeline for pipeline, _ in svc.pipelines.values()])
+    """Add /metrics to ``app``; each scrape runs in the thread pool with a store lent by the server's pool."""
+    registry = new_registry(svc.store, [pipeline for pipeline, _ in svc.pipelines.values()])
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

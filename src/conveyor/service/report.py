@@ -194,7 +194,7 @@ def reconcile(store: SqlStore, run: RunRecord, limit: int = 10_000, blobs: Blobs
     status = run_status(store, run, attempts)
     graph = RunGraph.of(run)
     settled = _settled(run, status)
-    outcomes = _outcomes(store, run, graph, settled)
+    outcomes = _outcomes(store, run, graph, status)
     missing = outcomes.pop("missing", 0)
     report = {
         "run_id": run.run_id, "pipeline": run.pipeline, "expected": status["expected"], "status": status["status"],
@@ -244,14 +244,37 @@ def _settled(run: RunRecord, status: dict[str, Any]) -> bool:
         set(counts) <= {"succeeded"} for counts in status["stages"].values())
 
 
-def _outcomes(store: SqlStore, run: RunRecord, graph: RunGraph, settled: bool) -> dict[str, int]:
-    """Items by outcome, in sorted order (``missing``: items without a task); a settled run needs no look
-    at each item."""
-    if settled:
+# Stage kinds that make one task per (root item, stage) and no item of their own.
+ONE_TASK_PER_ITEM = frozenset({"map", "join", "publish"})
+
+
+def _outcomes(store: SqlStore, run: RunRecord, graph: RunGraph, status: dict[str, Any]) -> dict[str, int]:
+    """Items by outcome, in sorted order (``missing``: items without a task), from ``status`` (the run's
+    ``run_status``). An ended run of a simple graph needs a look at its troubled items only; a settled run at
+    none; any other run, at each item."""
+    entry = _ended_entry(store, run, graph, status)
+    if entry is not None:
+        counts = store.ended_outcomes(run.run_id, graph.stages, entry, status["expected"])
+    elif _settled(run, status):
         counts = store.settled_outcomes(run.run_id, graph.stages.publish)
     else:
         counts = store.item_outcomes(run.run_id, graph.stages)
     return dict(sorted(counts.items()))
+
+
+def _ended_entry(store: SqlStore, run: RunRecord, graph: RunGraph, status: dict[str, Any]) -> str | None:
+    """The stage every root item of ``run`` starts at, when its outcomes can be counted by
+    ``store.ended_outcomes``: its submission finished, no task is open, no replay superseded a task, each stage
+    makes one task per item (map, join, publish: no fan-out, no group) and at most one publishes; else None."""
+    stages = json.loads(run.stages)
+    if run.status in UNFINISHED_RUNS or status["open_tasks"] or len(graph.stages.publish) > 1:
+        return None
+    if any(s.get("kind") not in ONE_TASK_PER_ITEM for s in stages):
+        return None
+    entries = [s["name"] for s in stages if s.get("after") is None and not s.get("parents")]
+    if not entries or store.replays_of(run.run_id):
+        return None
+    return str(entries[0])
 
 
 def status_report(store: SqlStore, run: RunRecord) -> dict[str, Any]:
@@ -292,7 +315,7 @@ def quota_report(store: SqlStore) -> dict[str, Any]:
 def outcomes_of(store: SqlStore, run: RunRecord, status: dict[str, Any]) -> dict[str, int]:
     """Items by outcome as ``reconcile`` counts them (``status``: the run's ``run_status``); reads every item
     of an unsettled run."""
-    outcomes = _outcomes(store, run, RunGraph.of(run), _settled(run, status))
+    outcomes = _outcomes(store, run, RunGraph.of(run), status)
     outcomes.pop("missing", None)
     return outcomes
 

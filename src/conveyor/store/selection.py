@@ -175,6 +175,10 @@ def narrow(f: TaskFilter, walk: bool = False) -> bool:
     return bool(unsettled or f.error_classes or f.error_text or f.review_states or named)
 
 
+# Provenance rows of a run a page of a provenance condition alone reads in key order first (its primary key),
+# before it sorts every row the condition matches (``provenance_page``).
+WALK = 5_000
+
 # Provenance rows a condition matches from which a walk of the run's tasks finds a page sooner than the list of
 # the tasks they name (PostgreSQL plans the walk as a merge join over the run: 0.8 s for 15,000 of a million).
 BROAD = 50_000
@@ -203,15 +207,67 @@ class SelectionQueries:
         broad filter is a walk of an index, never a sort of the run. A narrow filter (failures, an error class
         or words of its message, review entries, provenance) is driven by its own index and its few rows sorted;
         SQLite is told so by an ordering no index gives, or its planner may walk the whole run in order."""
-        sql, params = self._task_page_sql(f, after, limit)
+        steps = self._provenance_page_sql(f, after, limit) or [self._task_page_sql(f, after, limit)]
+        for sql, params in steps[:-1]:  # a first look that may fall short; the last step's answer is the page
+            rows = self.db.execute(sql, params)
+            if len(rows) >= limit:
+                return [SelectedTask(*r) for r in rows]
+        sql, params = steps[-1]
         return [SelectedTask(*r) for r in self.db.execute(sql, params)]
 
     def task_page_plan(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> list[str]:
         """The database's plan of ``task_page`` (EXPLAIN), one line per step: which index each filter uses."""
-        sql, params = self._task_page_sql(f, after, limit)
+        steps = self._provenance_page_sql(f, after, limit) or [self._task_page_sql(f, after, limit)]
+        lines = []
+        for n, (sql, params) in enumerate(steps):
+            lines += [f"(then, when short) {line}" if n else line for line in self._plan(sql, params)]
+        return lines
+
+    def _plan(self, sql: str, params: Sequence[Any]) -> list[str]:
         if self.db.name == "postgres":
             return [str(r[0]) for r in self.db.execute(f"EXPLAIN {sql}", params)]
         return [str(r[-1]) for r in self.db.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+
+    def _provenance_page_sql(self, f: TaskFilter, after: tuple[str, str, str] | None,
+                             limit: int) -> list[tuple[str, list[Any]]]:
+        """A page of a filter that is one provenance condition of one run and nothing else (``--where parser <
+        1.24.10``, or models), read from the provenance rows alone, then only the page's tasks: first the
+        next WALK rows of the run in key order (its primary key), the page when as many of them match (a common
+        value); then, for a rare one, every row it matches (``provenance_values``), its keys sorted. Each is one
+        statement, tried in turn until one fills the page; none (the usual statement) for any other filter.
+        At a million items with 15,000 matching, 10 ms or 0.1 s, where the list of the tasks they name (two
+        reads of each task) and its sort took 0.3 s on PostgreSQL."""
+        if len(f.runs) != 1 or [*f.stages, *f.statuses, *f.error_classes, *f.columns, *f.review_states] or (
+                f.item_glob is not None or f.since is not None or f.until is not None or f.key_prefix
+                or f.error_text):
+            return []
+        if f.models and not f.provenance:
+            name, condition, values = "model", f"value IN ({','.join('?' * len(f.models))})", list(f.models)
+        elif len(f.provenance) == 1 and not f.models and f.provenance[0].op != "!=":
+            term = f.provenance[0]
+            name, condition, values = term.name, f"sort_key {OPS[term.op]} ?", [term.sort_key]
+        else:
+            return []
+        run = f.runs[0]
+        cursor, cursor_params = ("AND (p.root_key, p.item_key, p.stage) > (?, ?, ?) ", [*after]) if after else ("", [])
+        keys = "p.root_key, p.item_key, p.stage"
+        tasks = (f"SELECT {SELECTED_COLUMNS} FROM (SELECT DISTINCT root_key, item_key, stage FROM {{rows}} "
+                 "WHERE {condition} ORDER BY root_key, item_key, stage LIMIT ?) k CROSS JOIN tasks t "
+                 "WHERE t.run_id = ? AND t.root_key = k.root_key AND t.item_key = k.item_key AND t.stage = k.stage "
+                 "ORDER BY t.root_key, t.item_key, t.stage")
+        walked = (f"(SELECT {keys}, p.value, p.sort_key FROM provenance p WHERE p.run_id = ? AND p.name = ? "
+                  f"{cursor}ORDER BY {keys} LIMIT {WALK}) w")
+        # CROSS JOIN: SQLite reads the page's keys first, then their tasks (not the run's every task, each looked
+        # up among the keys). MATERIALIZED: the rows the condition matches are found through its own index,
+        # whatever order the page asks for (PostgreSQL would otherwise walk the primary key in that order, as the
+        # first statement does, through every row of the run when the matches are few or at its end).
+        matched = (f"(SELECT {keys}, p.value, p.sort_key FROM provenance p WHERE p.run_id = ? AND p.name = ? "
+                   f"AND p.{condition} {cursor}) m")
+        return [
+            (tasks.format(rows=walked, condition=condition), [run, name, *cursor_params, *values, limit, run]),
+            ("WITH m AS MATERIALIZED " + matched.removesuffix(" m") + " " + tasks.format(rows="m", condition=condition),
+             [run, name, *values, *cursor_params, *values, limit, run]),
+        ]
 
     def _task_page_sql(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> tuple[str, list[Any]]:
         walk = self._broad(f)
