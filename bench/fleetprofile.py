@@ -297,7 +297,8 @@ def report(results: list[dict[str, Any]], tasks: int, backend: str,
                      "gets none)")
         for table in sorted(index_map):
             if table in ("tasks", "attempts", "outputs"):
-                lines.append(f"  {table}: " + "; ".join(f"{i}{' WHERE ' + p if p else ''}" for i, p in index_map[table]))
+                named = [f"{i}{' WHERE ' + p if p else ''}" for i, p in index_map[table]]
+                lines.append(f"  {table}: " + "; ".join(named))
     for i, r in enumerate(results):
         for thread, text in r["threads"].items():
             lines += ["", f"--- worker {i}, thread {thread}:", text.strip()]
