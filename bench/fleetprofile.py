@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 TARGET = "bench/noop_pipeline.py:pipe"
 COUNTED = ("execute", "executemany", "execute_rowcount", "executemany_count", "executemany_returning",
-           "insert_many", "insert_many_returning", "update_many", "append")
+           "insert_many", "insert_many_returning", "insert_numbered", "update_many", "append")
 
 
 def _label(name: str, args: tuple[Any, ...]) -> str:

@@ -105,6 +105,12 @@ class Dialect(Protocol):
 
     def transaction(self) -> Any: ...
 
+    def pipelined(self) -> AbstractContextManager[None]:
+        """The block's statements sent without waiting for each one's answer where the backend can (PostgreSQL's
+        pipeline mode: one round trip for the block); an error of one surfaces by the block's end at the latest.
+        Only for statements whose results the block does not read."""
+        ...
+
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """Bring the planner's picture of ``tables`` up to date after a bulk load."""
         ...
@@ -344,6 +350,10 @@ class SqliteDialect:
 
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """Nothing to refresh: SQLite plans without statistics unless ANALYZE was run, and conveyor never runs it."""
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        """Nothing to gather: an embedded store's statements make no round trip."""
+        return nullcontext()
 
     def clock(self) -> float:
         """This machine's clock: an embedded store lives on one machine, which all its workers share."""
@@ -631,6 +641,13 @@ class PostgresDialect:
         finally:
             self._depth = 0
             self._staging.clear()
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """psycopg's pipeline mode: each executemany in the block rides it (no Sync of its own), so a commit's
+        closing upserts (its runs' totals, metrics and queue counts) cost one round trip, not three."""
+        with self._live().pipeline():
+            yield
 
     def refresh_statistics(self, tables: Sequence[str]) -> None:
         """ANALYZE the tables whose statistics are stale: never gathered, or more rows written since than

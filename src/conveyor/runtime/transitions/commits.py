@@ -220,10 +220,11 @@ class Commits(JobEvents, Readiness):
             self._forget_batch_requests(w, where)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
-        if w.tally:
-            self.store.add_metric_totals(w.tally)
-        self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
-        self.store.add_open_tasks(opened)
+        with self.store.db.pipelined():  # upserts whose answers are not read: one round trip on PostgreSQL
+            if w.tally:
+                self.store.add_metric_totals(w.tally)
+            self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
+            self.store.add_open_tasks(opened)
         return fresh
 
     def _write_ready(self, w: Writes, totals: RunTally, opened: OpenTally) -> None:
