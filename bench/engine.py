@@ -772,7 +772,8 @@ def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work
     report.details.append(
         f"{backend}, {size}, conveyor / minimal one-table floor on the issue's clock, round by round (conveyor, the "
         f"schema floor, then the minimal floor, alternated; the row above is the median): "
-        + ", ".join(f"{lap.mini_ratio:.2f} ({lap.mine:,.0f} / {lap.mini:,.0f})" for lap in laps))
+        + ", ".join(f"{lap.mini_ratio:.2f} ({lap.mine:,.0f} / {lap.mini:,.0f}, load {lap.engine.load:.1f})"
+                    for lap in laps))
     if not peer:
         return
     if backend == "postgres":
