@@ -24,7 +24,10 @@ What it measures, over the no-op three-stage pipeline in bench/noop_pipeline.py
    one's end by the store's own stamps (``job_span``; the peers are timed that way too). The targets are
    on the issue's clock. Conveyor and the floor are alternated ``--side-rounds`` (3) times: this host's
    speed drifts by more than a target's margin within minutes, so each round's ratio compares runs made
-   seconds apart; the rows give the medians and the notes list every round.
+   seconds apart; the rows give the medians and the notes list every round. Each round also runs the
+   minimal one-table floor (bench/minifloor.py), with the ratios conveyor / minimal floor (issue 32's
+   targets) and schema floor / minimal floor; ``--fleet`` runs only these rounds (no peer queue, no other
+   section) and writes a section of its own.
 
 Each figure is printed next to its target with PASS or FAIL, with the CPU seconds
 that the bench's own process tree spent on it (robust to other work on a shared
