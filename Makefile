@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha
 # three of them on the 2-core machine take the suite from about 15 to 9 minutes. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup test demo check docs docs-serve bench bench-rerun bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-tables bench-search bench-startup soak chaos clean
+.PHONY: setup test demo check docs docs-serve bench bench-rerun bench-fleet bench-graph bench-blobs bench-providers bench-api bench-metrics bench-alerts bench-tracing bench-dashboard bench-bloat bench-export bench-tables bench-search bench-startup soak chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: setup
 # beyond its stage time, as whole processes beside a bare interpreter (about two minutes).
 bench-rerun: setup
 	$(BIN)/python bench/rerun.py
+
+# The fleet path alone (issue 32): conveyor's two workers, the schema floor and the minimal one-table floor at
+# 20,000 items, alternated three times, on both backends; `make bench` runs the same rounds with the rest.
+bench-fleet: setup
+	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" $(BIN)/python bench/engine.py --fleet
 
 bench-graph: setup
 	CONVEYOR_TEST_PG="$$(scripts/ensure-postgres.sh)" PYTHONPATH=src $(BIN)/python bench/graph.py

@@ -24,7 +24,10 @@ What it measures, over the no-op three-stage pipeline in bench/noop_pipeline.py
    one's end by the store's own stamps (``job_span``; the peers are timed that way too). The targets are
    on the issue's clock. Conveyor and the floor are alternated ``--side-rounds`` (3) times: this host's
    speed drifts by more than a target's margin within minutes, so each round's ratio compares runs made
-   seconds apart; the rows give the medians and the notes list every round.
+   seconds apart; the rows give the medians and the notes list every round. Each round also runs the
+   minimal one-table floor (bench/minifloor.py), with the ratios conveyor / minimal floor (issue 32's
+   targets) and schema floor / minimal floor; ``--fleet`` runs only these rounds (no peer queue, no other
+   section) and writes a section of its own.
 
 Each figure is printed next to its target with PASS or FAIL, with the CPU seconds
 that the bench's own process tree spent on it (robust to other work on a shared
@@ -63,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import minifloor
 import orjson
 import psutil
 
@@ -725,15 +729,18 @@ SIDE_ITEMS = 20_000
 SIDE_ROUNDS = 3  # conveyor and the floor alternated this many times (--side-rounds)
 WORKER_RSS_TARGET = 100  # MB, a conveyor worker's peak RSS at SIDE_ITEMS (issue 13 point 4)
 SIDE_TARGETS = {"sqlite": 0.75, "postgres": 0.5}  # conveyor / floor, process only, 2 processes each (issue 13)
+# conveyor / the minimal one-table floor (bench/minifloor.py), same clock (issue 32 point 2)
+MINI_TARGETS = {"sqlite": 0.65, "postgres": 0.5}
 
 
 def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work: Path, n: int,
-                       rounds: int = SIDE_ROUNDS) -> None:
+                       rounds: int = SIDE_ROUNDS, peer: bool = True) -> None:
     """Process only, two processes each, N items through a → b → c: conveyor's workers and the hand-written
     floor, alternated ``rounds`` times (this host's speed drifts by more than a target's margin within minutes,
     so each round's ratio compares runs made seconds apart; the first-start rows give the medians, the
     spawn-to-exit rows the round of the median ratio), then the peer queue of
-    the backend once (pgqueuer on PostgreSQL, huey on SQLite: bench/peers.py)."""
+    the backend once (pgqueuer on PostgreSQL, huey on SQLite: bench/peers.py; not with ``peer`` False). Each
+    round also runs the minimal one-table floor (bench/minifloor.py) right after the schema floor."""
     import peers
 
     manifest = write_manifest(work / f"manifest-side-{n}.jsonl", n)
@@ -753,10 +760,25 @@ def bench_side_by_side(report: Report, backend: str, stores: Iterator[str], work
     report.add(Row(backend, f"{size}: conveyor / floor, spawn to exit", None, middle.spawn_ratio, "x"))
     report.add(Row(backend, f"{size}: conveyor / floor, first start to all done", None, middle.ratio, "x",
                    SIDE_TARGETS[backend]))
+    report.add(Row(backend, f"{size}: minimal floor, 2 processes, spawn to exit", None,
+                   statistics.median(3 * n / lap.mini_spawn for lap in laps), "item-stages/s"))
+    report.add(Row(backend, f"{size}: minimal floor, 2 processes, first start to all done", None,
+                   statistics.median(lap.mini for lap in laps), "item-stages/s"))
+    report.add(Row(backend, f"{size}: conveyor / minimal floor, first start to all done", None,
+                   statistics.median(lap.mini_ratio for lap in laps), "x", MINI_TARGETS[backend]))
+    report.add(Row(backend, f"{size}: schema floor / minimal floor, first start to all done", None,
+                   statistics.median(lap.floor / lap.mini for lap in laps), "x"))
     report.details.append(
         f"{backend}, {size}, conveyor / floor on the issue's clock, round by round (conveyor then the floor, "
         f"alternated; the row above is the median): "
         + ", ".join(f"{lap.ratio:.2f} ({lap.mine:,.0f} / {lap.floor:,.0f})" for lap in laps))
+    report.details.append(
+        f"{backend}, {size}, conveyor / minimal one-table floor on the issue's clock, round by round (conveyor, the "
+        f"schema floor, then the minimal floor, alternated; the row above is the median): "
+        + ", ".join(f"{lap.mini_ratio:.2f} ({lap.mine:,.0f} / {lap.mini:,.0f}, load {lap.engine.load:.1f})"
+                    for lap in laps))
+    if not peer:
+        return
     if backend == "postgres":
         name = "pgqueuer"
         with timed() as timing:
@@ -779,10 +801,16 @@ class SideRound:
     peak_rss: float  # MB, the larger worker's peak
     floor_timing: Timing
     floor: float  # the floor on the issue's clock
+    mini_spawn: float  # seconds, the minimal one-table floor's two processes, spawn to exit
+    mini: float  # the minimal floor on the issue's clock
 
     @property
     def ratio(self) -> float:
         return self.mine / self.floor
+
+    @property
+    def mini_ratio(self) -> float:
+        return self.mine / self.mini
 
     @property
     def spawn_ratio(self) -> float:
@@ -800,11 +828,20 @@ def _side_round(report: Report, backend: str, stores: Iterator[str], work: Path,
     floor_db = next(stores)
     floor_timing, done = raw_floor_processes(floor_db, manifest)
     report.check(done == 3 * n, f"{backend} two-process floor: expected {3 * n} succeeded tasks, got {done}")
+    os.sync()
+    mini_spawn, mini_span, mini_done = minifloor.measure(next(stores), minifloor_payloads(manifest))
+    report.check(mini_done == n, f"{backend} minimal floor: expected {n} rows done, got {mini_done}")
     lap = SideRound(engine, 3 * n / job_span(db, out["run_id"]), max(peaks), floor_timing,
-                    3 * n / job_span(floor_db, FLOOR_RUN))
-    print(f"  {backend:<8} round: conveyor {lap.mine:,.0f}, floor {lap.floor:,.0f} item-stages/s on the issue's "
-          f"clock, {lap.ratio:.2f}", flush=True)
+                    3 * n / job_span(floor_db, FLOOR_RUN), mini_spawn, 3 * n / mini_span)
+    print(f"  {backend:<8} round: conveyor {lap.mine:,.0f}, floor {lap.floor:,.0f}, minimal floor {lap.mini:,.0f} "
+          f"item-stages/s on the issue's clock, {lap.ratio:.2f} and {lap.mini_ratio:.2f}", flush=True)
     return lap
+
+
+def minifloor_payloads(manifest: Path) -> list[bytes]:
+    """The manifest's texts, the payloads the minimal floor seeds (conveyor's stage a gets the same bytes)."""
+    with manifest.open("rb") as lines:
+        return [orjson.loads(raw)["text"].encode() for raw in lines]
 
 
 # --- profile (optional) ---------------------------------------------------------------
@@ -939,12 +976,13 @@ def markdown(report: Report, info: dict[str, str], command: str, n: int, extra: 
     return "\n".join(lines)
 
 
-def write_results(section: str, path: Path = RESULTS) -> None:
+def write_results(section: str, path: Path = RESULTS, markers: tuple[str, str] = (BEGIN, END)) -> None:
     """Replace the section between the markers, keeping the rest of the file."""
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    begin, end = markers
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
@@ -968,6 +1006,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--side-rounds", type=int, default=SIDE_ROUNDS,
                         help="times conveyor and the floor are alternated in the side by side (the medians are "
                              "reported, each round's ratio listed)")
+    parser.add_argument("--fleet", action="store_true",
+                        help="only the side by side's conveyor, schema floor and minimal one-table floor at "
+                             "--side-items (no peer queue, no other section); written to a section of its own")
     parser.add_argument("--floor-worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=int, default=0, metavar="TOP",
                         help="also profile in-process cold and cached runs (cProfile on SQLite, SQL time by "
@@ -1001,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = " ".join([".venv/bin/python bench/engine.py", *map(shlex.quote, sys.argv[1:])])
     info = machine(args.pg or None)
     print(f"conveyor engine benchmark: {command}", *(f"  {k}: {v}" for k, v in info.items()), sep="\n", flush=True)
+    if args.fleet:
+        return fleet(args, info, command)
     report, extra = Report(), ""
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     try:
@@ -1034,6 +1077,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results(markdown(report, info, command, args.items, extra), args.results)
         print(f"\nwrote {args.results}")
     return 1 if report.problems else 0
+
+
+def fleet(args: argparse.Namespace, info: dict[str, str], command: str) -> int:
+    """``--fleet``: the side by side without its peer queue, at ``--side-items``, both backends."""
+    report = Report()
+    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    try:
+        print(f"\nside by side with the minimal floor, N = {args.side_items:,}", flush=True)
+        bench_side_by_side(report, "sqlite", sqlite_stores(work, "side"), work, args.side_items, args.side_rounds,
+                           peer=False)
+        if args.pg:
+            with pg_stores(args.pg) as stores:
+                bench_side_by_side(report, "postgres", stores, work, args.side_items, args.side_rounds, peer=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(report)
+    if not args.no_write:
+        write_results(fleet_markdown(report, info, command, args.side_items), args.results, FLEET_MARKERS)
+        print(f"\nwrote {args.results}")
+    return 1 if report.problems else 0
+
+
+FLEET_MARKERS = ("<!-- bench/engine.py fleet:begin -->", "<!-- bench/engine.py fleet:end -->")
+
+
+def fleet_markdown(report: Report, info: dict[str, str], command: str, n: int) -> str:
+    lines = [
+        FLEET_MARKERS[0],
+        "## The fleet path: conveyor against the schema floor and the minimal floor (bench/engine.py --fleet)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:",
+        "",
+        f"    {command}",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + ".",
+        "",
+        f"N = {n:,} items through bench/noop_pipeline.py (a → b → c), process only, two processes each, alternated "
+        "round by round: conveyor's workers, the schema floor (the conveyor schema by hand) and the minimal "
+        "one-table floor (bench/minifloor.py: claim 500 and complete 500, nothing else). Rates are on the "
+        "issue's clock, first start to all done; the rows are medians of the rounds.",
+        "",
+        "| backend | figure | value | unit | target | result |",
+        "| --- | --- | ---: | --- | ---: | --- |",
+    ]
+    for r in report.rows:
+        lines.append(f"| {r.backend} | {r.figure} | {_cells(r)[3]} | {r.unit} | {r.target_text} | {r.verdict} |")
+    lines.append("")
+    lines += [f"- {d}" for d in report.details]
+    lines += [f"- **Check failed**: {p}" for p in report.problems]
+    lines += ["", FLEET_MARKERS[1]]
+    return "\n".join(lines)
 
 
 def profiles(work: Path, manifest: Path, top: int, pg_url: str | None) -> str:

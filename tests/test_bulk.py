@@ -155,9 +155,9 @@ def test_running_tasks_return_what_was_inserted_or_revived(store_url: str, size:
 
 @pytest.mark.parametrize("size", [3, 500])
 def test_tasks_claimed_as_they_are_made_carry_what_the_store_holds(store_url: str, size: int) -> None:
-    """insert_tasks' running rows (on SQLite numbered from the largest id, without RETURNING): each claimed task
-    is the row the store holds; a batch that revives a row and meets others goes the row-at-a-time way and
-    returns only the revived one."""
+    """insert_tasks' running rows, written without RETURNING (Dialect.insert_numbered: on SQLite numbered from the
+    largest id, on PostgreSQL from the table's sequence and copied): each claimed task is the row the store holds;
+    a batch that revives a row and meets others goes the statement's own way and returns only the revived one."""
     store = open_store(store_url)
     now = time.time()
 
@@ -185,6 +185,31 @@ def test_tasks_claimed_as_they_are_made_carry_what_the_store_holds(store_url: st
             (keys[-1], f"t-{keys[-1]}-new", 1, 2)]
         assert [tuple(task) for task in again] == [held()[task.id] for task in again]
         assert len(held()) == size
+        store.db.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL")
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+def test_new_leased_rows_are_numbered_or_not_written_at_all(store_url: str) -> None:
+    """Dialect.insert_numbered: a batch of new rows comes back as its ids, in order, each the row written; a batch
+    one of whose rows meets a row already there writes nothing and says so (None)."""
+    store = open_store(store_url)
+    now = time.time()
+
+    def running(keys: list[str], tag: str) -> list[tuple[object, ...]]:
+        return [(*row, "w1", now + 60, now) for row in _queued("r1", keys, tag)]
+
+    try:
+        keys = [f"k{i:04d}" for i in range(COPY_FROM * 2)]
+        with store.db.transaction():
+            ids = store.db.insert_numbered(INSERT_RUNNING, running(keys[:COPY_FROM], ""), "tasks")
+        assert ids is not None and len(set(ids)) == COPY_FROM
+        held = dict(store.db.execute("SELECT id, item_key FROM tasks WHERE run_id = 'r1'"))
+        assert [held[i] for i in ids] == keys[:COPY_FROM]
+        with store.db.transaction():  # the last row's key is taken: none of the batch is written
+            assert store.db.insert_numbered(INSERT_RUNNING, running(keys[COPY_FROM:] + keys[:1], "-b"), "tasks") is None
+        assert len(_rows(store, "r1")) == COPY_FROM
         store.db.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL")
         store.recount_open_task_seconds()
     finally:

@@ -33,6 +33,7 @@ from conveyor.runtime import tracing
 from conveyor.runtime.alerts import evaluate as evaluate_alerts
 from conveyor.runtime.alerts import every_seconds, operator_webhook_url
 from conveyor.runtime.clock import FleetClock
+from conveyor.runtime.collector import fewer_collections
 from conveyor.runtime.execute import Executor
 from conveyor.runtime.expand import RUNS_REMEMBERED
 from conveyor.runtime.fleet import FORGET_AFTER_S, beat_seconds, this_process
@@ -144,7 +145,8 @@ class Worker:
         provider is configured; or after releasing its tasks, when that is found out on a first call.
         """
         self.executor.check()
-        asyncio.run(self._main())
+        with fewer_collections():
+            asyncio.run(self._main())
         if self.executor.fatal is not None:
             raise self.executor.fatal
         return self.stats

@@ -312,30 +312,15 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 opened.add(same[0][1], stage, second, inserted)
 
     def _insert_running(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask]:
-        if self.db.name == "sqlite" and len(rows) > 1:
-            numbered = self._insert_running_numbered(rows)
-            if numbered is not None:
-                return numbered
+        """New tasks leased as they are inserted: written as new rows whose ids come back without a RETURNING
+        (Dialect.insert_numbered), their claim columns being the ones given; else (a replay's row revived or kept
+        by the conflict clause) the statement with RETURNING."""
+        ids = self.db.insert_numbered(INSERT_RUNNING, rows, "tasks") if len(rows) > 1 else None
+        if ids is not None:
+            return [ClaimedTask(task_id, r[0], r[2], r[3], r[4], r[5], r[8], r[9], r[10], r[11], 1, r[12], 1, r[13], 0,
+                                r[QUEUED_AT]) for task_id, r in zip(ids, rows, strict=True)]
         returned = self.db.insert_many_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows, TASK_KEY)
         return list(map(ClaimedTask._make, returned))
-
-    def _insert_running_numbered(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedTask] | None:
-        """SQLite: one executemany, not a statement per row with RETURNING (which sqlite3's executemany cannot
-        return; 4.5 ms per 1,000 rows less). This transaction holds the store's one writer lock, so new rows
-        take the ids after the largest, in order: when the largest grew by exactly the rows given and every row
-        was written, each was inserted new, and its claim columns are the ones it was given. Otherwise (a row
-        revived or kept by the conflict clause: a replay) the statement is rolled back to a savepoint, and None
-        says to insert them again a row at a time, with RETURNING."""
-        top = int(self.db.execute("SELECT COALESCE(MAX(id), 0) FROM tasks")[0][0])
-        self.db.execute("SAVEPOINT running_rows")
-        written = self.db.executemany_count(INSERT_RUNNING, rows)
-        if written == len(rows) and int(self.db.execute("SELECT MAX(id) FROM tasks")[0][0]) == top + len(rows):
-            self.db.execute("RELEASE running_rows")
-            return [ClaimedTask(top + n, r[0], r[2], r[3], r[4], r[5], r[8], r[9], r[10], r[11], 1, r[12], 1, r[13], 0,
-                                r[QUEUED_AT]) for n, r in enumerate(rows, start=1)]
-        self.db.execute("ROLLBACK TO running_rows")
-        self.db.execute("RELEASE running_rows")
-        return None
 
     def lookup_outputs(self, task_keys: Iterable[str]) -> dict[str, StoredOutput]:
         """The memo: one indexed lookup per key, batched (by 64-bit key; the full key is checked)."""

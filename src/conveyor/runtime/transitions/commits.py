@@ -66,9 +66,12 @@ class Commits(JobEvents, Readiness):
         self._take_fresh(writes, claim, now)
         where = {o.task.id: (o.task.run_id, o.task.stage) for o in outcomes}
         since = {o.task.id: o.task.available_at for o in outcomes}
+        # What the commit adds to the runs' totals and the queue's counts, worked out before its transaction: on
+        # SQLite the transaction holds the store's one writer lock, which the other workers wait for meanwhile.
+        tallies = self._tallies(writes, where, since)
         try:
             with self.store.transaction():
-                fresh = self._write(writes, where, since)
+                fresh = self._write(writes, where, since, tallies=tallies)
                 self.stale_stages.update(n.stage for n in writes.notices)
                 claimed = self._claim(claim, now, fresh)
             self._trace(outcomes, writes)
@@ -163,8 +166,14 @@ class Commits(JobEvents, Readiness):
                                 claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages,
                                 self.declared)
 
+    def _tallies(self, w: Writes, where: dict[int, tuple[str, str]],
+                 since: dict[int, float]) -> tuple[RunTally, OpenTally]:
+        """The runs' totals and the queue's counts that a commit's fenced changes move, all of them applied (the
+        insert of its new tasks adds the rows it really wrote to both)."""
+        return run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
+
     def _write(self, w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float],
-               memo_checked: bool = True) -> list[ClaimedTask]:
+               memo_checked: bool = True, tallies: tuple[RunTally, OpenTally] | None = None) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if w.released:
@@ -197,7 +206,7 @@ class Commits(JobEvents, Readiness):
         self.store.insert_attempts(w.attempts, w.plain_attempts)
         if w.items:
             self.store.insert_items(w.items)
-        totals, opened = run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
+        totals, opened = tallies if tallies is not None else self._tallies(w, where, since)
         fresh = self.store.insert_tasks(w.tasks, totals, opened) if w.tasks else []
         if w.pending:
             self._write_ready(w, totals, opened)
@@ -211,10 +220,11 @@ class Commits(JobEvents, Readiness):
             self._forget_batch_requests(w, where)
         if w.job_runs:
             self.settle_jobs(w.job_runs, w.now)
-        if w.tally:
-            self.store.add_metric_totals(w.tally)
-        self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
-        self.store.add_open_tasks(opened)
+        with self.store.db.pipelined():  # upserts whose answers are not read: one round trip on PostgreSQL
+            if w.tally:
+                self.store.add_metric_totals(w.tally)
+            self.store.add_run_totals(totals)  # once per transaction, sorted: see insert_tasks
+            self.store.add_open_tasks(opened)
         return fresh
 
     def _write_ready(self, w: Writes, totals: RunTally, opened: OpenTally) -> None:
