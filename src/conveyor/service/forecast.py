@@ -13,7 +13,12 @@ would otherwise be forecast at the cheaper one's price.
 
 Wall time: the measured start-up (run created to first attempt), plus the slowest stage or model quota (stages
 overlap), plus one attempt of each stage (the last item still has to pass through them). A stage's own time is
-its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean).
+its attempts, each taking the measured mean, over the calls it keeps in flight: as many per worker as its past
+runs kept (its attempts' seconds over their span, per worker that ran them: a worker's claims, commits and quota
+grants hold a stage of quick calls well below its slots), times ``workers``, at most its slots (``workers`` x
+``concurrency``). A measure whose workers had too few attempts to fill their slots twice (a small sample) cannot
+tell how many they keep busy: the forecast then takes the slots and gives the measured pace as the slower end
+of ``seconds_range``.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
@@ -39,11 +44,13 @@ from conveyor.pipeline import Pipeline, RateLimit, Stage, find_limit, parse_limi
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
 from conveyor.providers.base import PriceTable
 from conveyor.store import SqlStore
-from conveyor.store.forecast import ModelUse, StageCosts
+from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 
 Z95 = 1.96
 WINDOW_S = 60.0  # providers count per minute
 DEFAULT_MAX_TOKENS = 512  # what a chat call reserves for its answer when the stage does not say (runtime/services)
+FILLED = 2  # a worker's attempts of a stage, in slots, from which its measured concurrency is what it can keep
+FED = 2  # a stage that ended within this many of its attempts after the one before it was only fed by it
 
 
 @dataclass(frozen=True)
@@ -74,17 +81,38 @@ class StageHistory:
     tiers: Mapping[int, TierUse] = field(default_factory=dict)
     paid: tuple[ModelUse, ...] = ()  # what each model's calls cost: a price for a model the table lacks
     asked: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)  # (version, config) -> models
-    in_flight: float = 0.0  # attempts it had running at once, on average over its span (0: not measured)
+    per_worker: float = 0.0  # attempts a worker kept in flight, on average over their span (0: not measured)
+    filled: bool = False  # measured where its workers had a backlog: per_worker is what a worker keeps busy
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
-           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None, span: float = 0.0) -> StageHistory:
+           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None, per_worker: float = 0.0,
+           filled: bool = False) -> StageHistory:
         n = max(c.attempts, 1)
         return cls(c.attempts, c.attempts / max(c.tasks, 1), c.tokens / n, _sd(c.tokens, c.tokens_sq, n), c.cost / n,
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
-                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
-                   max(1.0, c.seconds / span) if span > 0 else 0.0)
+                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}), per_worker, filled)
+
+
+def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int) -> tuple[float, bool]:
+    """How many attempts of a stage a worker kept in flight (its attempts' seconds over their span, per worker
+    that ran them), and whether that is what a worker can keep: measured in runs where each of its workers had
+    attempts enough to fill its ``slots`` FILLED times and the stage outlasted the one it comes after by more
+    than its own last attempts (it had a backlog, not only what that one fed it). ``parents``: run -> the span
+    of the stage it comes after, where that one ran."""
+    def backlogged(s: StageSpan) -> bool:
+        parent = parents.get(s.run_id)
+        mean = s.seconds / max(1, s.attempts)
+        return s.attempts / s.workers >= FILLED * slots and (parent is None or s.end - parent.end > FED * mean)
+
+    measured = [s for s in spans if s.end > s.start]
+    reliable = [s for s in measured if backlogged(s)]
+    use = reliable or measured
+    worker_span = sum((s.end - s.start) * s.workers for s in use)
+    if not worker_span:
+        return 0.0, False
+    return max(1.0, sum(s.seconds for s in use) / worker_span), bool(reliable)
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -126,10 +154,17 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     asked: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
     for (stage, version, config), by_model in store.declared_models(run_ids).items():
         asked.setdefault(stage, {})[(version, config)] = by_model
-    spans = store.stage_spans(run_ids)
-    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
-                                       spans.get(c.stage, 0.0))
-              for c in store.stage_costs(run_ids)}
+    spans: dict[str, dict[str, StageSpan]] = {}
+    for span in store.stage_spans(run_ids):
+        spans.setdefault(span.stage, {})[span.run_id] = span
+    stages = {}
+    for c in store.stage_costs(run_ids):
+        declared = _stage(pipeline, c.stage)
+        after = declared.after if declared is not None else None
+        kept = kept_in_flight(list(spans.get(c.stage, {}).values()), spans.get(after, {}) if after else {},
+                              _slots(declared, 1))
+        stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
+                                          *kept)
     counts = store.stage_task_counts(run_ids)
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
@@ -200,7 +235,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    fill = by_slots = 0.0
+    fill = by_slots = slowest = 0.0  # slowest: by_slots, each stage at the concurrency its measure kept
+    unfilled: list[str] = []  # stages whose measure had too few attempts to show how many a worker keeps busy
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
     for name, count in to_run.items():
         if count <= 0:
@@ -216,11 +252,15 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         t_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens)
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
-        seconds = attempts * h.seconds / slots
+        kept = _kept(h, slots, workers)
+        seconds = attempts * h.seconds / (kept if h.filled else slots)
         by_slots = max(by_slots, seconds)
+        slowest = max(slowest, attempts * h.seconds / kept)
+        if not h.filled and kept < slots and attempts > kept:
+            unfilled.append(name)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
-        holding = min(slots, h.in_flight) if h.in_flight else slots
+        holding = kept
         for model, per_attempt in priced.tokens.items():
             own = (attempts * per_attempt, attempts * priced.calls[model], holding * priced.reserve[model])
             share = per_attempt / h.tokens if h.tokens else 0.0
@@ -232,7 +272,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
                         "models": {str(t): m for t, m in sorted(priced.models.items())},
-                        "attempt_seconds": h.seconds}
+                        "attempt_seconds": h.seconds, "slots": slots,
+                        "concurrency": round(kept if h.filled else slots, 1), "concurrency_measured": round(kept, 1)}
         if priced.cost is None and h.calls:
             unpriced.append(name)
         tokens += attempts * h.tokens
@@ -248,10 +289,11 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     low = max((p.low for p in paces.values()), default=0.0)
     high = max((p.high for p in paces.values()), default=0.0)
     span = [past.startup + max(by_slots, low) + fill if busy else 0.0,
-            past.startup + max(by_slots, high) + fill if busy else 0.0]
+            past.startup + max(by_slots, slowest, high) + fill if busy else 0.0]
     cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
                 key=lambda p: p.high)
-    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff)
+    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff,
+                   unfilled if slowest > max(by_slots, high) else ())
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
             "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
             "seconds": seconds, "seconds_range": span, "quota_cliff": None if cliff is None else cliff.cliff,
@@ -260,7 +302,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
 
 
 def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None,
-           cliff: QuotaPace | None = None) -> str:
+           cliff: QuotaPace | None = None, unfilled: Sequence[str] = ()) -> str:
     """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
@@ -277,6 +319,9 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
                   f"{WINDOW_S:.0f} s more (seconds_range)")
     elif pacer:
         basis += f"; {pacer}'s quota paces it"
+    if unfilled:
+        basis += (f"; {', '.join(unfilled)} had too few attempts in the measure to fill its slots: forecast at "
+                  "its slots, at the calls it kept in flight the slower end of seconds_range")
     return basis
 
 
@@ -291,6 +336,15 @@ def _slots(stage: Stage | None, workers: int) -> int:
     if stage is None:
         return max(1, workers)
     return max(1, workers) * (stage.concurrency if stage.is_async else 1)
+
+
+def _kept(h: StageHistory, slots: int, workers: int) -> float:
+    """How many attempts of a stage ``workers`` workers keep in flight: as many per worker as its measure had
+    (a worker's claims, commits and quota grants pace it below its slots), at most its slots; its slots when not
+    measured."""
+    if not h.per_worker:
+        return float(slots)
+    return max(1.0, min(float(slots), h.per_worker * max(1, workers)))
 
 
 def stage_model(stage: Stage | None, tier: int, h: StageHistory) -> str | None:
