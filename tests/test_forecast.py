@@ -16,7 +16,7 @@ from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
-from conveyor.service.forecast import History, StageHistory, forecast, history, kept_in_flight
+from conveyor.service.forecast import History, Kept, StageHistory, forecast, history, kept_in_flight
 from conveyor.store import open_store
 from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 from tests.helpers import cli, make_docs, reconciled, submit_and_work, write_pipeline
@@ -215,7 +215,7 @@ def _spread_history(per_worker: float = 0.0, filled: bool = False) -> StageHisto
     """50 attempts of 1,000 tokens with a spread of 300 (500 of them an answer's unused room at max_tokens 600)."""
     return StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * (1000.0**2 + 300.0**2), 0.05, 0.0, 100.0, 200.0,
                                       50, 0), {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)],
-                           per_worker=per_worker, filled=filled)
+                           kept=Kept(per_worker, filled, 2.0))
 
 
 def _quota_pipe() -> Pipeline:
@@ -262,23 +262,25 @@ def _span(stage: str, start: float, end: float, seconds: float, attempts: int, w
     return StageSpan(run_id, stage, start, end, seconds, attempts, workers)
 
 
-def test_a_stage_is_forecast_at_the_calls_its_workers_kept_in_flight_not_at_its_slots() -> None:
-    # 320 attempts of 0.25 s over 10 s on 2 workers: 4 in flight a worker, of its 16 slots (a worker's claims,
-    # commits and grants pace quick calls); the stage before it ended at 2 s, so it had a backlog.
-    kept, filled = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {"r1": _span("read", 0.0, 2.0, 2.0, 320)},
-                                  slots=16)
-    assert (kept, filled) == (pytest.approx(4.0), True)
-    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {},
-                               per_worker=kept, filled=filled)
-    pipe = Pipeline("kept")
+def _quick_pipe(name: str) -> Pipeline:
+    pipe = Pipeline(name)
 
     @pipe.stage(version="1", concurrency=16)
     async def ask(ctx: Any, text: str) -> str:
         return text
 
+    return pipe
+
+
+def test_a_stage_is_forecast_at_the_calls_its_workers_kept_in_flight_not_at_its_slots() -> None:
+    # 320 attempts of 0.25 s over 10 s on 2 workers: 4 in flight a worker, of its 16 slots (a worker's claims,
+    # commits and grants pace quick calls); the stage before it ended at 2 s, so it had a backlog.
+    kept = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {"r1": _span("read", 0.0, 2.0, 2.0, 320)}, slots=16)
+    assert kept == (pytest.approx(4.0), True, pytest.approx(0.25))
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
     past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
     # 640 attempts of 0.25 s, 4 a worker on 3 workers: 13.3 s (at the 48 slots it would say 3.3 s).
-    f = forecast(pipe, past, {"ask": 640}, workers=3, prices=[])
+    f = forecast(_quick_pipe("kept"), past, {"ask": 640}, workers=3, prices=[])
     assert f["seconds"] == pytest.approx(3.0 + 640 * 0.25 / 12 + 0.25)
     assert f["stages"]["ask"]["concurrency"] == 12 and f["stages"]["ask"]["slots"] == 48
     assert f["seconds_range"] == [f["seconds"], f["seconds"]]
@@ -289,24 +291,33 @@ def test_a_measure_that_could_not_fill_the_slots_gives_the_slots_and_its_own_pac
     fed = kept_in_flight([_span("ask", 0.0, 20.25, 40.0, 160)], {"r1": _span("read", 0.0, 20.0, 20.0, 160)}, 16)
     # A sample: 20 attempts for a worker of 16 slots.
     few = kept_in_flight([_span("ask", 0.0, 1.0, 5.0, 20, workers=1)], {}, 16)
-    assert fed == (pytest.approx(1.0), False) and few == (pytest.approx(5.0), False)
+    assert fed[:2] == (pytest.approx(1.0), False) and few[:2] == (pytest.approx(5.0), False)
     # A run with a backlog among runs without: the runs with one say what a worker keeps.
     mixed = kept_in_flight([_span("ask", 0.0, 20.25, 40.0, 160), _span("ask", 0.0, 10.0, 80.0, 320, run_id="r2")],
                            {"r1": _span("read", 0.0, 20.0, 20.0, 160)}, 16)
-    assert mixed == (pytest.approx(4.0), True)
-    pipe = Pipeline("fed")
-
-    @pipe.stage(version="1", concurrency=16)
-    async def ask(ctx: Any, text: str) -> str:
-        return text
-
-    measured = StageHistory.of(StageCosts("ask", 160, 160, 0.0, 0.0, 0.0, 0.0, 40.0, 10.0, 0, 0), {},
-                               per_worker=fed[0], filled=fed[1])
-    f = forecast(pipe, History({"ask": measured}, ("r1",), "history", {}), {"ask": 320}, workers=2, prices=[])
+    assert mixed[:2] == (pytest.approx(4.0), True)
+    measured = StageHistory.of(StageCosts("ask", 160, 160, 0.0, 0.0, 0.0, 0.0, 40.0, 10.0, 0, 0), {}, kept=fed)
+    f = forecast(_quick_pipe("fed"), History({"ask": measured}, ("r1",), "history", {}), {"ask": 320}, workers=2,
+                 prices=[])
     # At its 32 slots, 2.5 s; at the 2 it kept, 40 s: both said, the slots the forecast.
     assert f["seconds"] == pytest.approx(320 * 0.25 / 32 + 0.25)
     assert f["seconds_range"] == [pytest.approx(f["seconds"]), pytest.approx(320 * 0.25 / 2 + 0.25)]
     assert "ask had too few attempts in the measure to fill its slots" in f["basis"]
+
+
+def test_a_run_its_quota_held_does_not_measure_the_pace_of_its_calls() -> None:
+    # r2's calls waited for a model's quota for 170 of its 180 s: its attempts took 10 s each, 16 in flight a
+    # worker. r1, free of it, measures the stage: 4 a worker, 0.25 s an attempt.
+    runs = [_span("ask", 0.0, 10.0, 80.0, 320), _span("ask", 0.0, 180.0, 3200.0, 320, run_id="r2")]
+    kept = kept_in_flight(runs, {}, 16, paced={"r1": 0.0, "r2": 170.0})
+    assert kept == (pytest.approx(4.0), True, pytest.approx(0.25))
+    measured = StageHistory.of(StageCosts("ask", 640, 640, 0.0, 0.0, 0.0, 0.0, 3280.0, 0.0, 0, 0), {}, kept=kept)
+    assert measured.seconds == pytest.approx(5.125) and measured.pace == pytest.approx(0.25)
+    f = forecast(_quick_pipe("paced"), History({"ask": measured}, ("r1", "r2"), "history", {}), {"ask": 320},
+                 workers=2, prices=[])
+    assert f["seconds"] == pytest.approx(320 * 0.25 / 8 + 0.25) and f["stages"]["ask"]["attempt_seconds"] == 0.25
+    # Held by its quota alone, the measure is all there is: what it kept, not what a worker can keep.
+    assert kept_in_flight(runs[1:], {}, 16, paced={"r2": 170.0})[:2] == (pytest.approx(8.9, abs=0.1), False)
 
 
 def test_a_dry_run_counts_a_task_equal_to_an_earlier_one_as_a_memo_answer(

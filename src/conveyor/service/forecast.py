@@ -16,9 +16,9 @@ overlap), plus one attempt of each stage (the last item still has to pass throug
 its attempts, each taking the measured mean, over the calls it keeps in flight: as many per worker as its past
 runs kept (its attempts' seconds over their span, per worker that ran them: a worker's claims, commits and quota
 grants hold a stage of quick calls well below its slots), times ``workers``, at most its slots (``workers`` x
-``concurrency``). A measure whose workers had too few attempts to fill their slots twice (a small sample) cannot
-tell how many they keep busy: the forecast then takes the slots and gives the measured pace as the slower end
-of ``seconds_range``.
+``concurrency``), in runs where it had a backlog and no model's quota held it (``kept_in_flight``). A measure
+without such a run (a small sample, a stage only fed by a slower one) cannot tell how many they keep busy: the
+forecast then takes the slots and gives the measured pace as the slower end of ``seconds_range``.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
@@ -38,7 +38,7 @@ import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from conveyor.pipeline import Pipeline, RateLimit, Stage, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
@@ -83,36 +83,57 @@ class StageHistory:
     asked: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)  # (version, config) -> models
     per_worker: float = 0.0  # attempts a worker kept in flight, on average over their span (0: not measured)
     filled: bool = False  # measured where its workers had a backlog: per_worker is what a worker keeps busy
+    own_seconds: float = 0.0  # an attempt's mean in the runs per_worker was measured on (no quota's wait in it)
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
-           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None, per_worker: float = 0.0,
-           filled: bool = False) -> StageHistory:
+           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
+           kept: Kept | None = None) -> StageHistory:
         n = max(c.attempts, 1)
         return cls(c.attempts, c.attempts / max(c.tasks, 1), c.tokens / n, _sd(c.tokens, c.tokens_sq, n), c.cost / n,
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
-                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}), per_worker, filled)
+                   _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
+                   *(kept or Kept(0.0, False, c.seconds / n)))
+
+    @property
+    def pace(self) -> float:
+        """The seconds of an attempt the stage's own time is forecast with."""
+        return self.own_seconds or self.seconds
 
 
-def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int) -> tuple[float, bool]:
+class Kept(NamedTuple):
+    """How many attempts of a stage a worker kept in flight, whether that is what it can keep, and the mean
+    seconds of an attempt in the runs that measured it."""
+
+    per_worker: float
+    filled: bool
+    seconds: float
+
+
+def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int,
+                   paced: Mapping[str, float] | None = None) -> Kept:
     """How many attempts of a stage a worker kept in flight (its attempts' seconds over their span, per worker
     that ran them), and whether that is what a worker can keep: measured in runs where each of its workers had
-    attempts enough to fill its ``slots`` FILLED times and the stage outlasted the one it comes after by more
-    than its own last attempts (it had a backlog, not only what that one fed it). ``parents``: run -> the span
-    of the stage it comes after, where that one ran."""
+    attempts enough to fill its ``slots`` FILLED times, the stage outlasted the one it comes after by more than
+    its own last attempts (it had a backlog, not only what that one fed it), and no model's quota held it for
+    half its span or more (its attempts then waited for grants). ``parents``: run -> the span of the stage it
+    comes after, where that one ran; ``paced``: run -> the seconds a model's quota held its calls there."""
     def backlogged(s: StageSpan) -> bool:
         parent = parents.get(s.run_id)
         mean = s.seconds / max(1, s.attempts)
-        return s.attempts / s.workers >= FILLED * slots and (parent is None or s.end - parent.end > FED * mean)
+        return (s.attempts / s.workers >= FILLED * slots and (parent is None or s.end - parent.end > FED * mean)
+                and (paced or {}).get(s.run_id, 0.0) < (s.end - s.start) / 2)
 
     measured = [s for s in spans if s.end > s.start]
     reliable = [s for s in measured if backlogged(s)]
     use = reliable or measured
     worker_span = sum((s.end - s.start) * s.workers for s in use)
+    busy = sum(s.seconds for s in use)
+    mean = busy / max(1, sum(s.attempts for s in use))
     if not worker_span:
-        return 0.0, False
-    return max(1.0, sum(s.seconds for s in use) / worker_span), bool(reliable)
+        return Kept(0.0, False, mean)
+    return Kept(max(1.0, busy / worker_span), bool(reliable), mean)
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -157,14 +178,19 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     spans: dict[str, dict[str, StageSpan]] = {}
     for span in store.stage_spans(run_ids):
         spans.setdefault(span.stage, {})[span.run_id] = span
+    limits = limits_of(pipeline)
+    paced: dict[str, dict[str, float]] = {}  # stage -> run -> the seconds a model's quota held its calls there
+    for run_id, name, model, tokens, calls in store.run_model_use(run_ids):
+        held = paced.setdefault(name, {})
+        held[run_id] = max(held.get(run_id, 0.0), _quota_seconds(limits, model, tokens, calls))
     stages = {}
     for c in store.stage_costs(run_ids):
         declared = _stage(pipeline, c.stage)
         after = declared.after if declared is not None else None
         kept = kept_in_flight(list(spans.get(c.stage, {}).values()), spans.get(after, {}) if after else {},
-                              _slots(declared, 1))
+                              _slots(declared, 1), paced.get(c.stage))
         stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
-                                          *kept)
+                                          kept)
     counts = store.stage_task_counts(run_ids)
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
@@ -253,9 +279,9 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
         kept = _kept(h, slots, workers)
-        seconds = attempts * h.seconds / (kept if h.filled else slots)
+        seconds = attempts * h.pace / (kept if h.filled else slots)
         by_slots = max(by_slots, seconds)
-        slowest = max(slowest, attempts * h.seconds / kept)
+        slowest = max(slowest, attempts * h.pace / kept)
         if not h.filled and kept < slots and attempts > kept:
             unfilled.append(name)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
@@ -272,7 +298,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
                         "models": {str(t): m for t, m in sorted(priced.models.items())},
-                        "attempt_seconds": h.seconds, "slots": slots,
+                        "attempt_seconds": h.pace, "slots": slots,
                         "concurrency": round(kept if h.filled else slots, 1), "concurrency_measured": round(kept, 1)}
         if priced.cost is None and h.calls:
             unpriced.append(name)
@@ -280,7 +306,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         cost += stage_cost or 0.0
         tokens_var += t_var
         cost_var += t_var * per_token * per_token + attempts * attempts * priced.mix_var
-        fill += h.seconds
+        fill += h.pace
     paces = {m: _quota_pace(limits, m, *use) for m, use in by_model.items()}
     quota, pacer = max(((p.seconds, m) for m, p in paces.items()), default=(0.0, ""))
     # A model's quota over every stage that calls it holds at least as long as over any one of them.
@@ -466,7 +492,7 @@ def _quota_pace(limits: Mapping[str, RateLimit], model: str, tokens: float, call
     minute for its last grants. Where the margin straddles it, the forecast takes the likelier side (the chance
     from the tokens' spread, a normal) and gives both."""
     seconds = _quota_seconds(limits, model, tokens, calls, held)
-    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    limit = _limit(limits, model)
     if limit is None or limit.spread or not tokens:
         return QuotaPace(seconds, seconds, seconds)
     rel = math.sqrt(tokens_var) / tokens
@@ -490,13 +516,20 @@ def _scaled(tokens: float, calls: float, held: float, by: float) -> tuple[float,
     return tokens * by, calls * by, held * by
 
 
+def _limit(limits: Mapping[str, RateLimit], model: str) -> RateLimit | None:
+    """The quota of ``model``, asked for or as a provider reported it (``sim-1@2026-11-01``,
+    ``gpt-4o-mini-2024-07-18``)."""
+    found = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    return found or next((limit for key, limit in sorted(limits.items()) if same_model(key, model)), None)
+
+
 def _quota_seconds(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float,
                    held: float = 0.0) -> float:
     """How long ``model``'s quota holds ``tokens`` over ``calls`` (and ``held``, what calls in flight reserve
     beyond their use): a sliding minute lets a minute's limit through at once, then the next when those grants
     age out, so the last grant waits a whole minute for each limit's worth before it; a ``spread`` limit paces
     them evenly instead."""
-    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    limit = _limit(limits, model)
     if limit is None:
         return 0.0
     seconds = 0.0

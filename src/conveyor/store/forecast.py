@@ -117,6 +117,19 @@ class ForecastQueries:
         return [StageSpan(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4] or 0.0), int(r[5]),
                           max(1, int(r[6] or 0))) for r in rows]
 
+    def run_model_use(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, float, int]]:
+        """Per run, stage and reported model, (run, stage, model, tokens, provider calls) of its invoked attempts."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT a.run_id, t.stage, COALESCE(a.model, ''), SUM(a.prompt_tokens + a.completion_tokens),
+                SUM(a.provider_calls)
+            FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id IN ({marks}) AND a.invoked = 1 GROUP BY a.run_id, t.stage, COALESCE(a.model, '')""",
+            list(run_ids))
+        return [(str(r[0]), str(r[1]), str(r[2]), float(r[3] or 0), int(r[4] or 0)) for r in rows if r[4]]
+
     def run_startups(self, run_ids: Sequence[str]) -> list[float]:
         """Per run, the seconds from its creation to its first attempt (submission, workers starting)."""
         if not run_ids:
