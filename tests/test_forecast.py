@@ -385,6 +385,13 @@ def test_the_history_measures_each_stages_span_attempts_and_workers(tmp_path: Pa
     assert all(0 < h.per_worker <= 8 and not h.filled for h in past.stages.values())
 
 
+def test_a_workers_start_is_measured_by_starting_one_that_loads_the_target(tmp_path: Path) -> None:
+    from conveyor.service.dryrun import worker_start
+
+    assert worker_start(write_pipeline(tmp_path, SLOW, name="slow.py")) > 0.0
+    assert worker_start(write_pipeline(tmp_path, "raise SystemExit(2)\n", name="broken.py")) == 0.0
+
+
 def test_a_sample_is_drawn_over_the_whole_input_not_its_first_items() -> None:
     from conveyor.service.dryrun import Reservoir
     from conveyor.service.inputs import SourceItem
