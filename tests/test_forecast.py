@@ -4,6 +4,7 @@ from history or from a sample run in a scratch store (publish stages left out); 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,7 @@ def test_a_stage_is_forecast_at_the_calls_its_workers_kept_in_flight_not_at_its_
     # 320 attempts of 0.25 s over 10 s on 2 workers: 4 in flight a worker, of its 16 slots (a worker's claims,
     # commits and grants pace quick calls); the stage before it ended at 2 s, so it had a backlog.
     kept = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {"r1": _span("read", 0.0, 2.0, 2.0, 320)}, slots=16)
-    assert kept == (pytest.approx(4.0), True, pytest.approx(0.25))
+    assert kept[:3] == (pytest.approx(4.0), True, pytest.approx(0.25)) and not kept.beside
     measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
     past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
     # 640 attempts of 0.25 s, 4 a worker on 3 workers: 13.3 s (at the 48 slots it would say 3.3 s).
@@ -305,12 +306,35 @@ def test_a_measure_that_could_not_fill_the_slots_gives_the_slots_and_its_own_pac
     assert "ask had too few attempts in the measure to fill its slots" in f["basis"]
 
 
+def test_a_stage_measured_beside_one_that_will_not_run_is_forecast_between_both_paces() -> None:
+    # In its measure, "ask" (320 attempts of 0.25 s over 10 s, 4 a worker) shared its 2 workers with "embed",
+    # 12 calls in flight over its whole span (120 s of them): alone, 10 a worker.
+    embed = _span("embed", 0.0, 20.0, 240.0, 100)
+    kept = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16, others={"r1": [embed]})
+    assert kept.beside == {"embed"} and kept.alone == pytest.approx((80.0 + 120.0) / 20.0)
+    assert kept[:2] == (pytest.approx(4.0), True), "what it kept is still what it kept"
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
+    past = History({"ask": measured}, ("r1",), "history", {})
+    # A run without embed (a prompt bump): 8 at 2 workers as measured, 20 alone; forecast at sqrt(8 x 20).
+    bump = forecast(_quick_pipe("beside"), past, {"ask": 320}, workers=2, prices=[])
+    assert bump["seconds_range"] == [pytest.approx(320 * 0.25 / 20 + 0.25), pytest.approx(320 * 0.25 / 8 + 0.25)]
+    assert bump["seconds"] == pytest.approx(320 * 0.25 / math.sqrt(8 * 20) + 0.25)
+    assert "ask shared its workers with stages that will not run" in bump["basis"]
+    # A run with embed again: what it kept beside it.
+    again = forecast(_quick_pipe("beside"), past, {"ask": 320, "embed": 100}, workers=2, prices=[])
+    assert again["seconds"] == pytest.approx(320 * 0.25 / 8 + 0.25) and "shared its workers" not in again["basis"]
+    # A stage beside it that had little in flight (under a tenth of its own) did not share its workers.
+    light = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16,
+                           others={"r1": [_span("read", 0.0, 10.0, 5.0, 320)]})
+    assert not light.beside and light.alone == pytest.approx(4.0)
+
+
 def test_a_run_its_quota_held_does_not_measure_the_pace_of_its_calls() -> None:
     # r2's calls waited for a model's quota for 170 of its 180 s: its attempts took 10 s each, 16 in flight a
     # worker. r1, free of it, measures the stage: 4 a worker, 0.25 s an attempt.
     runs = [_span("ask", 0.0, 10.0, 80.0, 320), _span("ask", 0.0, 180.0, 3200.0, 320, run_id="r2")]
     kept = kept_in_flight(runs, {}, 16, paced={"r1": 0.0, "r2": 170.0})
-    assert kept == (pytest.approx(4.0), True, pytest.approx(0.25))
+    assert kept[:3] == (pytest.approx(4.0), True, pytest.approx(0.25))
     measured = StageHistory.of(StageCosts("ask", 640, 640, 0.0, 0.0, 0.0, 0.0, 3280.0, 0.0, 0, 0), {}, kept=kept)
     assert measured.seconds == pytest.approx(5.125) and measured.pace == pytest.approx(0.25)
     f = forecast(_quick_pipe("paced"), History({"ask": measured}, ("r1", "r2"), "history", {}), {"ask": 320},

@@ -51,6 +51,7 @@ WINDOW_S = 60.0  # providers count per minute
 DEFAULT_MAX_TOKENS = 512  # what a chat call reserves for its answer when the stage does not say (runtime/services)
 FILLED = 2  # a worker's attempts of a stage, in slots, from which its measured concurrency is what it can keep
 FED = 2  # a stage that ended within this many of its attempts after the one before it was only fed by it
+BESIDE = 0.1  # a stage whose calls in flight over another's span reach this share of its own shared its workers
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class StageHistory:
     per_worker: float = 0.0  # attempts a worker kept in flight, on average over their span (0: not measured)
     filled: bool = False  # measured where its workers had a backlog: per_worker is what a worker keeps busy
     own_seconds: float = 0.0  # an attempt's mean in the runs per_worker was measured on (no quota's wait in it)
+    alone: float = 0.0  # per_worker, with what the stages beside it had in flight in its workers given back to it
+    beside: frozenset[str] = frozenset()  # the stages that shared its workers in the measure
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
@@ -94,7 +97,7 @@ class StageHistory:
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
                    _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
-                   *(kept or Kept(0.0, False, c.seconds / n)))
+                   *(kept or Kept(0.0, False, c.seconds / n, 0.0, frozenset())))
 
     @property
     def pace(self) -> float:
@@ -103,22 +106,30 @@ class StageHistory:
 
 
 class Kept(NamedTuple):
-    """How many attempts of a stage a worker kept in flight, whether that is what it can keep, and the mean
-    seconds of an attempt in the runs that measured it."""
+    """How many attempts of a stage a worker kept in flight, whether that is what it can keep, the mean seconds
+    of an attempt in the runs that measured it, how many it would have kept alone in its workers (the stages
+    beside it gave it back what they had in flight there), and those stages."""
 
     per_worker: float
     filled: bool
     seconds: float
+    alone: float = 0.0
+    beside: frozenset[str] = frozenset()
 
 
 def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int,
-                   paced: Mapping[str, float] | None = None) -> Kept:
+                   paced: Mapping[str, float] | None = None,
+                   others: Mapping[str, Sequence[StageSpan]] | None = None) -> Kept:
     """How many attempts of a stage a worker kept in flight (its attempts' seconds over their span, per worker
     that ran them), and whether that is what a worker can keep: measured in runs where each of its workers had
     attempts enough to fill its ``slots`` FILLED times, the stage outlasted the one it comes after by more than
     its own last attempts (it had a backlog, not only what that one fed it), and no model's quota held it for
     half its span or more (its attempts then waited for grants). ``parents``: run -> the span of the stage it
-    comes after, where that one ran; ``paced``: run -> the seconds a model's quota held its calls there."""
+    comes after, where that one ran; ``paced``: run -> the seconds a model's quota held its calls there;
+    ``others``: run -> the spans of the other stages there. Stages beside it in its workers (a CPU-bound one, a
+    busy one) kept it below what it keeps alone: what they had in flight over its span (their calls in flight on
+    average, over the time the spans share) is given back to it in ``alone``, an estimate: the measure says how
+    many it kept beside them, not alone."""
     def backlogged(s: StageSpan) -> bool:
         parent = parents.get(s.run_id)
         mean = s.seconds / max(1, s.attempts)
@@ -133,7 +144,18 @@ def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan],
     mean = busy / max(1, sum(s.attempts for s in use))
     if not worker_span:
         return Kept(0.0, False, mean)
-    return Kept(max(1.0, busy / worker_span), bool(reliable), mean)
+    shared: dict[str, float] = {}  # stage beside it -> the seconds it had in flight over its span
+    for s in use:
+        for other in (others or {}).get(s.run_id, ()):
+            if other.stage != s.stage and other.end > other.start:
+                overlap = min(s.end, other.end) - max(s.start, other.start)
+                if overlap > 0:
+                    shared[other.stage] = shared.get(other.stage, 0.0) + other.seconds / (other.end - other.start) \
+                        * overlap
+    beside = frozenset(name for name, seconds in shared.items() if seconds > BESIDE * busy)
+    kept = max(1.0, busy / worker_span)
+    alone = max(kept, (busy + sum(shared[name] for name in beside)) / worker_span)
+    return Kept(kept, bool(reliable), mean, alone, beside)
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -176,8 +198,10 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     for (stage, version, config), by_model in store.declared_models(run_ids).items():
         asked.setdefault(stage, {})[(version, config)] = by_model
     spans: dict[str, dict[str, StageSpan]] = {}
+    by_run: dict[str, list[StageSpan]] = {}
     for span in store.stage_spans(run_ids):
         spans.setdefault(span.stage, {})[span.run_id] = span
+        by_run.setdefault(span.run_id, []).append(span)
     limits = limits_of(pipeline)
     paced: dict[str, dict[str, float]] = {}  # stage -> run -> the seconds a model's quota held its calls there
     for run_id, name, model, tokens, calls in store.run_model_use(run_ids):
@@ -188,7 +212,7 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
         declared = _stage(pipeline, c.stage)
         after = declared.after if declared is not None else None
         kept = kept_in_flight(list(spans.get(c.stage, {}).values()), spans.get(after, {}) if after else {},
-                              _slots(declared, 1), paced.get(c.stage))
+                              _slots(declared, 1), paced.get(c.stage), by_run)
         stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
                                           kept)
     counts = store.stage_task_counts(run_ids)
@@ -261,8 +285,10 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    fill = by_slots = slowest = 0.0  # slowest: by_slots, each stage at the concurrency its measure kept
+    # by_slots: the slowest stage as forecast; fastest, slowest: at either end of what its measure can say
+    fill = by_slots = fastest = slowest = 0.0
     unfilled: list[str] = []  # stages whose measure had too few attempts to show how many a worker keeps busy
+    alone: list[str] = []  # stages measured beside others that will not run with them
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
     for name, count in to_run.items():
         if count <= 0:
@@ -278,12 +304,23 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         t_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens)
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
-        kept = _kept(h, slots, workers)
-        seconds = attempts * h.pace / (kept if h.filled else slots)
+        kept = _kept(h, h.per_worker, slots, workers)
+        fast = point = kept  # the calls in flight at the fast end, as forecast, and at the slow end (kept)
+        if not h.filled:  # the measure could not fill its slots: they are the forecast, what it kept the slow end
+            fast = point = float(slots)
+            if kept < slots and attempts > kept:
+                unfilled.append(name)
+        elif h.beside and not any(to_run.get(other, 0) > 0 for other in h.beside):
+            # The stages that shared its workers in the measure will not run: alone it keeps more in flight,
+            # how many more the measure cannot say. Forecast in the middle (geometric) of both.
+            fast = _kept(h, h.alone, slots, workers)
+            point = math.sqrt(fast * kept)
+            if fast > kept:
+                alone.append(name)
+        seconds = attempts * h.pace / point
         by_slots = max(by_slots, seconds)
+        fastest = max(fastest, attempts * h.pace / fast)
         slowest = max(slowest, attempts * h.pace / kept)
-        if not h.filled and kept < slots and attempts > kept:
-            unfilled.append(name)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
         holding = kept
@@ -299,7 +336,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
                         "models": {str(t): m for t, m in sorted(priced.models.items())},
                         "attempt_seconds": h.pace, "slots": slots,
-                        "concurrency": round(kept if h.filled else slots, 1), "concurrency_measured": round(kept, 1)}
+                        "concurrency": round(point, 1), "concurrency_measured": round(kept, 1)}
         if priced.cost is None and h.calls:
             unpriced.append(name)
         tokens += attempts * h.tokens
@@ -314,12 +351,12 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     seconds = past.startup + busy + fill if busy else 0.0
     low = max((p.low for p in paces.values()), default=0.0)
     high = max((p.high for p in paces.values()), default=0.0)
-    span = [past.startup + max(by_slots, low) + fill if busy else 0.0,
+    span = [past.startup + max(fastest, low) + fill if busy else 0.0,
             past.startup + max(by_slots, slowest, high) + fill if busy else 0.0]
     cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
                 key=lambda p: p.high)
     basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff,
-                   unfilled if slowest > max(by_slots, high) else ())
+                   unfilled if slowest > max(by_slots, high) else (), alone if span[0] < span[1] else ())
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
             "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
             "seconds": seconds, "seconds_range": span, "quota_cliff": None if cliff is None else cliff.cliff,
@@ -328,7 +365,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
 
 
 def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None,
-           cliff: QuotaPace | None = None, unfilled: Sequence[str] = ()) -> str:
+           cliff: QuotaPace | None = None, unfilled: Sequence[str] = (), alone: Sequence[str] = ()) -> str:
     """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
@@ -348,6 +385,9 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
     if unfilled:
         basis += (f"; {', '.join(unfilled)} had too few attempts in the measure to fill its slots: forecast at "
                   "its slots, at the calls it kept in flight the slower end of seconds_range")
+    if alone:
+        basis += (f"; {', '.join(alone)} shared its workers with stages that will not run: between what it kept "
+                  "in flight beside them and what it would have kept alone (seconds_range)")
     return basis
 
 
@@ -364,13 +404,12 @@ def _slots(stage: Stage | None, workers: int) -> int:
     return max(1, workers) * (stage.concurrency if stage.is_async else 1)
 
 
-def _kept(h: StageHistory, slots: int, workers: int) -> float:
-    """How many attempts of a stage ``workers`` workers keep in flight: as many per worker as its measure had
-    (a worker's claims, commits and quota grants pace it below its slots), at most its slots; its slots when not
-    measured."""
+def _kept(h: StageHistory, per_worker: float, slots: int, workers: int) -> float:
+    """How many attempts of a stage ``workers`` workers keep in flight at ``per_worker`` each (a worker's claims,
+    commits and quota grants pace it below its slots), at most its slots; its slots when not measured."""
     if not h.per_worker:
         return float(slots)
-    return max(1.0, min(float(slots), h.per_worker * max(1, workers)))
+    return max(1.0, min(float(slots), per_worker * max(1, workers)))
 
 
 def stage_model(stage: Stage | None, tier: int, h: StageHistory) -> str | None:
