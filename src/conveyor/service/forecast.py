@@ -18,7 +18,10 @@ runs kept (its attempts' seconds over their span, per worker that ran them: a wo
 grants hold a stage of quick calls well below its slots), times ``workers``, at most its slots (``workers`` x
 ``concurrency``), in runs where it had a backlog and no model's quota held it (``kept_in_flight``). A measure
 without such a run (a small sample, a stage only fed by a slower one) cannot tell how many they keep busy: the
-forecast then takes the slots and gives the measured pace as the slower end of ``seconds_range``.
+forecast then takes the slots and gives the measured pace as the slower end of ``seconds_range``. A stage
+measured beside others in its workers (a CPU-bound stage, a busy one) kept fewer in flight than alone: when they
+will not run, the range goes from what it kept to what it would have kept with their share given back, and the
+forecast is its geometric middle.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
