@@ -4,7 +4,6 @@ from history or from a sample run in a scratch store (publish stages left out); 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -315,10 +314,10 @@ def test_a_stage_measured_beside_one_that_will_not_run_is_forecast_between_both_
     assert kept[:2] == (pytest.approx(4.0), True), "what it kept is still what it kept"
     measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
     past = History({"ask": measured}, ("r1",), "history", {})
-    # A run without embed (a prompt bump): 8 at 2 workers as measured, 20 alone; forecast at sqrt(8 x 20).
+    # A run without embed (a prompt bump): 20 alone as forecast, at worst the 8 it kept at 2 workers.
     bump = forecast(_quick_pipe("beside"), past, {"ask": 320}, workers=2, prices=[])
     assert bump["seconds_range"] == [pytest.approx(320 * 0.25 / 20 + 0.25), pytest.approx(320 * 0.25 / 8 + 0.25)]
-    assert bump["seconds"] == pytest.approx(320 * 0.25 / math.sqrt(8 * 20) + 0.25)
+    assert bump["seconds"] == bump["seconds_range"][0] and bump["stages"]["ask"]["concurrency"] == 20
     assert "ask shared its workers with stages that will not run" in bump["basis"]
     # A run with embed again: what it kept beside it.
     again = forecast(_quick_pipe("beside"), past, {"ask": 320, "embed": 100}, workers=2, prices=[])
@@ -327,6 +326,20 @@ def test_a_stage_measured_beside_one_that_will_not_run_is_forecast_between_both_
     light = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16,
                            others={"r1": [_span("read", 0.0, 10.0, 5.0, 320)]})
     assert not light.beside and light.alone == pytest.approx(4.0)
+
+
+def test_a_stage_lasts_at_least_its_longest_attempt_in_a_run_as_large_as_the_one_that_met_it() -> None:
+    # 320 attempts of 0.25 s on average, one of which hung 10 s until its timeout: 320 of them on 4 workers take
+    # 10 s, not 5 s; a run of 40 would likely not meet such a call.
+    spans = [StageSpan("r1", "ask", 0.0, 10.5, 80.0, 320, 2, longest=10.0)]
+    kept = kept_in_flight(spans, {}, 16)
+    assert (kept.longest, kept.measured) == (10.0, 320)
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
+    past = History({"ask": measured}, ("r1",), "history", {})
+    many = forecast(_quick_pipe("hung"), past, {"ask": 320}, workers=4, prices=[])
+    assert 320 * 0.25 / (4 * kept.per_worker) < 10.0 and many["seconds"] == pytest.approx(10.0 + 0.25)
+    few = forecast(_quick_pipe("hung"), past, {"ask": 40}, workers=2, prices=[])
+    assert few["seconds"] == pytest.approx(40 * 0.25 / (2 * kept.per_worker) + 0.25)
 
 
 def test_a_run_its_quota_held_does_not_measure_the_pace_of_its_calls() -> None:

@@ -20,8 +20,8 @@ grants hold a stage of quick calls well below its slots), times ``workers``, at 
 without such a run (a small sample, a stage only fed by a slower one) cannot tell how many they keep busy: the
 forecast then takes the slots and gives the measured pace as the slower end of ``seconds_range``. A stage
 measured beside others in its workers (a CPU-bound stage, a busy one) kept fewer in flight than alone: when they
-will not run, the range goes from what it kept to what it would have kept with their share given back, and the
-forecast is its geometric middle.
+will not run, the forecast gives it their share back, and what it kept is the slower end. A stage lasts at least
+its longest measured attempt (a call that hung until its timeout), in a run as large as the one that met it.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
@@ -90,6 +90,8 @@ class StageHistory:
     own_seconds: float = 0.0  # an attempt's mean in the runs per_worker was measured on (no quota's wait in it)
     alone: float = 0.0  # per_worker, with what the stages beside it had in flight in its workers given back to it
     beside: frozenset[str] = frozenset()  # the stages that shared its workers in the measure
+    longest: float = 0.0  # its longest attempt in those runs (a call that hung until its timeout)
+    measured: int = 0  # its attempts in those runs, a run's worth
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
@@ -100,7 +102,7 @@ class StageHistory:
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
                    _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
-                   *(kept or Kept(0.0, False, c.seconds / n, 0.0, frozenset())))
+                   *(kept or Kept(0.0, False, c.seconds / n, 0.0, frozenset(), 0.0, 0)))
 
     @property
     def pace(self) -> float:
@@ -118,6 +120,8 @@ class Kept(NamedTuple):
     seconds: float
     alone: float = 0.0
     beside: frozenset[str] = frozenset()
+    longest: float = 0.0  # the longest attempt in those runs
+    measured: int = 0  # the attempts of a run of those, on average
 
 
 def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int,
@@ -158,7 +162,8 @@ def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan],
     beside = frozenset(name for name, seconds in shared.items() if seconds > BESIDE * busy)
     kept = max(1.0, busy / worker_span)
     alone = max(kept, (busy + sum(shared[name] for name in beside)) / worker_span)
-    return Kept(kept, bool(reliable), mean, alone, beside)
+    return Kept(kept, bool(reliable), mean, alone, beside, max(s.longest for s in use),
+                round(sum(s.attempts for s in use) / len(use)))
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -314,16 +319,18 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
             if kept < slots and attempts > kept:
                 unfilled.append(name)
         elif h.beside and not any(to_run.get(other, 0) > 0 for other in h.beside):
-            # The stages that shared its workers in the measure will not run: alone it keeps more in flight,
-            # how many more the measure cannot say. Forecast in the middle (geometric) of both.
-            fast = _kept(h, h.alone, slots, workers)
-            point = math.sqrt(fast * kept)
+            # The stages that shared its workers in the measure will not run: alone it keeps more in flight (their
+            # share given back), at worst what it kept beside them.
+            fast = point = _kept(h, h.alone, slots, workers)
             if fast > kept:
                 alone.append(name)
-        seconds = attempts * h.pace / point
+        # However many run at once, a stage lasts as long as its longest attempt (a call that hangs until its
+        # timeout), in a run of as many attempts as the one that met it, or more.
+        longest = h.longest if 2 * attempts >= h.measured else 0.0
+        seconds = max(attempts * h.pace / point, longest)
         by_slots = max(by_slots, seconds)
-        fastest = max(fastest, attempts * h.pace / fast)
-        slowest = max(slowest, attempts * h.pace / kept)
+        fastest = max(fastest, attempts * h.pace / fast, longest)
+        slowest = max(slowest, attempts * h.pace / kept, longest)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
         holding = kept

@@ -48,6 +48,7 @@ class StageSpan(NamedTuple):
     seconds: float  # their seconds, added
     attempts: int
     workers: int  # the workers that ran them
+    longest: float = 0.0  # the longest of them
 
 
 class ForecastQueries:
@@ -104,18 +105,19 @@ class ForecastQueries:
         return found
 
     def stage_spans(self, run_ids: Sequence[str]) -> list[StageSpan]:
-        """Per run and stage, when its invoked attempts started and ended, their seconds and their workers."""
+        """Per run and stage, when its invoked attempts started and ended, their seconds, their workers and the
+        longest of them."""
         if not run_ids:
             return []
         marks = ",".join("?" * len(run_ids))
         rows = self.db.execute(
             f"""SELECT a.run_id, t.stage, MIN(a.started_at), MAX(a.started_at + COALESCE(a.duration, 0)),
-                SUM(COALESCE(a.duration, 0)), COUNT(*), COUNT(DISTINCT a.worker)
+                SUM(COALESCE(a.duration, 0)), COUNT(*), COUNT(DISTINCT a.worker), MAX(COALESCE(a.duration, 0))
             FROM attempts a JOIN tasks t ON t.id = a.task_id
             WHERE a.run_id IN ({marks}) AND a.invoked = 1 AND a.started_at IS NOT NULL
             GROUP BY a.run_id, t.stage""", list(run_ids))
         return [StageSpan(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4] or 0.0), int(r[5]),
-                          max(1, int(r[6] or 0))) for r in rows]
+                          max(1, int(r[6] or 0)), float(r[7] or 0.0)) for r in rows]
 
     def run_model_use(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, float, int]]:
         """Per run, stage and reported model, (run, stage, model, tokens, provider calls) of its invoked attempts."""
