@@ -396,8 +396,8 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
         basis += (f"; {', '.join(unfilled)} had too few attempts in the measure to fill its slots: forecast at "
                   "its slots, at the calls it kept in flight the slower end of seconds_range")
     if alone:
-        basis += (f"; {', '.join(alone)} shared its workers with stages that will not run: between what it kept "
-                  "in flight beside them and what it would have kept alone (seconds_range)")
+        basis += (f"; {', '.join(alone)} shared its workers with stages that will not run: forecast with their "
+                  "share given back, at the calls it kept in flight beside them the slower end of seconds_range")
     return basis
 
 
