@@ -293,8 +293,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    # by_slots: the slowest stage as forecast; fastest, slowest: at either end of what its measure can say
-    fill = by_slots = fastest = slowest = 0.0
+    # by_slots: the slowest stage as forecast; slowest: the same, each stage at the calls its measure kept
+    fill = by_slots = slowest = 0.0
     unfilled: list[str] = []  # stages whose measure had too few attempts to show how many a worker keeps busy
     alone: list[str] = []  # stages measured beside others that will not run with them
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
@@ -312,24 +312,22 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         t_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens)
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
-        kept = _kept(h, h.per_worker, slots, workers)
-        fast = point = kept  # the calls in flight at the fast end, as forecast, and at the slow end (kept)
+        kept = point = _kept(h, h.per_worker, slots, workers)  # in flight as measured, and as forecast
         if not h.filled:  # the measure could not fill its slots: they are the forecast, what it kept the slow end
-            fast = point = float(slots)
+            point = float(slots)
             if kept < slots and attempts > kept:
                 unfilled.append(name)
         elif h.beside and not any(to_run.get(other, 0) > 0 for other in h.beside):
             # The stages that shared its workers in the measure will not run: alone it keeps more in flight (their
             # share given back), at worst what it kept beside them.
-            fast = point = _kept(h, h.alone, slots, workers)
-            if fast > kept:
+            point = _kept(h, h.alone, slots, workers)
+            if point > kept:
                 alone.append(name)
         # However many run at once, a stage lasts as long as its longest attempt (a call that hangs until its
         # timeout), in a run of as many attempts as the one that met it, or more.
         longest = h.longest if 2 * attempts >= h.measured else 0.0
         seconds = max(attempts * h.pace / point, longest)
         by_slots = max(by_slots, seconds)
-        fastest = max(fastest, attempts * h.pace / fast, longest)
         slowest = max(slowest, attempts * h.pace / kept, longest)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
@@ -361,7 +359,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     seconds = past.startup + busy + fill if busy else 0.0
     low = max((p.low for p in paces.values()), default=0.0)
     high = max((p.high for p in paces.values()), default=0.0)
-    span = [past.startup + max(fastest, low) + fill if busy else 0.0,
+    span = [past.startup + max(by_slots, low) + fill if busy else 0.0,
             past.startup + max(by_slots, slowest, high) + fill if busy else 0.0]
     cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
                 key=lambda p: p.high)
