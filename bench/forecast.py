@@ -154,8 +154,10 @@ def main() -> None:
         "interpreter's start and the imports; "
         "ratio is forecast / real; met: both ratios within ±30%; the cost's margin is the forecast's 95% one; the "
         "range is the forecast's `seconds_range`, given when the run's tokens sit within their margin of a whole "
-        "minute of a model's quota (the likelier side is the forecast) or a stage's measure had too few attempts "
-        "to fill its slots (the slots are the forecast, the calls it kept in flight the slower end).", "",
+        "minute of a model's quota (the likelier side is the forecast), a stage's measure had too few attempts "
+        "to fill its slots (the slots are the forecast, the calls it kept in flight the slower end) or it was "
+        "measured beside stages that will not run (the forecast gives it their share of its workers back, what "
+        "it kept is the slower end).", "",
         *header, *rows, "", END])
     if not args.no_write:
         write_section(f"{SCRIPT}.py", section)
