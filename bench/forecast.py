@@ -88,7 +88,9 @@ def measure(what: str, target_input: str, workers: int, env: dict[str, str], db:
             "seconds": forecast["seconds"], "real_seconds": seconds, "command_seconds": command,
             "range": forecast.get("seconds_range") or [forecast["seconds"]] * 2,
             "seconds_ratio": ratio(forecast["seconds"], seconds), "basis": forecast["basis"],
-            "models": {s: f.get("models") for s, f in forecast["stages"].items() if f.get("models")}}
+            "models": {s: f.get("models") for s, f in forecast["stages"].items() if f.get("models")},
+            "concurrency": {s: f"{f['concurrency']:g} of {f['slots']}" for s, f in forecast["stages"].items()
+                            if f.get("slots") and f.get("tokens")}}
 
 
 def line(m: dict[str, Any]) -> str:
@@ -134,12 +136,12 @@ def main() -> None:
             dearer = dict(bumped, MANPAGES_MODEL="sim-2")
             measured.append(measure("3. model switch sim-1 → sim-2", pages, args.workers, dearer, db))
     rows = [line(m) for m in measured]
-    header = ["| forecast | cost (forecast) | cost (real) | ratio | seconds (forecast) | range at a quota's minute | "
+    header = ["| forecast | cost (forecast) | cost (real) | ratio | seconds (forecast) | range | "
               "seconds (real) | ratio | seconds (command) | ±30% |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(header + rows))
     for m in measured:
-        print(f"  {m['what']}: {m['basis']}; models {m['models']}")
+        print(f"  {m['what']}: {m['basis']}; models {m['models']}; calls in flight {m['concurrency']}")
     section = "\n".join([
         BEGIN, "## Issue 27 point 12: forecast error (bench/forecast.py)", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "",
@@ -152,7 +154,10 @@ def main() -> None:
         "interpreter's start and the imports; "
         "ratio is forecast / real; met: both ratios within ±30%; the cost's margin is the forecast's 95% one; the "
         "range is the forecast's `seconds_range`, given when the run's tokens sit within their margin of a whole "
-        "minute of a model's quota (the likelier side is the forecast).", "",
+        "minute of a model's quota (the likelier side is the forecast), a stage's measure had too few attempts "
+        "to fill its slots (the slots are the forecast, the calls it kept in flight the slower end) or it was "
+        "measured beside stages that will not run (the forecast gives it their share of its workers back, what "
+        "it kept is the slower end).", "",
         *header, *rows, "", END])
     if not args.no_write:
         write_section(f"{SCRIPT}.py", section)

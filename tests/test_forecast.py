@@ -16,9 +16,9 @@ from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
-from conveyor.service.forecast import History, StageHistory, forecast
+from conveyor.service.forecast import History, Kept, StageHistory, forecast, history, kept_in_flight
 from conveyor.store import open_store
-from conveyor.store.forecast import ModelUse, StageCosts
+from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 from tests.helpers import cli, make_docs, reconciled, submit_and_work, write_pipeline
 
 FAKE = """
@@ -211,11 +211,11 @@ def test_the_wall_time_is_held_to_the_models_quota_and_to_the_measured_latency()
     assert small["seconds"] == pytest.approx(3.0 + 40 * 2.0 / 8 + 2.0)
 
 
-def _spread_history(span: float = 0.0) -> StageHistory:
+def _spread_history(per_worker: float = 0.0, filled: bool = False) -> StageHistory:
     """50 attempts of 1,000 tokens with a spread of 300 (500 of them an answer's unused room at max_tokens 600)."""
     return StageHistory.of(StageCosts("ask", 50, 50, 50_000, 50 * (1000.0**2 + 300.0**2), 0.05, 0.0, 100.0, 200.0,
                                       50, 0), {}, [ModelUse("ask", 0, "m", 50, 45_000, 5_000, 0.05, 50, 0)],
-                           span=span)
+                           kept=Kept(per_worker, filled, 2.0))
 
 
 def _quota_pipe() -> Pipeline:
@@ -229,7 +229,7 @@ def _quota_pipe() -> Pipeline:
 
 
 def test_a_run_at_its_quota_gives_both_sides_of_the_minute_and_the_chance_of_each() -> None:
-    past = History({"ask": _spread_history(span=100.0)}, ("r1",), "history", {}, startup=3.0)
+    past = History({"ask": _spread_history(per_worker=4.0, filled=True)}, ("r1",), "history", {}, startup=3.0)
     # 100 tasks of 1,000 tokens (± their spread) against 100,000 a minute: the run may fit, or its last grants
     # wait for the first ones to age out, a minute later. Both are said, and which is likelier.
     at = forecast(_quota_pipe(), past, {"ask": 100}, workers=2, prices=[])
@@ -246,16 +246,115 @@ def test_a_run_at_its_quota_gives_both_sides_of_the_minute_and_the_chance_of_eac
 
 
 def test_calls_in_flight_hold_room_for_as_many_as_the_stage_had_in_flight() -> None:
-    # The same 97 tasks: measured with 8 attempts in flight (100 s of attempts over 12.5 s), the calls in flight
-    # hold 8 x 500 tokens; measured with 1 in flight, 500. 97,000 + 4,000 passes a minute's 100,000; + 500 does not.
-    crowded = History({"ask": _spread_history(span=12.5)}, ("r1",), "history", {})
-    sparse = History({"ask": _spread_history(span=100.0)}, ("r1",), "history", {})
-    assert crowded.stages["ask"].in_flight == pytest.approx(8.0) and sparse.stages["ask"].in_flight == 1.0
+    # The same 97 tasks on 2 workers: measured with 4 attempts in flight a worker, the calls in flight hold
+    # 8 x 500 tokens; with 1 a worker, 2 x 500. 97,000 + 4,000 passes a minute's 100,000; + 1,000 does not.
+    crowded = History({"ask": _spread_history(per_worker=4.0)}, ("r1",), "history", {})
+    sparse = History({"ask": _spread_history(per_worker=1.0)}, ("r1",), "history", {})
     many = forecast(_quota_pipe(), crowded, {"ask": 97}, workers=2, prices=[])
     few = forecast(_quota_pipe(), sparse, {"ask": 97}, workers=2, prices=[])
     assert many["quota_cliff"]["used"] == pytest.approx(97_000 + 8 * 500)
-    assert few["quota_cliff"]["used"] == pytest.approx(97_000 + 500)
+    assert few["quota_cliff"]["used"] == pytest.approx(97_000 + 2 * 500)
     assert many["quota_cliff"]["chance_paced"] > 0.5 > few["quota_cliff"]["chance_paced"]
+
+
+def _span(stage: str, start: float, end: float, seconds: float, attempts: int, workers: int = 2,
+          run_id: str = "r1") -> StageSpan:
+    return StageSpan(run_id, stage, start, end, seconds, attempts, workers)
+
+
+def _quick_pipe(name: str) -> Pipeline:
+    pipe = Pipeline(name)
+
+    @pipe.stage(version="1", concurrency=16)
+    async def ask(ctx: Any, text: str) -> str:
+        return text
+
+    return pipe
+
+
+def test_a_stage_is_forecast_at_the_calls_its_workers_kept_in_flight_not_at_its_slots() -> None:
+    # 320 attempts of 0.25 s over 10 s on 2 workers: 4 in flight a worker, of its 16 slots (a worker's claims,
+    # commits and grants pace quick calls); the stage before it ended at 2 s, so it had a backlog.
+    kept = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {"r1": _span("read", 0.0, 2.0, 2.0, 320)}, slots=16)
+    assert kept[:3] == (pytest.approx(4.0), True, pytest.approx(0.25)) and not kept.beside
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
+    past = History({"ask": measured}, ("r1",), "history", {}, startup=3.0)
+    # 640 attempts of 0.25 s, 4 a worker on 3 workers: 13.3 s (at the 48 slots it would say 3.3 s).
+    f = forecast(_quick_pipe("kept"), past, {"ask": 640}, workers=3, prices=[])
+    assert f["seconds"] == pytest.approx(3.0 + 640 * 0.25 / 12 + 0.25)
+    assert f["stages"]["ask"]["concurrency"] == 12 and f["stages"]["ask"]["slots"] == 48
+    assert f["seconds_range"] == [f["seconds"], f["seconds"]]
+
+
+def test_a_measure_that_could_not_fill_the_slots_gives_the_slots_and_its_own_pace_as_the_range() -> None:
+    # Fed by the stage before it: it ended one attempt after that one, having kept 1 a worker busy.
+    fed = kept_in_flight([_span("ask", 0.0, 20.25, 40.0, 160)], {"r1": _span("read", 0.0, 20.0, 20.0, 160)}, 16)
+    # A sample: 20 attempts for a worker of 16 slots.
+    few = kept_in_flight([_span("ask", 0.0, 1.0, 5.0, 20, workers=1)], {}, 16)
+    assert fed[:2] == (pytest.approx(1.0), False) and few[:2] == (pytest.approx(5.0), False)
+    # A run with a backlog among runs without: the runs with one say what a worker keeps.
+    mixed = kept_in_flight([_span("ask", 0.0, 20.25, 40.0, 160), _span("ask", 0.0, 10.0, 80.0, 320, run_id="r2")],
+                           {"r1": _span("read", 0.0, 20.0, 20.0, 160)}, 16)
+    assert mixed[:2] == (pytest.approx(4.0), True)
+    measured = StageHistory.of(StageCosts("ask", 160, 160, 0.0, 0.0, 0.0, 0.0, 40.0, 10.0, 0, 0), {}, kept=fed)
+    f = forecast(_quick_pipe("fed"), History({"ask": measured}, ("r1",), "history", {}), {"ask": 320}, workers=2,
+                 prices=[])
+    # At its 32 slots, 2.5 s; at the 2 it kept, 40 s: both said, the slots the forecast.
+    assert f["seconds"] == pytest.approx(320 * 0.25 / 32 + 0.25)
+    assert f["seconds_range"] == [pytest.approx(f["seconds"]), pytest.approx(320 * 0.25 / 2 + 0.25)]
+    assert "ask had too few attempts in the measure to fill its slots" in f["basis"]
+
+
+def test_a_stage_measured_beside_one_that_will_not_run_is_forecast_between_both_paces() -> None:
+    # In its measure, "ask" (320 attempts of 0.25 s over 10 s, 4 a worker) shared its 2 workers with "embed",
+    # 12 calls in flight over its whole span (120 s of them): alone, 10 a worker.
+    embed = _span("embed", 0.0, 20.0, 240.0, 100)
+    kept = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16, others={"r1": [embed]})
+    assert kept.beside == {"embed"} and kept.alone == pytest.approx((80.0 + 120.0) / 20.0)
+    assert kept[:2] == (pytest.approx(4.0), True), "what it kept is still what it kept"
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
+    past = History({"ask": measured}, ("r1",), "history", {})
+    # A run without embed (a prompt bump): 20 alone as forecast, at worst the 8 it kept at 2 workers.
+    bump = forecast(_quick_pipe("beside"), past, {"ask": 320}, workers=2, prices=[])
+    assert bump["seconds_range"] == [pytest.approx(320 * 0.25 / 20 + 0.25), pytest.approx(320 * 0.25 / 8 + 0.25)]
+    assert bump["seconds"] == bump["seconds_range"][0] and bump["stages"]["ask"]["concurrency"] == 20
+    assert "ask shared its workers with stages that will not run" in bump["basis"]
+    # A run with embed again: what it kept beside it.
+    again = forecast(_quick_pipe("beside"), past, {"ask": 320, "embed": 100}, workers=2, prices=[])
+    assert again["seconds"] == pytest.approx(320 * 0.25 / 8 + 0.25) and "shared its workers" not in again["basis"]
+    # A stage beside it that had little in flight (under a tenth of its own) did not share its workers.
+    light = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16,
+                           others={"r1": [_span("read", 0.0, 10.0, 5.0, 320)]})
+    assert not light.beside and light.alone == pytest.approx(4.0)
+
+
+def test_a_stage_lasts_at_least_its_longest_attempt_in_a_run_as_large_as_the_one_that_met_it() -> None:
+    # 320 attempts of 0.25 s on average, one of which hung 10 s until its timeout: 320 of them on 4 workers take
+    # 10 s, not 5 s; a run of 40 would likely not meet such a call.
+    spans = [StageSpan("r1", "ask", 0.0, 10.5, 80.0, 320, 2, longest=10.0)]
+    kept = kept_in_flight(spans, {}, 16)
+    assert (kept.longest, kept.measured) == (10.0, 320)
+    measured = StageHistory.of(StageCosts("ask", 320, 320, 0.0, 0.0, 0.0, 0.0, 80.0, 20.0, 0, 0), {}, kept=kept)
+    past = History({"ask": measured}, ("r1",), "history", {})
+    many = forecast(_quick_pipe("hung"), past, {"ask": 320}, workers=4, prices=[])
+    assert 320 * 0.25 / (4 * kept.per_worker) < 10.0 and many["seconds"] == pytest.approx(10.0 + 0.25)
+    few = forecast(_quick_pipe("hung"), past, {"ask": 40}, workers=2, prices=[])
+    assert few["seconds"] == pytest.approx(40 * 0.25 / (2 * kept.per_worker) + 0.25)
+
+
+def test_a_run_its_quota_held_does_not_measure_the_pace_of_its_calls() -> None:
+    # r2's calls waited for a model's quota for 170 of its 180 s: its attempts took 10 s each, 16 in flight a
+    # worker. r1, free of it, measures the stage: 4 a worker, 0.25 s an attempt.
+    runs = [_span("ask", 0.0, 10.0, 80.0, 320), _span("ask", 0.0, 180.0, 3200.0, 320, run_id="r2")]
+    kept = kept_in_flight(runs, {}, 16, paced={"r1": 0.0, "r2": 170.0})
+    assert kept[:3] == (pytest.approx(4.0), True, pytest.approx(0.25))
+    measured = StageHistory.of(StageCosts("ask", 640, 640, 0.0, 0.0, 0.0, 0.0, 3280.0, 0.0, 0, 0), {}, kept=kept)
+    assert measured.seconds == pytest.approx(5.125) and measured.pace == pytest.approx(0.25)
+    f = forecast(_quick_pipe("paced"), History({"ask": measured}, ("r1", "r2"), "history", {}), {"ask": 320},
+                 workers=2, prices=[])
+    assert f["seconds"] == pytest.approx(320 * 0.25 / 8 + 0.25) and f["stages"]["ask"]["attempt_seconds"] == 0.25
+    # Held by its quota alone, the measure is all there is: what it kept, not what a worker can keep.
+    assert kept_in_flight(runs[1:], {}, 16, paced={"r2": 170.0})[:2] == (pytest.approx(8.9, abs=0.1), False)
 
 
 def test_a_dry_run_counts_a_task_equal_to_an_earlier_one_as_a_memo_answer(
@@ -303,6 +402,31 @@ def test_a_first_run_forecast_from_a_sample_gives_the_time_an_item_takes_through
     # Each item passes through three stages of 0.3 s one after the other: no run of it takes less than 0.9 s,
     # however many calls run at once.
     assert plan["forecast"]["seconds"] >= 0.9
+
+
+def test_the_history_measures_each_stages_span_attempts_and_workers(tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, SLOW, name="slow.py")
+    run_id = submit_and_work(target, make_docs(tmp_path / "docs", 4), store_url, tmp_path / "blobs").run_id
+    store = open_store(store_url)
+    try:
+        spans = {s.stage: s for s in store.stage_spans([run_id])}
+        past = history(store, load_target(target))
+    finally:
+        store.close()
+    assert sorted(spans) == ["one", "three", "two"]
+    for s in spans.values():
+        assert (s.run_id, s.attempts, s.workers) == (run_id, 4, 1)
+        assert s.seconds >= 4 * 0.3 and s.end - s.start >= 0.3
+    assert spans["one"].start <= spans["two"].start <= spans["three"].start
+    # 4 attempts cannot fill a worker's 8 slots twice: what it kept is measured, not taken for what it can keep.
+    assert all(0 < h.per_worker <= 8 and not h.filled for h in past.stages.values())
+
+
+def test_a_workers_start_is_measured_by_starting_one_that_loads_the_target(tmp_path: Path) -> None:
+    from conveyor.service.dryrun import worker_start
+
+    assert worker_start(write_pipeline(tmp_path, SLOW, name="slow.py")) > 0.0
+    assert worker_start(write_pipeline(tmp_path, "raise SystemExit(2)\n", name="broken.py")) == 0.0
 
 
 def test_a_sample_is_drawn_over_the_whole_input_not_its_first_items() -> None:

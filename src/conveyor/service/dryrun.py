@@ -7,16 +7,21 @@ memo, as it will be); what lies after a task that would run is estimated (one ta
 children at the ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py)
 or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input) run for real in a
 scratch store that is thrown away (those calls are paid for, and say so; publish stages are left out of the
-sample: nothing is published).
+sample: nothing is published). The sample's worker runs in this process: the run's start-up adds a worker
+process's own, measured by starting an interpreter that loads the target.
 """
 
 from __future__ import annotations
 
 import array
 import random
+import subprocess
+import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -183,11 +188,24 @@ def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
                           options=SubmitOptions(sets=tuple(sets)))
             Worker(scratch_pipeline, target, url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
             measured = history(store, scratch_pipeline, 1, basis="sample")
+            # The sample's worker ran in this process: a run's start-up also has its workers' own (an interpreter
+            # that imports conveyor and loads the target), measured here as one of them would.
+            measured = replace(measured, startup=measured.startup + worker_start(target))
             usage = reconcile(store, find_run(store, done.run_id))["usage"]
         finally:
             store.close()
     return measured, {"items": len(items), "provider_calls": usage["provider_calls"],
                       "tokens": usage["prompt_tokens"] + usage["completion_tokens"], "cost": usage["cost"]}
+
+
+def worker_start(target: str) -> float:
+    """Seconds a fresh interpreter takes to import conveyor and load ``target``, as a worker process does before
+    its first claim (0 when it fails: the stage code's own errors are the sample's to report)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", "import sys\nfrom conveyor.runtime.target import load_target\n"
+                           "load_target(sys.argv[1])", target], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.monotonic() - started if done.returncode == 0 else 0.0
 
 
 def _merged(past: History, measured: History) -> History:

@@ -13,7 +13,15 @@ would otherwise be forecast at the cheaper one's price.
 
 Wall time: the measured start-up (run created to first attempt), plus the slowest stage or model quota (stages
 overlap), plus one attempt of each stage (the last item still has to pass through them). A stage's own time is
-its attempts over its concurrency (``workers`` x ``concurrency`` calls at once, each taking the measured mean).
+its attempts, each taking the measured mean, over the calls it keeps in flight: as many per worker as its past
+runs kept (its attempts' seconds over their span, per worker that ran them: a worker's claims, commits and quota
+grants hold a stage of quick calls well below its slots), times ``workers``, at most its slots (``workers`` x
+``concurrency``), in runs where it had a backlog and no model's quota held it (``kept_in_flight``). A measure
+without such a run (a small sample, a stage only fed by a slower one) cannot tell how many they keep busy: the
+forecast then takes the slots and gives the measured pace as the slower end of ``seconds_range``. A stage
+measured beside others in its workers (a CPU-bound stage, a busy one) kept fewer in flight than alone: when they
+will not run, the forecast gives it their share back, and what it kept is the slower end. A stage lasts at least
+its longest measured attempt (a call that hung until its timeout), in a run as large as the one that met it.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
@@ -33,17 +41,20 @@ import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from conveyor.pipeline import Pipeline, RateLimit, Stage, find_limit, parse_limits
 from conveyor.pipeline.limits import ENV_VAR as LIMITS_ENV
 from conveyor.providers.base import PriceTable
 from conveyor.store import SqlStore
-from conveyor.store.forecast import ModelUse, StageCosts
+from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 
 Z95 = 1.96
 WINDOW_S = 60.0  # providers count per minute
 DEFAULT_MAX_TOKENS = 512  # what a chat call reserves for its answer when the stage does not say (runtime/services)
+FILLED = 2  # a worker's attempts of a stage, in slots, from which its measured concurrency is what it can keep
+FED = 2  # a stage that ended within this many of its attempts after the one before it was only fed by it
+BESIDE = 0.1  # a stage whose calls in flight over another's span reach this share of its own shared its workers
 
 
 @dataclass(frozen=True)
@@ -74,17 +85,85 @@ class StageHistory:
     tiers: Mapping[int, TierUse] = field(default_factory=dict)
     paid: tuple[ModelUse, ...] = ()  # what each model's calls cost: a price for a model the table lacks
     asked: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)  # (version, config) -> models
-    in_flight: float = 0.0  # attempts it had running at once, on average over its span (0: not measured)
+    per_worker: float = 0.0  # attempts a worker kept in flight, on average over their span (0: not measured)
+    filled: bool = False  # measured where its workers had a backlog: per_worker is what a worker keeps busy
+    own_seconds: float = 0.0  # an attempt's mean in the runs per_worker was measured on (no quota's wait in it)
+    alone: float = 0.0  # per_worker, with what the stages beside it had in flight in its workers given back to it
+    beside: frozenset[str] = frozenset()  # the stages that shared its workers in the measure
+    longest: float = 0.0  # its longest attempt in those runs (a call that hung until its timeout)
+    measured: int = 0  # its attempts in those runs, a run's worth
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
-           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None, span: float = 0.0) -> StageHistory:
+           asked: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
+           kept: Kept | None = None) -> StageHistory:
         n = max(c.attempts, 1)
         return cls(c.attempts, c.attempts / max(c.tasks, 1), c.tokens / n, _sd(c.tokens, c.tokens_sq, n), c.cost / n,
                    _sd(c.cost, c.cost_sq, n), c.seconds / n, _sd(c.seconds, c.seconds_sq, n), c.calls / n,
                    bool(c.calls) and c.unpriced >= c.calls, tuple(sorted(models, key=lambda m: -models[m])),
                    _tiers(uses, n), tuple(u for u in uses if u.calls), dict(asked or {}),
-                   max(1.0, c.seconds / span) if span > 0 else 0.0)
+                   *(kept or Kept(0.0, False, c.seconds / n, 0.0, frozenset(), 0.0, 0)))
+
+    @property
+    def pace(self) -> float:
+        """The seconds of an attempt the stage's own time is forecast with."""
+        return self.own_seconds or self.seconds
+
+
+class Kept(NamedTuple):
+    """How many attempts of a stage a worker kept in flight, whether that is what it can keep, the mean seconds
+    of an attempt in the runs that measured it, how many it would have kept alone in its workers (the stages
+    beside it gave it back what they had in flight there), and those stages."""
+
+    per_worker: float
+    filled: bool
+    seconds: float
+    alone: float = 0.0
+    beside: frozenset[str] = frozenset()
+    longest: float = 0.0  # the longest attempt in those runs
+    measured: int = 0  # the attempts of a run of those, on average
+
+
+def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int,
+                   paced: Mapping[str, float] | None = None,
+                   others: Mapping[str, Sequence[StageSpan]] | None = None) -> Kept:
+    """How many attempts of a stage a worker kept in flight (its attempts' seconds over their span, per worker
+    that ran them), and whether that is what a worker can keep: measured in runs where each of its workers had
+    attempts enough to fill its ``slots`` FILLED times, the stage outlasted the one it comes after by more than
+    its own last attempts (it had a backlog, not only what that one fed it), and no model's quota held it for
+    half its span or more (its attempts then waited for grants). ``parents``: run -> the span of the stage it
+    comes after, where that one ran; ``paced``: run -> the seconds a model's quota held its calls there;
+    ``others``: run -> the spans of the other stages there. Stages beside it in its workers (a CPU-bound one, a
+    busy one) kept it below what it keeps alone: what they had in flight over its span (their calls in flight on
+    average, over the time the spans share) is given back to it in ``alone``, an estimate: the measure says how
+    many it kept beside them, not alone."""
+    def backlogged(s: StageSpan) -> bool:
+        parent = parents.get(s.run_id)
+        mean = s.seconds / max(1, s.attempts)
+        return (s.attempts / s.workers >= FILLED * slots and (parent is None or s.end - parent.end > FED * mean)
+                and (paced or {}).get(s.run_id, 0.0) < (s.end - s.start) / 2)
+
+    measured = [s for s in spans if s.end > s.start]
+    reliable = [s for s in measured if backlogged(s)]
+    use = reliable or measured
+    worker_span = sum((s.end - s.start) * s.workers for s in use)
+    busy = sum(s.seconds for s in use)
+    mean = busy / max(1, sum(s.attempts for s in use))
+    if not worker_span:
+        return Kept(0.0, False, mean)
+    shared: dict[str, float] = {}  # stage beside it -> the seconds it had in flight over its span
+    for s in use:
+        for other in (others or {}).get(s.run_id, ()):
+            if other.stage != s.stage and other.end > other.start:
+                overlap = min(s.end, other.end) - max(s.start, other.start)
+                if overlap > 0:
+                    shared[other.stage] = shared.get(other.stage, 0.0) + other.seconds / (other.end - other.start) \
+                        * overlap
+    beside = frozenset(name for name, seconds in shared.items() if seconds > BESIDE * busy)
+    kept = max(1.0, busy / worker_span)
+    alone = max(kept, (busy + sum(shared[name] for name in beside)) / worker_span)
+    return Kept(kept, bool(reliable), mean, alone, beside, max(s.longest for s in use),
+                round(sum(s.attempts for s in use) / len(use)))
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -126,10 +205,24 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     asked: dict[str, dict[tuple[str, str], dict[str, int]]] = {}
     for (stage, version, config), by_model in store.declared_models(run_ids).items():
         asked.setdefault(stage, {})[(version, config)] = by_model
-    spans = store.stage_spans(run_ids)
-    stages = {c.stage: StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
-                                       spans.get(c.stage, 0.0))
-              for c in store.stage_costs(run_ids)}
+    spans: dict[str, dict[str, StageSpan]] = {}
+    by_run: dict[str, list[StageSpan]] = {}
+    for span in store.stage_spans(run_ids):
+        spans.setdefault(span.stage, {})[span.run_id] = span
+        by_run.setdefault(span.run_id, []).append(span)
+    limits = limits_of(pipeline)
+    paced: dict[str, dict[str, float]] = {}  # stage -> run -> the seconds a model's quota held its calls there
+    for run_id, name, model, tokens, calls in store.run_model_use(run_ids):
+        held = paced.setdefault(name, {})
+        held[run_id] = max(held.get(run_id, 0.0), _quota_seconds(limits, model, tokens, calls))
+    stages = {}
+    for c in store.stage_costs(run_ids):
+        declared = _stage(pipeline, c.stage)
+        after = declared.after if declared is not None else None
+        kept = kept_in_flight(list(spans.get(c.stage, {}).values()), spans.get(after, {}) if after else {},
+                              _slots(declared, 1), paced.get(c.stage), by_run)
+        stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
+                                          kept)
     counts = store.stage_task_counts(run_ids)
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
@@ -200,7 +293,10 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     tokens_var = cost_var = 0.0
     unknown: list[str] = []
     unpriced: list[str] = []
-    fill = by_slots = 0.0
+    # by_slots: the slowest stage as forecast; slowest: the same, each stage at the calls its measure kept
+    fill = by_slots = slowest = 0.0
+    unfilled: list[str] = []  # stages whose measure had too few attempts to show how many a worker keeps busy
+    alone: list[str] = []  # stages measured beside others that will not run with them
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
     for name, count in to_run.items():
         if count <= 0:
@@ -216,11 +312,26 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         t_var = _variance(h.tokens_sd, attempts, h.attempts, h.tokens)
         per_token = (priced.cost or 0.0) / h.tokens if h.tokens else 0.0
         slots = _slots(stage, workers)
-        seconds = attempts * h.seconds / slots
+        kept = point = _kept(h, h.per_worker, slots, workers)  # in flight as measured, and as forecast
+        if not h.filled:  # the measure could not fill its slots: they are the forecast, what it kept the slow end
+            point = float(slots)
+            if kept < slots and attempts > kept:
+                unfilled.append(name)
+        elif h.beside and not any(to_run.get(other, 0) > 0 for other in h.beside):
+            # The stages that shared its workers in the measure will not run: alone it keeps more in flight (their
+            # share given back), at worst what it kept beside them.
+            point = _kept(h, h.alone, slots, workers)
+            if point > kept:
+                alone.append(name)
+        # However many run at once, a stage lasts as long as its longest attempt (a call that hangs until its
+        # timeout), in a run of as many attempts as the one that met it, or more.
+        longest = h.longest if 2 * attempts >= h.measured else 0.0
+        seconds = max(attempts * h.pace / point, longest)
         by_slots = max(by_slots, seconds)
+        slowest = max(slowest, attempts * h.pace / kept, longest)
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
-        holding = min(slots, h.in_flight) if h.in_flight else slots
+        holding = kept
         for model, per_attempt in priced.tokens.items():
             own = (attempts * per_attempt, attempts * priced.calls[model], holding * priced.reserve[model])
             share = per_attempt / h.tokens if h.tokens else 0.0
@@ -232,14 +343,15 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
                         "models": {str(t): m for t, m in sorted(priced.models.items())},
-                        "attempt_seconds": h.seconds}
+                        "attempt_seconds": h.pace, "slots": slots,
+                        "concurrency": round(point, 1), "concurrency_measured": round(kept, 1)}
         if priced.cost is None and h.calls:
             unpriced.append(name)
         tokens += attempts * h.tokens
         cost += stage_cost or 0.0
         tokens_var += t_var
         cost_var += t_var * per_token * per_token + attempts * attempts * priced.mix_var
-        fill += h.seconds
+        fill += h.pace
     paces = {m: _quota_pace(limits, m, *use) for m, use in by_model.items()}
     quota, pacer = max(((p.seconds, m) for m, p in paces.items()), default=(0.0, ""))
     # A model's quota over every stage that calls it holds at least as long as over any one of them.
@@ -248,10 +360,11 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     low = max((p.low for p in paces.values()), default=0.0)
     high = max((p.high for p in paces.values()), default=0.0)
     span = [past.startup + max(by_slots, low) + fill if busy else 0.0,
-            past.startup + max(by_slots, high) + fill if busy else 0.0]
+            past.startup + max(by_slots, slowest, high) + fill if busy else 0.0]
     cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
                 key=lambda p: p.high)
-    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff)
+    basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff,
+                   unfilled if slowest > max(by_slots, high) else (), alone if span[0] < span[1] else ())
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
             "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
             "seconds": seconds, "seconds_range": span, "quota_cliff": None if cliff is None else cliff.cliff,
@@ -260,7 +373,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
 
 
 def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None,
-           cliff: QuotaPace | None = None) -> str:
+           cliff: QuotaPace | None = None, unfilled: Sequence[str] = (), alone: Sequence[str] = ()) -> str:
     """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
@@ -277,6 +390,12 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
                   f"{WINDOW_S:.0f} s more (seconds_range)")
     elif pacer:
         basis += f"; {pacer}'s quota paces it"
+    if unfilled:
+        basis += (f"; {', '.join(unfilled)} had too few attempts in the measure to fill its slots: forecast at "
+                  "its slots, at the calls it kept in flight the slower end of seconds_range")
+    if alone:
+        basis += (f"; {', '.join(alone)} shared its workers with stages that will not run: forecast with their "
+                  "share given back, at the calls it kept in flight beside them the slower end of seconds_range")
     return basis
 
 
@@ -291,6 +410,14 @@ def _slots(stage: Stage | None, workers: int) -> int:
     if stage is None:
         return max(1, workers)
     return max(1, workers) * (stage.concurrency if stage.is_async else 1)
+
+
+def _kept(h: StageHistory, per_worker: float, slots: int, workers: int) -> float:
+    """How many attempts of a stage ``workers`` workers keep in flight at ``per_worker`` each (a worker's claims,
+    commits and quota grants pace it below its slots), at most its slots; its slots when not measured."""
+    if not h.per_worker:
+        return float(slots)
+    return max(1.0, min(float(slots), per_worker * max(1, workers)))
 
 
 def stage_model(stage: Stage | None, tier: int, h: StageHistory) -> str | None:
@@ -412,7 +539,7 @@ def _quota_pace(limits: Mapping[str, RateLimit], model: str, tokens: float, call
     minute for its last grants. Where the margin straddles it, the forecast takes the likelier side (the chance
     from the tokens' spread, a normal) and gives both."""
     seconds = _quota_seconds(limits, model, tokens, calls, held)
-    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    limit = _limit(limits, model)
     if limit is None or limit.spread or not tokens:
         return QuotaPace(seconds, seconds, seconds)
     rel = math.sqrt(tokens_var) / tokens
@@ -436,13 +563,20 @@ def _scaled(tokens: float, calls: float, held: float, by: float) -> tuple[float,
     return tokens * by, calls * by, held * by
 
 
+def _limit(limits: Mapping[str, RateLimit], model: str) -> RateLimit | None:
+    """The quota of ``model``, asked for or as a provider reported it (``sim-1@2026-11-01``,
+    ``gpt-4o-mini-2024-07-18``)."""
+    found = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    return found or next((limit for key, limit in sorted(limits.items()) if same_model(key, model)), None)
+
+
 def _quota_seconds(limits: Mapping[str, RateLimit], model: str, tokens: float, calls: float,
                    held: float = 0.0) -> float:
     """How long ``model``'s quota holds ``tokens`` over ``calls`` (and ``held``, what calls in flight reserve
     beyond their use): a sliding minute lets a minute's limit through at once, then the next when those grants
     age out, so the last grant waits a whole minute for each limit's worth before it; a ``spread`` limit paces
     them evenly instead."""
-    limit = find_limit(limits, "", model) or find_limit(limits, "", model.split("@", 1)[0])
+    limit = _limit(limits, model)
     if limit is None:
         return 0.0
     seconds = 0.0

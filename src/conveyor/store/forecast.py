@@ -38,6 +38,19 @@ class ModelUse(NamedTuple):
     unpriced: int
 
 
+class StageSpan(NamedTuple):
+    """How one stage's invoked attempts lay in time in one run."""
+
+    run_id: str
+    stage: str
+    start: float  # the first one's start
+    end: float  # the last one's end
+    seconds: float  # their seconds, added
+    attempts: int
+    workers: int  # the workers that ran them
+    longest: float = 0.0  # the longest of them
+
+
 class ForecastQueries:
     db: Dialect
 
@@ -91,21 +104,33 @@ class ForecastQueries:
                 by_model[str(model)] = by_model.get(str(model), 0) + int(count)
         return found
 
-    def stage_spans(self, run_ids: Sequence[str]) -> dict[str, float]:
-        """stage -> the seconds its invoked attempts spanned, from the first one's start to the last one's end,
-        added over these runs (its attempts' seconds over this: how many it had in flight on average)."""
+    def stage_spans(self, run_ids: Sequence[str]) -> list[StageSpan]:
+        """Per run and stage, when its invoked attempts started and ended, their seconds, their workers and the
+        longest of them."""
         if not run_ids:
-            return {}
+            return []
         marks = ",".join("?" * len(run_ids))
         rows = self.db.execute(
-            f"""SELECT t.stage, MAX(a.started_at + COALESCE(a.duration, 0)) - MIN(a.started_at)
+            f"""SELECT a.run_id, t.stage, MIN(a.started_at), MAX(a.started_at + COALESCE(a.duration, 0)),
+                SUM(COALESCE(a.duration, 0)), COUNT(*), COUNT(DISTINCT a.worker), MAX(COALESCE(a.duration, 0))
             FROM attempts a JOIN tasks t ON t.id = a.task_id
             WHERE a.run_id IN ({marks}) AND a.invoked = 1 AND a.started_at IS NOT NULL
             GROUP BY a.run_id, t.stage""", list(run_ids))
-        spans: dict[str, float] = {}
-        for stage, span in rows:
-            spans[str(stage)] = spans.get(str(stage), 0.0) + max(0.0, float(span or 0.0))
-        return spans
+        return [StageSpan(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4] or 0.0), int(r[5]),
+                          max(1, int(r[6] or 0)), float(r[7] or 0.0)) for r in rows]
+
+    def run_model_use(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, float, int]]:
+        """Per run, stage and reported model, (run, stage, model, tokens, provider calls) of its invoked attempts."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT a.run_id, t.stage, COALESCE(a.model, ''), SUM(a.prompt_tokens + a.completion_tokens),
+                SUM(a.provider_calls)
+            FROM attempts a JOIN tasks t ON t.id = a.task_id
+            WHERE a.run_id IN ({marks}) AND a.invoked = 1 GROUP BY a.run_id, t.stage, COALESCE(a.model, '')""",
+            list(run_ids))
+        return [(str(r[0]), str(r[1]), str(r[2]), float(r[3] or 0), int(r[4] or 0)) for r in rows if r[4]]
 
     def run_startups(self, run_ids: Sequence[str]) -> list[float]:
         """Per run, the seconds from its creation to its first attempt (submission, workers starting)."""
