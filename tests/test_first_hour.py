@@ -97,6 +97,15 @@ def test_a_missing_model_provider_stops_at_start_with_what_to_set(tmp_path: Path
     assert cli_json("status", "--db", store_url, cwd=tmp_path)["runs"] == [], "nothing was submitted"
 
 
+def test_a_refused_run_leaves_no_store_and_no_blobs_behind(tmp_path: Path) -> None:
+    target = write_pipeline(tmp_path, PROVIDER)
+    docs = make_docs(tmp_path / "docs", 3)
+    proc = cli("run", target, "--input", str(docs), cwd=tmp_path, env={**NO_PROVIDER, "CONVEYOR_DB": "",
+                                                                       "CONVEYOR_BLOBS": ""})
+    assert proc.returncode == 2 and "no model provider configured" in proc.stderr
+    assert not (tmp_path / ".conveyor").exists()
+
+
 def test_a_model_call_found_only_at_run_time_stops_the_worker_and_releases_its_tasks(
     tmp_path: Path, store_url: str,
 ) -> None:

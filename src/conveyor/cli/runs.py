@@ -61,6 +61,7 @@ def run(
     key: Key = None, text: Text = None, path: PathColumn = None, value: Value = None, meta: Meta = None,
 ) -> None:
     """Submit INPUT and process it to completion; print the reconciliation."""
+    from conveyor.runtime.services import require_provider
     from conveyor.runtime.target import load_target
     from conveyor.service.forks import forked_workers
     from conveyor.service.runs import Interrupted, RunOptions, run_pipeline
@@ -71,6 +72,7 @@ def run(
     if dry_run:
         _dry_run(pipeline, target, input, db, blobs, workers, sample, skip_bad_lines, as_json, sets)
         return
+    require_provider(pipeline)  # before the store, the blobs or a worker exist: a refusal leaves nothing behind
     # The workers are forked now, with the pipeline loaded, before the store is opened (service/forks.py).
     with forked_workers(pipeline, target, workers) as forks:
         blob_store = writable_blobs(blobs)
@@ -205,6 +207,7 @@ def worker(
     provider_batch: ProviderBatch = False,
 ) -> None:
     """Process tasks from the shared store; run as many as you like, anywhere."""
+    from conveyor.runtime.services import require_provider
     from conveyor.runtime.target import load_target
     from conveyor.runtime.worker import Worker, WorkerOptions
     from conveyor.service.fleet import exit_with_parent
@@ -215,6 +218,7 @@ def worker(
     os.environ.setdefault(ENV_SQLITE_CACHE, str(WORKER_SQLITE_CACHE_MB))
 
     pipeline = load_target(target)
+    require_provider(pipeline)  # before the store or the blobs are made: a refusal leaves nothing behind
     with store_for(db):  # fail fast, with one line, on a bad URL or unreachable server
         pass
     blob_store = writable_blobs(blobs)
