@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_docs, query, reconciled, submit_and_work, submit_run, work, workers_until_idle, \
-    write_pipeline
+from tests.helpers import (
+    make_docs,
+    query,
+    reconciled,
+    submit_and_work,
+    submit_run,
+    work,
+    workers_until_idle,
+    write_pipeline,
+)
 
 COUNTED = """
 import os

@@ -1,7 +1,8 @@
 """Readiness of joins and gathers that a plan could not decide alone: decided in the writing transaction.
 
 A plan (runtime/expand.py) decides a join or gather when it knows every task it waits on (a cached re-run, a
-commit that settles the last of them with the others). Otherwise it leaves it pending, and the transaction that
+commit that settles the last of them with the others, a commit that settles every child of a parent: each child's
+tasks carry how many children its parent's fan-out made). Otherwise it leaves it pending, and the transaction that
 writes the plan decides it here, after its own rows are written: it locks the waiting items (store/barriers.py:
 two commits settling the last two parents at once must not both miss the join), reads the states of the tasks
 they wait on, and plans the ready ones, which may in turn leave more pending (a cached join whose successor is
