@@ -28,7 +28,7 @@ from conveyor.store.tasks import (
 def _queued(run_id: str, keys: list[str], tag: str = "") -> list[tuple[object, ...]]:
     now = time.time()
     return [(run_id, "p", "a", key, key, f"t-{key}{tag}", "v1", "cfg", f"d-{key}", "text", f"doc {key}".encode(),
-             7, 3, 0, now, now) for key in keys]
+             7, 3, 0, now, now, 2) for key in keys]
 
 
 def _rows(store, run_id: str) -> dict[str, tuple[str, str]]:  # type: ignore[no-untyped-def]

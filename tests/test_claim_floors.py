@@ -56,7 +56,7 @@ def test_reclaim_floors_follow_complete_scans_and_are_dropped_after_the_rescan_p
 
 def _queued(run_id: str, keys: list[str], lane: int, at: float) -> list[tuple[Any, ...]]:
     return [(run_id, "p", "a", key, key, f"t-{run_id}-{key}", "v1", "cfg", f"d-{key}", "text", b"x", 1, 3, lane,
-             at + i / 1000, at) for i, key in enumerate(keys)]
+             at + i / 1000, at, 0) for i, key in enumerate(keys)]
 
 
 def _buffers(conn, sql: str, params: list[Any]) -> int:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ def test_closing_the_store_ends_a_wait_still_in_its_thread(store_url: str) -> No
     for _ in range(3):
         store = open_store(store_url)
         ended: list[float] = []
-        waiting = threading.Thread(target=lambda s=store: (s.wait_for_work(30.0), ended.append(time.monotonic())))
+        waiting = threading.Thread(target=lambda s=store, e=ended: (s.wait_for_work(30.0), e.append(time.monotonic())))
         waiting.start()
         time.sleep(0.3)  # the wait is under way: polling (SQLite) or listening (PostgreSQL)
         closing = time.monotonic()

@@ -97,7 +97,7 @@ def test_batch_moves_are_planned_at_every_call(pg_url: str) -> None:
     try:
         for batch in range(8):  # more than psycopg's prepare threshold (5)
             rows = [("r", "p", "a", f"k{batch}-{i}", f"k{batch}-{i}", f"t{batch}-{i}", "v", "c", "d", "text", b"x",
-                     1, 3, 0, 1.0, 1.0) for i in range(COPY_FROM)]
+                     1, 3, 0, 1.0, 1.0, 0) for i in range(COPY_FROM)]
             with store.db.transaction():
                 store.db.insert_many(INSERT_QUEUED, rows, TASK_KEY)
             with store.db.transaction():  # claimed, then succeeded: a batch through update_many

@@ -38,12 +38,14 @@ class Seed(NamedTuple):
     root_key: str
     stage: str
     ref: Ref
+    siblings: int = 0  # on a fan-out child's item: how many children its parent's fan-out made (0: none known)
 
 
 class Arrival(NamedTuple):
     """A stage that a join or a gather waits on settled: ``parent`` of ``item_key`` (a join's item, or for a
     gather the child ``child``) succeeded with ``ref``, or ended without an output (``ended``: its error class).
-    ``stage`` is the join or gather, ``item_key`` the item it runs on."""
+    ``stage`` is the join or gather, ``item_key`` the item it runs on. ``siblings``: how many children the fan-out
+    of the item the parent ran on made (a gather's: how many children it waits for; 0: not known here)."""
 
     run_id: str
     item_key: str
@@ -53,6 +55,7 @@ class Arrival(NamedTuple):
     ref: Ref | None
     child: str | None = None
     ended: str | None = None
+    siblings: int = 0
 
 
 class Fanned(NamedTuple):
@@ -205,7 +208,7 @@ class Expander:
         plan = self._plans[seed.stage]
         run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
         if not plan.fanout:
-            seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output) for c in plan.children]
+            seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, seed.siblings) for c in plan.children]
             if plan.joins or plan.gathers:
                 seeds += self._arrivals(plan, seed, output)
             return seeds, []
@@ -213,30 +216,36 @@ class Expander:
         seeds = []
         items: list[NewItem] = []
         elements = parse_fanout(output.inline)
+        count = len(elements)  # each child's tasks carry it: a gather is decided from it (see _decide)
         for index, element in enumerate(elements):
             key = child_key(item_key, index)
             items.append(NewItem(run_id, key, item_key, root_key, element.digest, element.size, now))
-            seeds.extend(Seed(run_id, key, root_key, c, element) for c in plan.children)
-            seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element) for j in plan.joins)
+            seeds.extend(Seed(run_id, key, root_key, c, element, count) for c in plan.children)
+            seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element, siblings=count) for j in plan.joins)
         seeds.extend(Fanned(run_id, item_key, root_key, seed.stage, len(elements)) for _ in plan.fanned[:1])
         return seeds, items
 
     def _arrivals(self, plan: _StagePlan, seed: Seed, output: Ref) -> list[Planned]:
         run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
-        found: list[Planned] = [Arrival(run_id, item_key, root_key, j, seed.stage, output) for j in plan.joins]
+        siblings = seed.siblings
+        found: list[Planned] = [Arrival(run_id, item_key, root_key, j, seed.stage, output, siblings=siblings)
+                                for j in plan.joins]
         if plan.gathers:
             parent = item_key.rpartition(CHILD_MARK)[0]
-            found += [Arrival(run_id, parent, root_key, g, seed.stage, output, item_key) for g in plan.gathers]
+            found += [Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, siblings=siblings)
+                      for g in plan.gathers]
         return found
 
-    def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str) -> list[Planned]:
+    def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str,
+              siblings: int = 0) -> list[Planned]:
         """Arrivals at the gathers whose children ``stage`` ending on ``item_key`` settles (a task that failed,
-        was rejected or dead-lettered there); nothing for a stage on no gather's path."""
+        was rejected or dead-lettered there); nothing for a stage on no gather's path. ``siblings``: the task's
+        (see Seed)."""
         gathers = self._plans[stage].settles if stage in self._plans else ()
         if not gathers:
             return []
         parent = item_key.rpartition(CHILD_MARK)[0]
-        return [Arrival(run_id, parent, root_key, g, stage, None, item_key, error_class) for g in gathers]
+        return [Arrival(run_id, parent, root_key, g, stage, None, item_key, error_class, siblings) for g in gathers]
 
     def take_pending(self) -> list[Pending]:
         """The joins and gathers the last plans could not decide alone (see Pending)."""
@@ -311,14 +320,14 @@ class Expander:
         cached = 0
         barriers: list[Planned] = []
         keys = []
-        for run_id, item_key, _, stage, ref in frontier:
+        for run_id, item_key, _, stage, ref, _ in frontier:
             p = plans[stage]
             prefix = self.prefix(run_id, stage) if p.params else p.prefix
             keys.append(sha256(prefix + _key_suffix(p.publish, ref, item_key)).hexdigest())
         memo = self.store.memo_rows(keys)
         next_frontier: list[Seed] = []
         for seed, key in zip(frontier, keys, strict=True):
-            run_id, item_key, root_key, stage, ref = seed
+            run_id, item_key, root_key, stage, ref, siblings = seed
             p = plans[stage]
             rank = ranks[run_id] if run_id in ranks else self.lane_rank(run_id)
             hit = memo.get(key)
@@ -327,7 +336,7 @@ class Expander:
                 hit = None  # a refusal whose guard changed is no answer: run it again
             if hit is None:
                 queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                               ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now))
+                               ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now, siblings))
                 if known is not None:
                     known[run_id, item_key, stage] = QUEUED
                 continue
@@ -341,13 +350,14 @@ class Expander:
                 # A memoised refusal keeps its input: `conveyor requeue` may run it again.
                 refused.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
                                 ref.digest, ref.kind, ref.inline, ref.size, failure.error_class, failure.message,
-                                p.max_attempts, rank, now, now, now))
+                                p.max_attempts, rank, now, now, now, siblings))
                 if p.settles:
-                    barriers += self.ended(run_id, item_key, root_key, stage, failure.error_class)
+                    barriers += self.ended(run_id, item_key, root_key, stage, failure.error_class, siblings)
                 continue
             # A task answered from the memo never runs, so its row needs no copy of the input.
             answered.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
-                             ref.digest, ref.kind, ref.size, digest, kind, p.max_attempts, rank, now, now, now))
+                             ref.digest, ref.kind, ref.size, digest, kind, p.max_attempts, rank, now, now, now,
+                             siblings))
             if not (p.children or p.joins or p.gathers or p.fanned):
                 continue
             output = Ref(kind, digest, size, inline)
@@ -360,38 +370,50 @@ class Expander:
                         barriers.append(planned)
                 new_items += more_items
             else:
-                next_frontier += [Seed(run_id, item_key, root_key, c, output) for c in p.children]
+                next_frontier += [Seed(run_id, item_key, root_key, c, output, siblings) for c in p.children]
         return next_frontier, (cached, barriers)
 
     def _decide(self, barriers: list[Planned], known: dict[tuple[str, str, str], Any],
                 fanned: dict[tuple[str, str, str], int], tasks: NewTasks, now: float) -> list[Seed]:
         """The joins and gathers ``barriers`` arrived at that this plan can decide: seeds of those ready, a failed
-        row for a gather that fails on its children; the rest are pending (decided in the transaction)."""
-        targets: dict[tuple[str, str, str], str] = {}  # (run, item, stage) -> root key, in arrival order
+        row for a gather that fails on its children; the rest are pending (decided in the transaction).
+
+        A gather knows how many children it waits for from its fan-out in this plan or else from its arrivals:
+        every task of a child carries the count (Seed.siblings), so a commit that settles every child of a parent
+        (siblings are claimed and committed together, mostly) decides its gather without reading the run."""
+        targets: dict[tuple[str, str, str], tuple[str, int]] = {}  # -> (root key, siblings), in arrival order
+        counts: dict[tuple[str, str, str], int] = {}  # a gather -> its children, as its arrivals say (-1: disagree)
         for b in barriers:
             if type(b) is Fanned:
                 fanned[b.run_id, b.item_key, b.fanout] = b.children
                 if b.children == 0:  # no child will ever arrive: its gathers are ready now
                     for g in self._plans[b.fanout].fanned:
-                        targets[b.run_id, b.item_key, g] = b.root_key
+                        targets[b.run_id, b.item_key, g] = (b.root_key, 0)
                 continue
             assert type(b) is Arrival
             known[b.run_id, b.child or b.item_key, b.parent] = b.ref if b.ended is None else Ended(b.ended)
-            targets[b.run_id, b.item_key, b.stage] = b.root_key
+            target = (b.run_id, b.item_key, b.stage)
+            if b.child is None:  # a join runs on the item its parents ran on: its task carries their count
+                targets[target] = (b.root_key, b.siblings)
+                continue
+            targets[target] = (b.root_key, 0)  # a gather's own item: its count is not its children's
+            counts[target] = b.siblings if counts.get(target, b.siblings) == b.siblings else -1
         ready: list[Seed] = []
-        for (run_id, item_key, stage), root_key in targets.items():
+        for (run_id, item_key, stage), (root_key, siblings) in targets.items():
             def state(item: str, at: str, run_id: str = run_id) -> Any:
                 return known.get((run_id, item, at))
 
             if stage in self.gathers:
                 count = fanned.get((run_id, item_key, self.gathers[stage].fanout))
+                if count is None and counts.get((run_id, item_key, stage), 0) > 0:
+                    count = counts[run_id, item_key, stage]
                 verdict = None if count is None else self.gathered(stage, item_key, count, state)
             else:
                 verdict = self.joined(stage, functools.partial(state, item_key))
             if verdict is None:
                 self._pending.append(Pending(run_id, item_key, root_key, stage))
             elif verdict is not WAIT:
-                self.barrier_rows(Pending(run_id, item_key, root_key, stage), verdict, tasks, ready, now)
+                self.barrier_rows(Pending(run_id, item_key, root_key, stage), verdict, tasks, ready, now, siblings)
         return ready
 
     def joined(self, stage: str, state: Callable[[str], Any]) -> Verdict | None:
@@ -435,18 +457,20 @@ class Expander:
             return Verdict(parts, lost, why)
         return Verdict(parts, lost, None)
 
-    def barrier_rows(self, target: Pending, verdict: Verdict, tasks: NewTasks, ready: list[Seed], now: float) -> None:
-        """A ready join or gather: its seed, or (a gather failing on its children) its failed row."""
+    def barrier_rows(self, target: Pending, verdict: Verdict, tasks: NewTasks, ready: list[Seed], now: float,
+                     siblings: int = 0) -> None:
+        """A ready join or gather: its seed, or (a gather failing on its children) its failed row. ``siblings``:
+        its item's (see Seed), when known."""
         kind, data = parts_ref(verdict.parts, verdict.lost)
         ref = Ref(kind, hashlib.sha256(data).hexdigest(), len(data), data)
         if verdict.failure is None:
-            ready.append(Seed(target.run_id, target.item_key, target.root_key, target.stage, ref))
+            ready.append(Seed(target.run_id, target.item_key, target.root_key, target.stage, ref, siblings))
             return
         p = self._plans[target.stage]
         key = self.key_of(target.run_id, target.stage, ref, target.item_key)
         tasks.failed.append((target.run_id, self.pipeline.name, target.stage, target.item_key, target.root_key, key,
                              p.version, p.config_hash, ref.digest, ref.kind, ref.inline, ref.size, "child_failed",
-                             verdict.failure, p.max_attempts, self.lane_rank(target.run_id), now, now, now))
+                             verdict.failure, p.max_attempts, self.lane_rank(target.run_id), now, now, now, siblings))
 
 
 class Ended(NamedTuple):

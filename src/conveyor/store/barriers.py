@@ -25,6 +25,7 @@ class StageState(NamedTuple):
     output_kind: str | None
     output_digest: str | None
     error_class: str | None
+    siblings: int = 0  # a fan-out child's task: how many children its parent's fan-out made (0: not known)
 
 
 class BarrierQueries:
@@ -78,8 +79,8 @@ class BarrierQueries:
         for part in chunks(sorted({root for root, _ in parents}), self.db.in_chunk):
             where, params = self.db.one_of("root_key", part, "text")
             for item, stage, *state in self.db.execute(
-                    "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class FROM tasks "
-                    f"WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
+                    "SELECT item_key, stage, status, task_key, output_kind, output_digest, error_class, siblings "
+                    f"FROM tasks WHERE run_id = ? AND {where} AND stage IN ({marks})", [run_id, *params, *stages]):
                 parent, mark, index = str(item).rpartition(CHILD_MARK)
                 if mark and parent in wanted and index.isdigit():  # a child of a waiting parent, not a grandchild
                     found[item, stage] = StageState(*state)

@@ -40,18 +40,20 @@ class NewTasks:
     Rows are plain tuples, in these column orders (``now`` is the creation time):
 
     - ``queued``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
-      input_digest, input_kind, input_inline, input_size, max_attempts, lane_rank, now (available_at), now
+      input_digest, input_kind, input_inline, input_size, max_attempts, lane_rank, now (available_at), now,
+      siblings (on a fan-out child's item, how many children its parent's fan-out made; else 0)
     - ``running``: a queued row followed by lease_owner, lease_expires_at, now (started_at): claimed as it is
       created, by the worker that created it (attempt 1, lease token 1), so it never waits in the queue
     - ``cached``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
-      input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, now, now, now:
-      answered from the memo, succeeded at once, without a copy of its input
+      input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, now, now, now,
+      siblings: answered from the memo, succeeded at once, without a copy of its input
     - ``failed``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
       input_digest, input_kind, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
-      now, now, now: a refusal answered from the memo; it keeps its input so it may be requeued
+      now, now, now, siblings: a refusal answered from the memo; it keeps its input so it may be requeued
     - ``bad``: run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
       input_digest, input_kind, input_size, error_class, last_error, max_attempts, lane_rank, now, now, now:
-      the root task of an item whose source could not be read (bad_input), failed without an attempt
+      the root task of an item whose source could not be read (bad_input), failed without an attempt (a root's
+      task: its siblings are 0, written by the statement)
     """
 
     __slots__ = ("bad", "cached", "failed", "provenance", "queued", "running")
@@ -266,6 +268,7 @@ class ClaimedTask(NamedTuple):
     lane_rank: int = 1
     tier: int = 0  # the escalation tier it runs at (conveyor.acceptance)
     available_at: float = 0.0  # when it became runnable (its second is where the queue's counts hold it)
+    siblings: int = 0  # on a fan-out child's item: how many children its parent's fan-out made (0: none known)
 
 
 class AttemptRecord(NamedTuple):

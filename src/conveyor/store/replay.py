@@ -24,7 +24,7 @@ ANALYZE_FROM = 5_000  # items in the base run from which the planner's statistic
 
 _TASK_COPY_COLUMNS = """run_id, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash,
     input_digest, input_kind, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
-    created_at, finished_at, status, cached"""
+    created_at, finished_at, status, cached, siblings"""
 
 
 class ReplayQueries(RunTotalsQueries):
@@ -77,7 +77,8 @@ class ReplayQueries(RunTotalsQueries):
                 stages = Counter(stage for (stage,) in self.db.execute(
                     f"""INSERT INTO tasks ({_TASK_COPY_COLUMNS})
                     SELECT ?, pipeline, stage, item_key, root_key, task_key, stage_version, config_hash, input_digest,
-                        input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1
+                        input_kind, input_size, output_digest, output_kind, max_attempts, ?, ?, ?, ?, 'succeeded', 1,
+                        siblings
                     FROM tasks WHERE run_id = ? AND {where}
                     ON CONFLICT (run_id, root_key, item_key, stage) DO NOTHING RETURNING stage""",
                         [run_id, lane_rank, now, now, now, base, *params]))

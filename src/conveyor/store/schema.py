@@ -788,4 +788,15 @@ ALTER TABLE attempts ADD COLUMN logs_dropped INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE attempts ADD COLUMN unrepaired TEXT;
 """,
     ),
+    (
+        28,
+        "a fan-out child's tasks carry the number of children its parent's fan-out made",
+        """
+-- A task on a fan-out child item (parent¶index) carries how many children that fan-out made (0: not a child's
+-- task, or not known: then the gather reads its children's rows). A commit that settles every child of a parent
+-- decides the gather from the count alone, without reading the run (runtime/expand.py); a replay's fan-out that
+-- makes another number of children writes the new count on every child's row (store/tasks.py: _revives).
+ALTER TABLE tasks ADD COLUMN siblings INTEGER NOT NULL DEFAULT 0;
+""",
+    ),
 ]

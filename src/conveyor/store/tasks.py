@@ -44,7 +44,7 @@ MemoRow = tuple[str, str, str, bytes | None, int, str | None, str | None]
 
 CLAIM_COLUMNS = (
     "id, run_id, stage, item_key, root_key, task_key, input_digest, input_kind, input_inline, "
-    "input_size, attempts, max_attempts, lease_token, lane_rank, tier, available_at"
+    "input_size, attempts, max_attempts, lease_token, lane_rank, tier, available_at, siblings"
 )
 
 _NEW_TASK_HEAD = """INSERT INTO tasks (run_id, pipeline, stage, item_key, root_key, task_key, stage_version,
@@ -62,7 +62,7 @@ def _revives(sets: str) -> str:
     stage_version = excluded.stage_version, config_hash = excluded.config_hash, input_digest = excluded.input_digest,
     input_kind = excluded.input_kind, input_size = excluded.input_size, max_attempts = excluded.max_attempts,
     lane_rank = excluded.lane_rank, available_at = excluded.available_at, status = excluded.status,
-    cached = excluded.cached, crashes = 0, tier = 0, {sets}
+    cached = excluded.cached, siblings = excluded.siblings, crashes = 0, tier = 0, {sets}
     WHERE tasks.status = 'superseded'""")
 
 
@@ -71,24 +71,26 @@ _FRESH = ("attempts = 0, input_inline = excluded.input_inline, output_digest = N
           "lease_expires_at = NULL")
 # One statement per shape of NewTasks (see there); NULL columns are written by the statement, not bound.
 INSERT_QUEUED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
-    status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0) {_revives(_FRESH)}"""
+    siblings, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', 0)
+    {_revives(_FRESH)}"""
 QUEUED_AT = 14  # the position of available_at in an INSERT_QUEUED (and INSERT_RUNNING) row
+SIBLINGS_AT = 16  # ... and of siblings (store/records.py NewTasks)
 INSERT_RUNNING = f"""{_NEW_TASK_HEAD}, input_inline, input_size, max_attempts, lane_rank, available_at, created_at,
-    lease_owner, lease_expires_at, started_at, status, cached, attempts, lease_token)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_revives(
+    siblings, lease_owner, lease_expires_at, started_at, status, cached, attempts, lease_token)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 1, 1) {_revives(
     "attempts = 1, lease_token = tasks.lease_token + 1, input_inline = excluded.input_inline, output_digest = NULL, "
     "output_kind = NULL, error_class = NULL, last_error = NULL, finished_at = NULL, "
     "started_at = excluded.started_at, lease_owner = excluded.lease_owner, "
     "lease_expires_at = excluded.lease_expires_at")}"""
 INSERT_CACHED = f"""{_NEW_TASK_HEAD}, input_size, output_digest, output_kind, max_attempts, lane_rank, available_at,
-    created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    'succeeded', 1) {_revives(
+    created_at, finished_at, siblings, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    ?, 'succeeded', 1) {_revives(
     "attempts = 0, input_inline = NULL, output_digest = excluded.output_digest, output_kind = excluded.output_kind, "
     "error_class = NULL, last_error = NULL, finished_at = excluded.finished_at, lease_owner = NULL, "
     "lease_expires_at = NULL")}"""
 INSERT_FAILED = f"""{_NEW_TASK_HEAD}, input_inline, input_size, error_class, last_error, max_attempts, lane_rank,
-    available_at, created_at, finished_at, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?, ?, ?, 'failed', 1) {_revives(
+    available_at, created_at, finished_at, siblings, status, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    ?, ?, ?, ?, ?, ?, 'failed', 1) {_revives(
     "attempts = 0, input_inline = excluded.input_inline, output_digest = NULL, output_kind = NULL, "
     "error_class = excluded.error_class, last_error = excluded.last_error, finished_at = excluded.finished_at, "
     "lease_owner = NULL, lease_expires_at = NULL")}"""
@@ -318,7 +320,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         ids = self.db.insert_numbered(INSERT_RUNNING, rows, "tasks") if len(rows) > 1 else None
         if ids is not None:
             return [ClaimedTask(task_id, r[0], r[2], r[3], r[4], r[5], r[8], r[9], r[10], r[11], 1, r[12], 1, r[13], 0,
-                                r[QUEUED_AT]) for task_id, r in zip(ids, rows, strict=True)]
+                                r[QUEUED_AT], r[SIBLINGS_AT]) for task_id, r in zip(ids, rows, strict=True)]
         returned = self.db.insert_many_returning(f"{INSERT_RUNNING} RETURNING {CLAIM_COLUMNS}", rows, TASK_KEY)
         return list(map(ClaimedTask._make, returned))
 

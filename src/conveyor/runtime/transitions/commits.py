@@ -301,7 +301,7 @@ class Commits(JobEvents, Readiness):
             if o.value is not None and not o.cached:
                 w.publications.append(self._publication(o, now))
             more, items = self.expander.successors(
-                Seed(task.run_id, task.item_key, task.root_key, task.stage, out), out, now)
+                Seed(task.run_id, task.item_key, task.root_key, task.stage, out, task.siblings), out, now)
             seeds += more
             w.items += items
             if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None and not _logged(o):
@@ -411,7 +411,8 @@ class Commits(JobEvents, Readiness):
         tasks = {o.task.id: o.task for o in failed}
         return [a for e in w.ended[ended:] if e.task_id in tasks
                 for a in self.expander.ended(tasks[e.task_id].run_id, tasks[e.task_id].item_key,
-                                             tasks[e.task_id].root_key, tasks[e.task_id].stage, e.error_class)]
+                                             tasks[e.task_id].root_key, tasks[e.task_id].stage, e.error_class,
+                                             tasks[e.task_id].siblings)]
 
     def _refused(self, w: Writes, o: Outcome, f: Failure, now: float) -> bool:
         """Route an answer its stage's acceptance boundary refused: a format fault is retried at the same

@@ -1,7 +1,8 @@
 """Readiness of joins and gathers that a plan could not decide alone: decided in the writing transaction.
 
 A plan (runtime/expand.py) decides a join or gather when it knows every task it waits on (a cached re-run, a
-commit that settles the last of them with the others). Otherwise it leaves it pending, and the transaction that
+commit that settles the last of them with the others, a commit that settles every child of a parent: each child's
+tasks carry how many children its parent's fan-out made). Otherwise it leaves it pending, and the transaction that
 writes the plan decides it here, after its own rows are written: it locks the waiting items (store/barriers.py:
 two commits settling the last two parents at once must not both miss the join), reads the states of the tasks
 they wait on, and plans the ready ones, which may in turn leave more pending (a cached join whose successor is
@@ -123,15 +124,22 @@ class Readiness(Base):
                 gathers.setdefault((w.run_id, w.stage), []).append(w)
         for (run_id, stage), ws in gathers.items():
             states = self.store.children_states(run_id, [(w.root_key, w.item_key) for w in ws], x.gathers[stage].path)
-            # Every child has a task on the path from the moment it was made (in its fan-out's commit): counted so.
+            # A parent has the children its fan-out made last: the count their rows carry (a replay's fan-out that
+            # made fewer leaves the others superseded), or for rows without it (made before it was kept) every
+            # child with a task on the path, which it has from the moment it was made (in its fan-out's commit).
             children: dict[str, set[str]] = {}
-            for child, _ in states:
-                children.setdefault(child.rpartition(CHILD_MARK)[0], set()).add(child)
+            told: dict[str, int] = {}
+            for (child, _), st in states.items():
+                if st.status != "superseded":
+                    parent = child.rpartition(CHILD_MARK)[0]
+                    children.setdefault(parent, set()).add(child)
+                    told[parent] = max(told.get(parent, 0), st.siblings)
+            count = {parent: told.get(parent) or len(kids) for parent, kids in children.items()}
 
             def settled(child: str, at: str, states: dict[tuple[str, str], StageState] = states) -> Any:
                 found = states.get((child, at))
                 return SETTLED if found is not None and found.status == SUCCEEDED else _seen(found, {})
-            ready = [w for w in ws if x.gathered(stage, w.item_key, len(children.get(w.item_key, ())), settled)
+            ready = [w for w in ws if x.gathered(stage, w.item_key, count.get(w.item_key, 0), settled)
                      not in (None, WAIT)]
             # Only the gathers that are ready read their children's outputs.
             parents = {w.item_key for w in ready}
@@ -140,7 +148,7 @@ class Readiness(Base):
             def child_state(child: str, at: str, states: dict[tuple[str, str], StageState] = states,
                             refs: dict[str, Ref] = refs) -> Any:
                 return _seen(states.get((child, at)), refs)
-            found += [(w, x.gathered(stage, w.item_key, len(children.get(w.item_key, ())), child_state))
+            found += [(w, x.gathered(stage, w.item_key, count.get(w.item_key, 0), child_state))
                       for w in ready]
         return found
 

@@ -87,7 +87,8 @@ class Reviews(JobEvents, Readiness):
             done = self.store.reject_reviewed(task.id, message, now)
             if done and memo:  # the memo's answer for this input: a re-run asks neither the model nor people
                 self.store.insert_outputs([self.refusal(task, Failure("rejected", False, message), now)])
-            ended = self.expander.ended(task.run_id, task.item_key, task.root_key, task.stage, "rejected")
+            ended = self.expander.ended(task.run_id, task.item_key, task.root_key, task.stage, "rejected",
+                                        task.siblings)
             if done and ended:  # a gather that waited on this child may be ready
                 return done, self.write_planned(ended, (), now, totals, opened)
             return done, 0
@@ -130,7 +131,7 @@ class Reviews(JobEvents, Readiness):
                                                  output.inline, output.size, task.run_id, now,
                                                  self.memos[task.stage].code)])
         seeds, items = self.expander.successors(
-            Seed(task.run_id, task.item_key, task.root_key, task.stage, output), output, now)
+            Seed(task.run_id, task.item_key, task.root_key, task.stage, output, task.siblings), output, now)
         return True, self.write_planned(seeds, items, now, totals, opened)
 
     def expire_reviews(self, now: float, limit: int = 200, run_id: str | None = None) -> Counter[str]:
