@@ -279,6 +279,13 @@ def test_live_pages_are_told_when_they_change_over_server_sent_events(server: Se
         assert b.get("/runs/nope/changes").status_code == 404
     with browser(server, globex) as other:
         assert other.get(f"/runs/{done}/changes").status_code == 404  # another tenant's run does not exist
+        assert other.get("/workers/changes").status_code == 403  # the workers are an operator's view
+    with browser(server, server.token("ops", operator=True)) as b:
+        assert 'data-changes="/workers/changes"' in b.get("/workers").text
+        assert 'data-changes="/workers/changes?all=1"' in b.get("/workers?all=1").text
+        with b.stream("GET", "/workers/changes") as stream:
+            submit(server, acme, "a third sure thing")  # the serve's worker takes and finishes it: its row moves
+            assert _events(stream, "changed")[-1] == "changed"
     with browser(server, acme) as b, b.stream("GET", "/changes") as stream:
         store = open_store(server.store_url)
         try:

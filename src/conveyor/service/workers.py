@@ -25,6 +25,15 @@ def list_workers(store: SqlStore, every: bool = False, limit: int = LIMIT) -> di
     return {"workers": [_worker(row, now) for row in rows]}
 
 
+def workers_change_key(store: SqlStore, every: bool = False, limit: int = LIMIT) -> str:
+    """What the workers page shows, but the ages: it moves when a worker starts, beats, takes or finishes tasks,
+    is lost or stops (the dashboard's change stream, api/dashboard/live.py)."""
+    now = store.clock()
+    rows = store.list_workers(0.0 if every else now - SHOW_LOST_S, every, limit)
+    return json.dumps([[r.worker, worker_state(r.stopped_at, r.heartbeat_at, r.beat_s, now), r.heartbeat_at,
+                        r.tasks_held, r.tasks_done, r.stopped_at] for r in rows])
+
+
 def _worker(row: WorkerRow, now: float) -> dict[str, Any]:
     state = worker_state(row.stopped_at, row.heartbeat_at, row.beat_s, now)
     return {
