@@ -234,7 +234,7 @@ class SqliteDialect:
     types: ClassVar[dict[str, str]] = {
         "id": "INTEGER PRIMARY KEY", "real": "REAL", "blob": "BLOB", "without_rowid": " WITHOUT ROWID",
         "key64": KEY64_SQL["sqlite"], "byte_ordered_keys": "", "publication_text_index": SQLITE_TEXT_INDEX,
-        "task_error_text": SQLITE_ERROR_TEXT,
+        "task_error_text": SQLITE_ERROR_TEXT, "items_stage_index_drop": "DROP INDEX IF EXISTS tasks_run_stage_key",
         "bytes_order": "", "attempt_minute": "CAST(CAST((started_at + COALESCE(duration, 0)) / 60 AS INTEGER) AS TEXT)",
         "attempt_second": "CAST(started_at + COALESCE(duration, 0) AS INTEGER)",
         "epoch_second": "CAST(available_at AS INTEGER)"}
@@ -449,7 +449,7 @@ class PostgresDialect:
         "id": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION", "blob": "BYTEA", "without_rowid": "",
         "key64": KEY64_SQL["postgres"], "byte_ordered_keys": BYTE_ORDERED_KEYS,
         "publication_text_index": POSTGRES_TEXT_INDEX, "bytes_order": ' COLLATE "C"',
-        "task_error_text": POSTGRES_ERROR_TEXT,
+        "task_error_text": POSTGRES_ERROR_TEXT, "items_stage_index_drop": "",
         "attempt_minute": "CAST(CAST(FLOOR((started_at + COALESCE(duration, 0)) / 60) AS BIGINT) AS TEXT)",
         "attempt_second": "CAST(FLOOR(started_at + COALESCE(duration, 0)) AS BIGINT)",
         "epoch_second": "CAST(FLOOR(available_at) AS BIGINT)"}

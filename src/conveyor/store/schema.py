@@ -799,4 +799,14 @@ ALTER TABLE attempts ADD COLUMN unrepaired TEXT;
 ALTER TABLE tasks ADD COLUMN siblings INTEGER NOT NULL DEFAULT 0;
 """,
     ),
+    (
+        29,
+        "SQLite: no items-page stage index (its planner never took it; it doubled the cost of inserting a task)",
+        """
+-- tasks_run_stage_key (migration 26) serves the items page's stage filter on PostgreSQL. SQLite's planner pages
+-- that filter through the tasks' unique index instead (bench/dashboard.py's EXPLAIN), while the index cost every
+-- task insert half its time (27 against 14 us a row, bench/fleetprofile.py): on SQLite it goes.
+{items_stage_index_drop};
+""",
+    ),
 ]
