@@ -94,6 +94,16 @@ def logged_in(chromium: Any, server: Server, token: str) -> Any:
     return page
 
 
+def submitted(server: Server, tmp_path: Path, docs: Path) -> str:
+    """The id of a run of PIPELINE over ``docs``, submitted into the server's store (its workers take it)."""
+    target = write_pipeline(tmp_path, PIPELINE)
+    store = open_store(server.store_url)
+    try:
+        return submit_run(load_target(target), target, str(docs), store, FilesystemBlobs(server.blobs)).run_id
+    finally:
+        store.close()
+
+
 def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
@@ -102,12 +112,7 @@ def test_a_runs_progress_moves_on_the_page(chromium: Any, server: Server, tmp_pa
     from playwright.sync_api import expect
 
     docs = make_docs(tmp_path / "docs", 6, "gated document {i}")
-    target = write_pipeline(tmp_path, PIPELINE)
-    store = open_store(server.store_url)
-    try:
-        run_id = submit_run(load_target(target), target, str(docs), store, FilesystemBlobs(server.blobs)).run_id
-    finally:
-        store.close()
+    run_id = submitted(server, tmp_path, docs)
     page = logged_in(chromium, server, server.token("ops", operator=True))
     row = page.locator(f'tr[data-run="{run_id}"]')
     expect(row.locator("[data-accepted]")).to_have_text("0")
@@ -258,12 +263,7 @@ def test_filter_the_items_and_act_on_them_by_clicking(chromium: Any, server: Ser
                        *((f"u-unsure-{n}", f"unsure {n}") for n in range(3))]:
         (docs / f"{name}.txt").write_text(text)
     (tmp_path / "broken").touch()
-    target = write_pipeline(tmp_path, PIPELINE)
-    store = open_store(server.store_url)
-    try:
-        run_id = submit_run(load_target(target), target, str(docs), store, FilesystemBlobs(server.blobs)).run_id
-    finally:
-        store.close()
+    run_id = submitted(server, tmp_path, docs)
     page = logged_in(chromium, server, server.token("ops", operator=True))
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

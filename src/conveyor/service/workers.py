@@ -28,10 +28,8 @@ def list_workers(store: SqlStore, every: bool = False, limit: int = LIMIT) -> di
 def workers_change_key(store: SqlStore, every: bool = False, limit: int = LIMIT) -> str:
     """What the workers page shows, but the ages: it moves when a worker starts, beats, takes or finishes tasks,
     is lost or stops (the dashboard's change stream, api/dashboard/live.py)."""
-    now = store.clock()
-    rows = store.list_workers(0.0 if every else now - SHOW_LOST_S, every, limit)
-    return json.dumps([[r.worker, worker_state(r.stopped_at, r.heartbeat_at, r.beat_s, now), r.heartbeat_at,
-                        r.tasks_held, r.tasks_done, r.stopped_at] for r in rows])
+    shown = list_workers(store, every, limit)["workers"]
+    return json.dumps([{k: v for k, v in w.items() if k != "heartbeat_age_s"} for w in shown], sort_keys=True)
 
 
 def _worker(row: WorkerRow, now: float) -> dict[str, Any]:

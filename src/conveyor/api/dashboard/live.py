@@ -26,7 +26,7 @@ from conveyor.api.dashboard.render import PageRoute
 from conveyor.api.operations import Name
 from conveyor.errors import Forbidden
 from conveyor.service import operations as ops
-from conveyor.service.tokens import still_valid
+from conveyor.service.tokens import Caller, still_valid
 from conveyor.service.workers import workers_change_key
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
@@ -63,7 +63,7 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=HEADERS)
 
 
-async def _changes(request: Request, svc: Services, who: object, key_now: Callable[[], Awaitable[str]],
+async def _changes(request: Request, svc: Services, who: Caller, key_now: Callable[[], Awaitable[str]],
                    over: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
     yield "retry: 2000\n\n"
     last = await key_now()
