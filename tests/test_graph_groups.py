@@ -348,3 +348,41 @@ def test_a_group_a_replay_made_vanish_is_superseded_not_completed(tmp_path: Path
     finally:
         store.close()
     assert _group_outputs(store_url, done.run_id, "by_letter")["group:a"]["members"] == ["a1.txt", "a2.txt", "c1.txt"]
+
+
+KEYED_BADLY = """
+from conveyor import Pipeline
+
+pipe = Pipeline("keyed_badly")
+
+@pipe.stage()
+def parse(ctx, source):
+    text = source.decode()
+    return {"letter": text[0]} if text != "nokey" else {"text": text}
+
+@pipe.stage(after=parse, kind="group", by=lambda doc: doc["letter"])
+def by_letter(ctx, key, members):
+    return [k for k, _ in members]
+"""
+
+
+def test_members_whose_group_key_raised_are_counted_left_out_with_the_error(tmp_path: Path, store_url: str,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    docs = _docs(tmp_path / "docs", {"a1.txt": "apple", "a2.txt": "avocado", "n1.txt": "nokey", "n2.txt": "nokey"})
+    target = write_pipeline(tmp_path, KEYED_BADLY)
+    done = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    assert _group_outputs(store_url, done.run_id, "by_letter") == {"group:a": ["a1.txt", "a2.txt"]}
+    groups = reconciled(store_url, done.run_id)["groups"]["by_letter"]
+    assert groups == {"groups": 1, "members": 2, "left_out": 2, "key_failed": 2,
+                      "key_error": "n1.txt: KeyError: 'letter'"}
+
+    from conveyor.cli.render import summary
+    summary(reconciled(store_url, done.run_id))
+    assert "by_letter: 2 member(s) left out of every group, its by= raised on them" in capsys.readouterr().out
+
+    # The members' outputs change so that every one has a key: the groups made again say nothing is left out.
+    (docs / "n1.txt").write_text("nut")
+    (docs / "n2.txt").write_text("nutmeg")
+    again = submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    assert reconciled(store_url, again.run_id)["groups"]["by_letter"] == {
+        "groups": 2, "members": 4, "left_out": 0}

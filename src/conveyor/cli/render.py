@@ -169,6 +169,11 @@ def summary(data: dict[str, Any]) -> None:
               f"stage calls {data['stage_calls']}, cached {data['cached']}, retries {data['retries']}")
     _usage(data.get("usage"))
     _errors(data.get("attempt_errors"))
+    for stage, group in (data.get("groups") or {}).items():
+        if group.get("key_failed"):
+            out.print(f"[yellow]group stage {escape(stage)}: {group['key_failed']:,} member(s) left out of every "
+                      f"group, its by= raised on them[/] (first: {escape(_cut(group['key_error'], 120))})",
+                      highlight=False)
     for entry in data["not_done"][:20]:
         classes = ", ".join(entry["error_classes"]) or ("no task yet" if entry.get("missing") else
                                                         ", ".join(sorted({t["status"] for t in entry["tasks"]})))

@@ -132,21 +132,27 @@ def has_groups(run: RunRecord) -> bool:
     return any(s.get("kind") in ("group", "reduce") for s in json.loads(run.stages))
 
 
-def groups_of(store: SqlStore, run: RunRecord) -> dict[str, dict[str, int]]:
-    """Per group stage of the run: its groups, its members (items that succeeded at its parent) and the items
-    of the run left out of every group (they did not succeed at the parent: ``not_done`` says why)."""
+def groups_of(store: SqlStore, run: RunRecord) -> dict[str, dict[str, Any]]:
+    """Per group stage of the run: its groups, its members (items that succeeded at its parent and were given a
+    group) and the items of the run left out of every group: those that did not succeed at the parent
+    (``not_done`` says why) and those its ``by=`` function raised on (``key_failed`` and the first one's error,
+    ``key_error``: given when there are any)."""
     if not has_groups(run):
         return {}
     graph = json.loads(run.stages)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for k1, k2, _, v in store.run_totals(run.run_id, "tasks"):  # cached and not: two rows, both counted
         counts[k1, k2] += int(v)
-    found = {}
+    failures = store.key_failures(run.run_id)
+    found: dict[str, dict[str, Any]] = {}
     for stage in (s for s in graph if s.get("kind") in ("group", "reduce")):
         parent = stage["after"]
-        members = sum(v for (k1, k2), v in counts.items() if k1 == parent and k2 == "succeeded")
+        failed, error = failures.get(stage["name"], (0, ""))
+        members = sum(v for (k1, k2), v in counts.items() if k1 == parent and k2 == "succeeded") - failed
         made = sum(v for (k1, _), v in counts.items() if k1 == stage["name"])
-        found[stage["name"]] = {"groups": made, "members": members, "left_out": max(0, run.expected - members)}
+        found[stage["name"]] = {"groups": made, "members": max(0, members), "left_out": max(0, run.expected - members)}
+        if failed:
+            found[stage["name"]] |= {"key_failed": failed, "key_error": error}
     return found
 
 

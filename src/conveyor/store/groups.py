@@ -101,3 +101,19 @@ class GroupQueries:
             self.db.executemany("INSERT INTO group_keys (declaration, digest, group_key) VALUES (?, ?, ?) "
                                 "ON CONFLICT (declaration, digest) DO NOTHING",
                                 [(declaration, d, k) for d, k in sorted(keys.items())])
+
+    def note_key_failures(self, run_id: str, stage: str, version: str, failed: int, first: str | None,
+                          now: float) -> None:
+        """How many members the last making of ``stage``'s groups left out because its ``by=`` failed on them, and
+        the first one's error (a ``group_key_failed`` run notice, replaced each time the groups are made)."""
+        self.db.execute("DELETE FROM run_notices WHERE run_id = ? AND kind = 'group_key_failed' AND stage = ?",
+                        (run_id, stage))
+        if failed:
+            self.db.execute("INSERT INTO run_notices (run_id, kind, stage, version, code, count, created_at) "
+                            "VALUES (?, 'group_key_failed', ?, ?, ?, ?, ?)",
+                            (run_id, stage, version, first, failed, now))
+
+    def key_failures(self, run_id: str) -> dict[str, tuple[int, str]]:
+        """Group stage -> (members left out because its ``by=`` failed on them, the first one's error)."""
+        return {str(stage): (int(count), str(first or "")) for stage, count, first in self.db.execute(
+            "SELECT stage, count, code FROM run_notices WHERE run_id = ? AND kind = 'group_key_failed'", (run_id,))}

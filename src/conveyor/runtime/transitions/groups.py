@@ -36,6 +36,20 @@ class _NotReady(Exception):
     """Rolls back taking a wait whose run turned out not to have settled."""
 
 
+class KeyFailures:
+    """The members a making of groups left out because the stage's by= function raised on them: how many, and
+    the first one (its key and error)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+
+    def add(self, item_key: str, error: str) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = f"{item_key}: {error}"
+
+
 class Groups(Readiness):
     def make_groups(self, now: float, blobs: Blobs, run_id: str | None = None) -> int:
         """Make the groups of every group stage whose run has settled at its parent (of one run, when given);
@@ -62,9 +76,10 @@ class Groups(Readiness):
         assert stage.after is not None
         groups: dict[str, list[bytes]] = {}  # group key -> its members' encoded entries, in item-key order
         members = 0
+        failures = KeyFailures()
         for page in _pages(self.store.group_members(run_id, stage.after), PAGE):
             refs = self._member_refs(page, blobs)
-            keys = self._group_keys(run_id, stage, page, refs, blobs)
+            keys = self._group_keys(run_id, stage, page, refs, blobs, failures)
             for member in page:
                 key, ref = keys.get(member.item_key), refs.get(member.task_key)
                 if key is not None and ref is not None:
@@ -81,6 +96,11 @@ class Groups(Readiness):
             item = GROUP_PREFIX + key
             seeds.append(Seed(run_id, item, item, stage.name, ref))
             items.append(NewItem(run_id, item, None, item, ref.digest, ref.size, now))
+        self.store.note_key_failures(run_id, stage.name, stage.version, failures.count, failures.first, now)
+        if failures.count:
+            log.warning("%d member(s) of run %s left out of every group of %s: its by= failed on them (first: %s)",
+                        failures.count, run_id, stage.name, failures.first,
+                        extra={"event": "group_key_failed", "run": run_id, "stage": stage.name})
         totals, opened = RunTally(), OpenTally()
         queued = self.write_planned(seeds, items, now, totals, opened)
         self.store.add_run_totals(totals)
@@ -105,8 +125,9 @@ class Groups(Readiness):
         return refs
 
     def _group_keys(self, run_id: str, stage: Stage, members: Sequence[Member], refs: dict[str, Ref],
-                    blobs: Blobs) -> dict[str, str]:
-        """Item key -> its group key (members whose key cannot be made are left out, and logged)."""
+                    blobs: Blobs, failures: KeyFailures) -> dict[str, str]:
+        """Item key -> its group key; members whose key cannot be made (the by= function raised) are left out of
+        every group and counted in ``failures``."""
         if stage.kind == "reduce":
             return {m.item_key: REDUCE_KEY for m in members}
         if isinstance(stage.by, str):
@@ -118,16 +139,20 @@ class Groups(Readiness):
         declaration = key_declaration(self.pipeline.name, stage.name, stage.version, stage.config_hash)
         known = self.store.group_keys(declaration, [m.output_digest for m in members])
         made: dict[str, str] = {}
+        failed: dict[str, str] = {}  # output digest -> the by= function's error on it
         for m in members:
-            if m.output_digest in known or m.output_digest in made or m.task_key not in refs:
+            if m.output_digest in known or m.output_digest in made or m.output_digest in failed \
+                    or m.task_key not in refs:
                 continue
             try:
                 made[m.output_digest] = group_key(stage.by(load_value(refs[m.task_key], blobs)))
             except Exception as exc:  # the by= function's error leaves this member out of every group
-                log.warning("group key of %s at %s failed: %s", m.item_key, stage.name, exc,
-                            extra={"event": "group_key_failed", "run": run_id, "stage": stage.name})
+                failed[m.output_digest] = f"{type(exc).__name__}: {exc}"[:300]
         self.store.keep_group_keys(declaration, made)
         known.update(made)
+        for m in members:
+            if m.output_digest in failed:
+                failures.add(m.item_key, failed[m.output_digest])
         return {m.item_key: known[m.output_digest] for m in members if m.output_digest in known}
 
 
