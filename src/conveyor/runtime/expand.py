@@ -139,7 +139,7 @@ class Expander:
         self.has_barriers = bool(graph.joins or graph.gathers)
         # The parents of each join, in declared order
         self.join_parents = {j: tuple(pipeline[j].parents) for j in graph.joins}
-        # Parents of a join at the same depth: tasks made together, claimed in equal shares (Readiness.claim_caps)
+        # Parents of a join at the same depth: tasks made together, claimed in equal shares (Readiness.claim_shared)
         self.join_shares = tuple(frozenset(ps) for ps in {
             tuple(sorted(p for p in parents if pipeline.depth(p) == depth))
             for parents in self.join_parents.values() for depth in {pipeline.depth(p) for p in parents}}

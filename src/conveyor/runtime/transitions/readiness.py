@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from conveyor.runtime.expand import QUEUED, WAIT, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref, parse_fanout
-from conveyor.store import CHILD_MARK, NewItem, NewTasks
+from conveyor.store import CHILD_MARK, ClaimedTask, NewItem, NewTasks
 from conveyor.store.barriers import StageState
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
@@ -59,24 +59,34 @@ class Readiness(Base):
         self._statistics_at = now
         self.store.refresh_barrier_statistics()
 
-    def claim_caps(self, stages: Sequence[str], limit: int, caps: Mapping[str, int] | None
-                   ) -> Mapping[str, int] | None:
-        """``caps`` for a claim of up to ``limit`` tasks at ``stages`` (in claim order), with the parents of each
-        join claimed in equal shares: a claim takes a stage's tasks in age order, so parents whose tasks were made
-        together (a → {b, c}) are then claimed for the same items, settle in the same commit and its plan decides
-        their join, with no read in the transaction. Claimed one stage after the other, the first took the whole
-        claim and nearly every join was decided twice in the database (once waiting, once ready). The last
-        parent in claim order takes what the others left."""
-        shares = self.expander.join_shares
-        if not shares:
-            return caps
-        capped = dict(caps) if caps else {}
-        for parents in shares:
-            taken = [p for p in stages if p in parents]
-            for stage in taken[:-1]:
-                share = math.ceil(limit / len(taken))
-                capped[stage] = min(capped.get(stage, limit), share)
-        return capped
+    def claim_shared(self, stages: Sequence[str], limit: int, owner: str, now: float, lease_seconds: float,
+                     run_id: str | None, caps: Mapping[str, int] | None, paused: Sequence[str],
+                     paused_stages: Collection[str] | None) -> list[ClaimedTask]:
+        """The store's claim of up to ``limit`` tasks at ``stages`` (in claim order, at most ``caps[stage]`` of a
+        stage), with the parents of each join made together (a → {b, c}) claimed in equal shares of the room left
+        when their turn comes: a claim takes a stage's tasks in age order, so they are claimed for the same items,
+        settle in the same commit, and its plan decides their join with no read in the transaction. Claimed one
+        stage after the other, the first took the whole room, and nearly every join was decided in the database
+        twice (once waiting, once ready). One statement a stage, as the store's claim makes, in one transaction."""
+        groups = self.expander.join_shares
+        if not groups or not any(stage in group for group in groups for stage in stages):
+            return self.store.claim(self.pipeline.name, stages, limit, owner, now, lease_seconds, run_id, caps,
+                                    paused, paused_stages, self.declared)
+        claimed: list[ClaimedTask] = []
+        with self.store.transaction():
+            for index, stage in enumerate(stages):
+                room = limit - len(claimed)
+                if room <= 0:
+                    break
+                want = min(room, caps.get(stage, room)) if caps else room
+                for group in groups:
+                    if stage in group:  # this parent and the ones after it share the room
+                        sharing = sum(1 for later in stages[index:] if later in group)
+                        want = min(want, math.ceil(room / sharing))
+                if want > 0:
+                    claimed += self.store.claim(self.pipeline.name, [stage], want, owner, now, lease_seconds, run_id,
+                                                None, paused, paused_stages, self.declared)
+        return claimed
 
     def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
                       opened: OpenTally) -> int:
