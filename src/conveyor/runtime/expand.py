@@ -215,8 +215,13 @@ class Expander:
         run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
         if not plan.fanout:
             seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, seed.siblings) for c in plan.children]
-            if plan.joins or plan.gathers:
-                seeds += self._arrivals(plan, seed, output)
+            for j in plan.joins:  # inline: once per parent's success
+                seeds.append(Arrival(run_id, item_key, root_key, j, seed.stage, output, None, None, seed.siblings))
+            if plan.gathers:
+                parent = item_key.rpartition(CHILD_MARK)[0]
+                for g in plan.gathers:
+                    seeds.append(Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, None,
+                                         seed.siblings))
             return seeds, []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
         seeds = []
@@ -230,17 +235,6 @@ class Expander:
             seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element, siblings=count) for j in plan.joins)
         seeds.extend(Fanned(run_id, item_key, root_key, seed.stage, len(elements)) for _ in plan.fanned[:1])
         return seeds, items
-
-    def _arrivals(self, plan: _StagePlan, seed: Seed, output: Ref) -> list[Planned]:
-        run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
-        siblings = seed.siblings
-        found: list[Planned] = [Arrival(run_id, item_key, root_key, j, seed.stage, output, siblings=siblings)
-                                for j in plan.joins]
-        if plan.gathers:
-            parent = item_key.rpartition(CHILD_MARK)[0]
-            found += [Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, siblings=siblings)
-                      for g in plan.gathers]
-        return found
 
     def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str,
               siblings: int = 0) -> list[Planned]:
@@ -409,20 +403,28 @@ class Expander:
         for (run_id, item_key, stage), (root_key, siblings) in targets.items():
             if stage in joins:  # the common case, inline (this runs once per arrival): see joined
                 refs: list[Any] = [known.get((run_id, item_key, parent)) for parent in joins[stage]]
-                if all(type(r) is Ref for r in refs):
+                unknown = refs.count(None)
+                if not unknown and len([r for r in refs if type(r) is Ref]) == len(refs):
                     verdict: Verdict | None = Verdict(refs, [], None)
-                elif any(r is not None for r in refs if type(r) is not Ref):
-                    continue  # WAIT
+                elif len([r for r in refs if type(r) is not Ref]) > unknown:
+                    continue  # WAIT: a parent is queued or ended
                 else:
                     verdict = None
             else:
                 def state(item: str, at: str, run_id: str = run_id) -> Any:
                     return known.get((run_id, item, at))
 
-                count = fanned.get((run_id, item_key, self.gathers[stage].fanout))
+                gather = self.gathers[stage]
+                count = fanned.get((run_id, item_key, gather.fanout))
                 if count is None and counts.get((run_id, item_key, stage), 0) > 0:
                     count = counts[run_id, item_key, stage]
-                verdict = None if count is None else self.gathered(stage, item_key, count, state)
+                if count is None:
+                    verdict = None
+                else:  # every child succeeded, the common case, inline (see gathered)
+                    parts: list[Any] = [known.get((run_id, f"{item_key}{CHILD_MARK}{i}", gather.stage))
+                                        for i in range(count)]
+                    verdict = (Verdict(parts, [], None) if len([r for r in parts if type(r) is Ref]) == count
+                               else self.gathered(stage, item_key, count, state))
             if verdict is None:
                 self._pending.append(Pending(run_id, item_key, root_key, stage))
             elif verdict is not WAIT:
