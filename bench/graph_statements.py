@@ -9,8 +9,9 @@ bench/graph_pipelines.py's chain, chain4, join, fanout and gather, each run whol
 in a fresh store (PostgreSQL: CONVEYOR_TEST_PG, or 127.0.0.1:5432), with bench/statement_count/sitecustomize.py
 counting the statements every process sends its store and the seconds spent in them, the processes' CPU (user +
 sys) and, on PostgreSQL, the CPU of the server backends that served them. Per item: statements, CPU of the
-`conveyor run` processes, CPU of the server, and the readiness reads of the writing transaction (lock_items,
-stage_states for joins, children_states for gathers, whose parents settled in different commits). What one
+`conveyor run` processes, CPU of the server; per run, the joins and gathers left to the writing transaction
+(in_transaction: their parents or children settled in different commits) and its readiness reads (lock_items,
+stage_states for joins, children_states for gathers). What one
 transition costs is chain4 - chain; what a join adds is join - chain, a gather gather - fanout. ``--tree``: another
 checkout's code (the same pipelines); ``--before``: a second checkout run alternately with ``--tree``, round by
 round, to compare before and after. Medians over the rounds. Prints; writes nothing.
@@ -35,7 +36,7 @@ from results import pg_database  # noqa: E402
 
 ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
 PIPELINES = ("chain", "chain4", "join", "fanout", "gather")
-READS = ("lock_items", "stage_states", "children_states")
+READS = ("in_transaction", "lock_items", "stage_states", "children_states")
 
 
 def measure(tree: Path, backend: str, name: str, items: Path, count: int, work: Path) -> dict[str, float]:

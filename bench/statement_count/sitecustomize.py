@@ -1,10 +1,10 @@
 """Loaded by bench/graph_statements.py's `conveyor run` processes (first on their PYTHONPATH): counts the statements
 each sends its store (a call of the dialect's execute or batch methods, nested calls once), the seconds spent in
-them, the readiness reads of the writing transaction (store/barriers.py), the process's CPU seconds (user + sys)
-and, on PostgreSQL, the CPU seconds of the server backends serving its connections (read from /proc when the server
-runs on this host, at each connection's close and at exit); writes them, per process, to a file in
-CONVEYOR_BENCH_STATEMENTS at exit (os._exit included: the forked workers end that way). Nothing without that
-variable."""
+them, the readiness reads of the writing transaction (store/barriers.py) and the joins and gathers left to it, the
+process's CPU seconds (user + sys) and, on PostgreSQL, the CPU seconds of the server backends serving its
+connections (read from /proc when the server runs on this host, at each connection's close and at exit); writes
+them, per process, to a file in CONVEYOR_BENCH_STATEMENTS at exit (os._exit included: the forked workers end that
+way). Nothing without that variable."""
 
 from __future__ import annotations
 
@@ -48,6 +48,15 @@ if OUT:
     for name in ("lock_items", "children_states", "stage_states", "join_states"):
         if hasattr(barriers.BarrierQueries, name):
             setattr(barriers.BarrierQueries, name, _counted(getattr(barriers.BarrierQueries, name), name))
+
+    from conveyor.runtime.transitions import readiness
+
+    _decide_waiting = readiness.Readiness.decide_waiting
+
+    def _counted_decisions(self: Any, pending: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["in_transaction"] = counts.get("in_transaction", 0) + len(pending)  # joins and gathers left pending
+        return _decide_waiting(self, pending, *args, **kwargs)
+    readiness.Readiness.decide_waiting = _counted_decisions  # type: ignore[method-assign]
 
     backends: dict[int, int] = {}  # id(connection) -> its server backend's pid
 
