@@ -12,7 +12,7 @@ on SQLite and on PostgreSQL (CONVEYOR_TEST_PG, or 127.0.0.1:5432), alternated fo
   gather adds is gather − fanout: each, divided by one transition, is the figure (target <= 1.0: a join or
   gather adds no more than one transition's cost an item). Each run's wall time includes the command's
   start-up, the same for every pipeline, so it cancels in the differences. The verdict is given only when one
-  transition stands above the noise (the spread of chain's and chain4's rounds); otherwise it says so.
+  transition stands above the noise (the largest spread of a pipeline's rounds); otherwise it says so.
 - with ``--backend``, that backend alone (the table has its row only);
 - a reduce of ``--group-items`` members (batches of 1,000 folded up a tree; 0: none) on SQLite: the peak resident
   memory of the command and its worker processes (target <= 200 MB each), and the run's wall time.
@@ -90,8 +90,8 @@ def spread(rates: list[float], name: str) -> float:
 
 def verdict(step: float, noise: float, rounds: int, worst: float) -> str:
     """Met or not, only when one transition (chain4 - chain, the yardstick of both ratios) stands above the noise:
-    the rounds of chain and of chain4 each spread less than it. A yardstick at or below zero, or within the
-    spread, says nothing of the ratios (a negative one would make any join look free)."""
+    the rounds of every pipeline (the yardstick's and the ratios' terms) each spread less than it. A yardstick at or
+    below zero, or within the spread, says nothing of the ratios (a negative one would make any join look free)."""
     if rounds < 2:
         return "not judged (one round: its noise is not known)"
     if step <= 0 or step <= noise:
@@ -143,14 +143,14 @@ def main() -> None:
              f"over {args.rounds} rounds (medians; the command's start-up is in every figure). A join or gather "
              "adds at most one transition's cost an item when (join - chain) / (chain4 - chain) and "
              "(gather - fanout) / (chain4 - chain) are at most 1.0 (per-item seconds, medians), judged only when "
-             "one transition (chain4 - chain) is above the noise (the spread of chain's and chain4's rounds).", "",
+             "one transition (chain4 - chain) is above the noise (the largest spread of a pipeline's rounds).", "",
              "| backend | chain | chain4 | join | fanout | gather | one transition | noise | join adds | gather adds "
              "| met |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for backend, by_name in rates.items():
         per_item = {name: TASKS_PER_ITEM[name] / statistics.median(values) * 1e6 for name, values in by_name.items()}
         step = per_item["chain4"] - per_item["chain"]
-        noise = max(spread(by_name["chain"], "chain"), spread(by_name["chain4"], "chain4"))
+        noise = max(spread(values, name) for name, values in by_name.items())
         join, gather = (per_item["join"] - per_item["chain"]) / step, (per_item["gather"] - per_item["fanout"]) / step
         cells = " | ".join(f"{per_item[n]:.0f} µs" for n in ("chain", "chain4", "join", "fanout", "gather"))
         lines.append(f"| {backend} | {cells} | {step:.0f} µs | {noise:.0f} µs | {join:.2f} | {gather:.2f} | "
