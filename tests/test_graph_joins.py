@@ -278,18 +278,67 @@ def gathered(ctx, parts):
 """
 
 
-def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str) -> None:
-    """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once."""
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_two_workers_settling_the_last_parents_at_once_never_miss_a_join(tmp_path: Path, store_url: str,
+                                                                         batch_size: int) -> None:
+    """Parents of one item finish in two processes at the same moment: each join and gather is made exactly once.
+    With one task a batch, every join's parents settle in different commits: each is decided in the database."""
     from tests.helpers import submit_run, workers_until_idle
 
     target = write_pipeline(tmp_path, RACE)
     docs = make_docs(tmp_path / "docs", 60)
     run_id = submit_run(target, docs, store_url, tmp_path / "blobs")
-    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=2)
+    workers_until_idle(target, store_url, tmp_path / "blobs", batch_size=batch_size)
     assert query(store_url, "SELECT stage, status, COUNT(*) FROM tasks WHERE run_id = ? AND stage IN "
                             "('both', 'gathered') GROUP BY stage, status ORDER BY stage", run_id) == [
         ("both", "succeeded", 180), ("gathered", "succeeded", 60)]
     assert reconciled(store_url, run_id)["outcomes"] == {"completed": 60}
+
+
+SIBLINGS = """
+from conveyor import Pipeline
+
+pipe = Pipeline("siblings")
+
+@pipe.stage()
+def left(ctx, source):
+    return source.decode() + "L"
+
+@pipe.stage()
+def right(ctx, source):
+    return source.decode() + "R"
+
+@pipe.stage(after=[left, right])
+def both(ctx, a, b):
+    return a + b
+"""
+
+
+def test_a_joins_parents_are_claimed_together_so_their_commit_decides_it(tmp_path: Path, store_url: str) -> None:
+    """A claim takes a join's parents in equal shares, for the same items (their tasks were made together): both
+    settle in one commit, whose plan decides the join without reading the database. Claimed one stage after the
+    other, the first parent filled the claim and nearly every join was decided in the database, twice."""
+    import time
+
+    from conveyor.runtime.target import load_target
+    from conveyor.runtime.transitions import Transitions
+    from conveyor.store import open_store
+    from tests.helpers import submit_run
+
+    target = write_pipeline(tmp_path, SIBLINGS)
+    run_id = submit_run(target, make_docs(tmp_path / "docs", 12), store_url, tmp_path / "blobs")
+    store = open_store(store_url)
+    try:
+        transitions = Transitions(load_target(target), store, "w")
+        first = transitions.claim(["both", "left", "right"], 7, time.time(), 60.0, run_id)
+        second = transitions.claim(["both", "left", "right"], 10, time.time(), 60.0, run_id, caps={"left": 2})
+    finally:
+        store.close()
+    items = {stage: sorted(t.item_key for t in first if t.stage == stage) for stage in ("left", "right")}
+    assert len(items["left"]) == 4 and items["right"] == items["left"][:3]  # 7 = 4 + 3: one item left split
+    later = {stage: sorted(t.item_key for t in second if t.stage == stage) for stage in ("left", "right")}
+    assert len(later["left"]) == 2 and len(later["right"]) == 8  # a cap on one parent leaves the room to the other
+    assert sorted(items["left"] + later["left"]) == sorted(items["right"] + later["right"])[:6]
 
 
 MEMO_GATHER = """

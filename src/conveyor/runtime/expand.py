@@ -10,7 +10,6 @@ copied (store/replay.py). Planning only reads; runtime/transitions.py writes.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -138,6 +137,13 @@ class Expander:
         self.gathers = dict(graph.gathers)
         self._plans = {s.name: _stage_plan(pipeline, s) for s in pipeline}
         self.has_barriers = bool(graph.joins or graph.gathers)
+        # The parents of each join, in declared order
+        self.join_parents = {j: tuple(pipeline[j].parents) for j in graph.joins}
+        # Parents of a join at the same depth: tasks made together, claimed in equal shares (Readiness.claim_shared)
+        self.join_shares = tuple(frozenset(ps) for ps in {
+            tuple(sorted(p for p in parents if pipeline.depth(p) == depth))
+            for parents in self.join_parents.values() for depth in {pipeline.depth(p) for p in parents}}
+            if len(ps) > 1)
         self._pending: list[Pending] = []
         # run -> its parameter values, and stage -> key prefix with the values it reads (read once per run)
         self._run_params: dict[str, tuple[dict[str, Any], dict[str, bytes]]] = {}
@@ -209,8 +215,13 @@ class Expander:
         run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
         if not plan.fanout:
             seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, seed.siblings) for c in plan.children]
-            if plan.joins or plan.gathers:
-                seeds += self._arrivals(plan, seed, output)
+            for j in plan.joins:  # inline: once per parent's success
+                seeds.append(Arrival(run_id, item_key, root_key, j, seed.stage, output, None, None, seed.siblings))
+            if plan.gathers:
+                parent = item_key.rpartition(CHILD_MARK)[0]
+                for g in plan.gathers:
+                    seeds.append(Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, None,
+                                         seed.siblings))
             return seeds, []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
         seeds = []
@@ -224,17 +235,6 @@ class Expander:
             seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element, siblings=count) for j in plan.joins)
         seeds.extend(Fanned(run_id, item_key, root_key, seed.stage, len(elements)) for _ in plan.fanned[:1])
         return seeds, items
-
-    def _arrivals(self, plan: _StagePlan, seed: Seed, output: Ref) -> list[Planned]:
-        run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
-        siblings = seed.siblings
-        found: list[Planned] = [Arrival(run_id, item_key, root_key, j, seed.stage, output, siblings=siblings)
-                                for j in plan.joins]
-        if plan.gathers:
-            parent = item_key.rpartition(CHILD_MARK)[0]
-            found += [Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, siblings=siblings)
-                      for g in plan.gathers]
-        return found
 
     def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str,
               siblings: int = 0) -> list[Planned]:
@@ -399,17 +399,32 @@ class Expander:
             targets[target] = (b.root_key, 0)  # a gather's own item: its count is not its children's
             counts[target] = b.siblings if counts.get(target, b.siblings) == b.siblings else -1
         ready: list[Seed] = []
+        joins = self.join_parents
         for (run_id, item_key, stage), (root_key, siblings) in targets.items():
-            def state(item: str, at: str, run_id: str = run_id) -> Any:
-                return known.get((run_id, item, at))
+            if stage in joins:  # the common case, inline (this runs once per arrival): see joined
+                refs: list[Any] = [known.get((run_id, item_key, parent)) for parent in joins[stage]]
+                unknown = refs.count(None)
+                if not unknown and len([r for r in refs if type(r) is Ref]) == len(refs):
+                    verdict: Verdict | None = Verdict(refs, [], None)
+                elif len([r for r in refs if type(r) is not Ref]) > unknown:
+                    continue  # WAIT: a parent is queued or ended
+                else:
+                    verdict = None
+            else:
+                def state(item: str, at: str, run_id: str = run_id) -> Any:
+                    return known.get((run_id, item, at))
 
-            if stage in self.gathers:
-                count = fanned.get((run_id, item_key, self.gathers[stage].fanout))
+                gather = self.gathers[stage]
+                count = fanned.get((run_id, item_key, gather.fanout))
                 if count is None and counts.get((run_id, item_key, stage), 0) > 0:
                     count = counts[run_id, item_key, stage]
-                verdict = None if count is None else self.gathered(stage, item_key, count, state)
-            else:
-                verdict = self.joined(stage, functools.partial(state, item_key))
+                if count is None:
+                    verdict = None
+                else:  # every child succeeded, the common case, inline (see gathered)
+                    parts: list[Any] = [known.get((run_id, f"{item_key}{CHILD_MARK}{i}", gather.stage))
+                                        for i in range(count)]
+                    verdict = (Verdict(parts, [], None) if len([r for r in parts if type(r) is Ref]) == count
+                               else self.gathered(stage, item_key, count, state))
             if verdict is None:
                 self._pending.append(Pending(run_id, item_key, root_key, stage))
             elif verdict is not WAIT:
@@ -419,7 +434,7 @@ class Expander:
     def joined(self, stage: str, state: Callable[[str], Any]) -> Verdict | None:
         """A join's verdict from its parents' states (a Ref: succeeded; QUEUED or an Ended: not to run now;
         None: not known here): its input, WAIT, or None when some state is not known."""
-        refs = [state(parent) for parent in self.pipeline[stage].parents]
+        refs = [state(parent) for parent in self.join_parents[stage]]
         if all(isinstance(r, Ref) for r in refs):
             return Verdict(refs, [], None)
         if any(r is not None for r in refs if not isinstance(r, Ref)):

@@ -108,7 +108,9 @@ class Parts(NamedTuple):
 def parts_ref(parts: Sequence[Ref], lost: Sequence[tuple[str, str]] = ()) -> tuple[str, bytes]:
     """(kind, bytes) of an input made of ``parts``: its digest hashes every part's kind and digest in order (and
     the keys left out), so it is the same whichever process builds it."""
-    body: dict[str, Any] = {"p": [_ref_json(r) for r in parts]}
+    # _ref_json, inline (once per part of every join and gather): the same bytes
+    body: dict[str, Any] = {"p": [{"k": r.kind, "d": r.digest, "n": r.size} if r.inline is None else
+                                  {"k": r.kind, "d": r.digest, "n": r.size, "v": r.inline.hex()} for r in parts]}
     if lost:
         body["l"] = [list(pair) for pair in lost]
     return PARTS, orjson.dumps(body)
@@ -120,8 +122,10 @@ def parse_parts(data: bytes) -> tuple[list[Ref], list[tuple[str, str]]]:
 
 
 def load_parts(data: bytes, blobs: Blobs) -> Parts:
-    refs, lost = parse_parts(data)
-    return Parts([load_value(r, blobs) for r in refs], lost)
+    body = orjson.loads(data)
+    # parse_parts and load_value, inline (once per join and gather task): a part's value is inline or a blob
+    values = [decode(r["k"], bytes.fromhex(r["v"]) if "v" in r else blobs.get(r["d"])) for r in body["p"]]
+    return Parts(values, [(k, c) for k, c in body.get("l", ())])
 
 
 def failure_ref(data: bytes) -> Ref:

@@ -11,14 +11,16 @@ another join), until none is left.
 
 from __future__ import annotations
 
+import functools
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from conveyor.runtime.expand import QUEUED, WAIT, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref, parse_fanout
-from conveyor.store import CHILD_MARK, NewItem, NewTasks
+from conveyor.store import CHILD_MARK, ClaimedTask, NewItem, NewTasks
 from conveyor.store.barriers import StageState
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
@@ -56,6 +58,35 @@ class Readiness(Base):
             return
         self._statistics_at = now
         self.store.refresh_barrier_statistics()
+
+    def claim_shared(self, stages: Sequence[str], limit: int, owner: str, now: float, lease_seconds: float,
+                     run_id: str | None, caps: Mapping[str, int] | None, paused: Sequence[str],
+                     paused_stages: Collection[str] | None) -> list[ClaimedTask]:
+        """The store's claim of up to ``limit`` tasks at ``stages`` (in claim order, at most ``caps[stage]`` of a
+        stage), with the parents of each join made together (a → {b, c}) claimed in equal shares of the room left
+        when their turn comes: a claim takes a stage's tasks in age order, so they are claimed for the same items,
+        settle in the same commit, and its plan decides their join with no read in the transaction. Claimed one
+        stage after the other, the first took the whole room, and nearly every join was decided in the database
+        twice (once waiting, once ready). One statement a stage, as the store's claim makes, in one transaction."""
+        groups = self.expander.join_shares
+        if not groups or not any(stage in group for group in groups for stage in stages):
+            return self.store.claim(self.pipeline.name, stages, limit, owner, now, lease_seconds, run_id, caps,
+                                    paused, paused_stages, self.declared)
+        claimed: list[ClaimedTask] = []
+        with self.store.transaction():
+            for index, stage in enumerate(stages):
+                room = limit - len(claimed)
+                if room <= 0:
+                    break
+                want = min(room, caps.get(stage, room)) if caps else room
+                for group in groups:
+                    if stage in group:  # this parent and the ones after it share the room
+                        sharing = sum(1 for later in stages[index:] if later in group)
+                        want = min(want, math.ceil(room / sharing))
+                if want > 0:
+                    claimed += self.store.claim(self.pipeline.name, [stage], want, owner, now, lease_seconds, run_id,
+                                                None, paused, paused_stages, self.declared)
+        return claimed
 
     def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
                       opened: OpenTally) -> int:
@@ -107,14 +138,23 @@ class Readiness(Base):
             by_run.setdefault(w.run_id, []).append(w)
         for run_id, ws in by_run.items():
             # A fan-out parent ran on the parent item: the join takes its element for this child.
-            wanted = [(w.root_key, self._runs_on(w.item_key, p), p) for w in ws for p in self.pipeline[w.stage].parents]
+            wanted = [(w.root_key, self._runs_on(w.item_key, p), p) for w in ws for p in x.join_parents[w.stage]]
             rows = self.store.stage_states(run_id, wanted)
-            refs = self._refs(rows.values())
-            for w in ws:
+
+            def status_of(w: Pending, at: str, rows: dict[tuple[str, str], StageState] = rows) -> Any:
+                st = rows.get((self._runs_on(w.item_key, at), at))
+                return SETTLED if st is not None and st.status == SUCCEEDED else _seen(st, {})
+            # Only the joins that are ready read their parents' outputs (one that waits, the first of two
+            # parents to settle, reads none).
+            ready = [w for w in ws if x.joined(w.stage, functools.partial(status_of, w)) not in (None, WAIT)]
+            waits = set(ws).difference(ready)
+            found += [(w, WAIT) for w in ws if w in waits]
+            refs = self._refs(rows[self._runs_on(w.item_key, p), p] for w in ready for p in x.join_parents[w.stage])
+            for w in ready:
                 def state(at: str, w: Pending = w, rows: dict[tuple[str, str], StageState] = rows,
                           refs: dict[str, Ref] = refs) -> Any:
                     seen = _seen(rows.get((self._runs_on(w.item_key, at), at)), refs)
-                    if isinstance(seen, Ref) and self.pipeline[at].kind == "fanout":
+                    if isinstance(seen, Ref) and at in self._fanouts:
                         return _element(seen, w.item_key)
                     return seen
                 found.append((w, x.joined(w.stage, state)))
@@ -154,7 +194,11 @@ class Readiness(Base):
 
     def _runs_on(self, item_key: str, stage: str) -> str:
         """The item a join's parent ran on: the join's own, or for a fan-out parent the item it fanned out."""
-        return item_key.rpartition(CHILD_MARK)[0] if self.pipeline[stage].kind == "fanout" else item_key
+        return item_key.rpartition(CHILD_MARK)[0] if stage in self._fanouts else item_key
+
+    @functools.cached_property
+    def _fanouts(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.pipeline if s.kind == "fanout")
 
     def _refs(self, states: Any) -> dict[str, Ref]:
         """Task key -> the output of each succeeded task among ``states``, from the memo (with its inline bytes)."""

@@ -1,0 +1,83 @@
+"""What joins and gathers cost in Python calls (issue 28, point 6): a count that the host's load does not move.
+
+    PYTHONPATH=src .venv/bin/python bench/graph_profile.py [--items 5000] [--backend sqlite|postgres]
+                                                          [--tree PATH (default: this checkout)]
+
+bench/graph_pipelines.py's chain, chain4, join, fanout and gather, each run whole through `conveyor run --workers 2`
+in a fresh store, every thread of every process under cProfile (bench/profile_calls/sitecustomize.py). Per item:
+the calls of Python functions (the interpreter's work beyond the C of builtins and drivers) and all calls. What one
+transition costs is chain4 - chain; a join adds join - chain and a gather gather - fanout, each printed in
+transitions (target <= 1.0). The counts move a little with how the claims batch the tasks, never with the host's
+load; a profiled run is several times slower, so the times are not printed. ``--tree``: another checkout's code
+(the same pipelines), for before and after. Prints; writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from results import pg_database  # noqa: E402
+
+ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
+PIPELINES = ("chain", "chain4", "join", "fanout", "gather")
+
+
+def calls(tree: Path, backend: str, name: str, items: Path, count: int, work: Path) -> tuple[float, float]:
+    """(Python function calls, all calls) an item of ``name`` run by ``tree``'s code."""
+    out = Path(tempfile.mkdtemp(dir=work))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'bench' / 'profile_calls'}:{tree / 'src'}",
+           "CONVEYOR_BENCH_PROFILE": str(out)}
+
+    def run(db: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"{ROOT}/bench/graph_pipelines.py:{name}",
+                               "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(out / "blobs"),
+                               "--json"], cwd=tree, env=env, text=True, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{name} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
+
+    if backend == "sqlite":
+        run(f"sqlite:///{out / 'store.db'}")
+    else:
+        with pg_database(ADMIN, "profile") as url:
+            run(url)
+    stats = pstats.Stats(*map(str, out.glob("*.prof")))
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    python = sum(nc for (path, _, _), (_, nc, _, _, _) in entries if path != "~")
+    every = sum(nc for _, (_, nc, _, _, _) in entries)
+    return python / count, every / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--items", type=int, default=5_000)
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--tree", type=Path, default=ROOT)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-profile-") as scratch:
+        work = Path(scratch)
+        items = work / "items.jsonl"
+        with items.open("w") as out:
+            for i in range(args.items):
+                out.write(json.dumps({"key": f"item-{i:07d}", "text": f"document {i}"}) + "\n")
+        per = {name: calls(args.tree.resolve(), args.backend, name, items, args.items, work) for name in PIPELINES}
+    for name, (python, every) in per.items():
+        print(f"{args.backend:8} {name:7} {python:7.1f} Python calls/item  {every:7.1f} calls/item", flush=True)
+    for index, what in enumerate(("Python calls", "all calls")):
+        step = per["chain4"][index] - per["chain"][index]
+        join = (per["join"][index] - per["chain"][index]) / step
+        gather = (per["gather"][index] - per["fanout"][index]) / step
+        print(f"{what}: one transition {step:.1f} an item; a join adds {join:.2f} transitions, a gather {gather:.2f}")
+
+
+if __name__ == "__main__":
+    main()
