@@ -118,6 +118,13 @@ def copied_update(sql: str) -> CopiedRows | None:
         return None
     match_on = " AND ".join([f"{table}.{c} = v.key_{c}" for c in bound_key]
                             + [f"{table}.{c} = v.is_{c}" for c, _ in constants])
+    # Matched by id (every fenced update of a task), the rows are also named as one array of ids: the planner then
+    # reads just them through the primary key (a bitmap scan in id order) and joins the few rows it found. Left to
+    # the join alone, it weighed the staged rows (no statistics: 700 estimated) against the whole table and chose
+    # a hash join over every row of a table under a few hundred thousand rows: half the success updates of two
+    # workers through 20,000 items read all of ``tasks``, 44 against 25 ms a batch (bench/RESULTS.md, issue 32).
+    if "id" in bound_key:
+        match_on += f" AND {table}.id = ANY(ARRAY(SELECT key_id FROM v))"
     fixed = "".join(f", CAST({value} AS TEXT) AS is_{c}" for c, value in constants)
     move = (f"WITH v AS (DELETE FROM {staging} RETURNING *{fixed}) "
             f"UPDATE {table} SET {assign} FROM v WHERE {match_on}")
