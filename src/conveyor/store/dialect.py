@@ -7,6 +7,7 @@ turns it into what its driver wants and owns the connection's transactions.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import re
 import threading
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import orjson
 
 from conveyor.errors import UserError
-from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
+from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key, json_update
 from conveyor.store.checkpointer import Checkpointer
 from conveyor.store.errortext import POSTGRES_ERROR_TEXT, SQLITE_ERROR_TEXT
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
@@ -475,6 +476,8 @@ class PostgresDialect:
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
         self._copied: dict[str, CopiedRows | None] = {}  # None: not of the shape (executemany)
+        self._fed: dict[str, tuple[str, tuple[int, ...]] | None] = {}  # update_many's JSON-fed moves (None: COPY)
+        self._types: dict[str, dict[str, str]] = {}  # column types by table, for those moves
         self._direct_paused: dict[str, int] = {}  # statement: batches it skips the direct COPY for (_copy_direct)
         self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
         self._staging: set[str] = set()  # those made by the open transaction
@@ -598,12 +601,33 @@ class PostgresDialect:
         return ids
 
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and applied by one
-        ``UPDATE ... FROM`` (store/bulk.py)."""
+        """Fewer than ``COPY_FROM`` rows as executemany; more applied by one ``UPDATE ... FROM``, the rows sent as
+        one JSON parameter (store/bulk.py ``json_update``) or, when they have no exact JSON spelling, copied into a
+        temporary table first."""
         plan = self._copy_plan(sql, rows, copied_update)
         if plan is None or len(first_per_key(rows, plan.match)) < len(rows):
             return self.executemany_count(sql, rows)  # a row named twice: one statement would change it once
+        if sql not in self._fed:
+            self._fed[sql] = json_update(plan, self._column_types(plan.update.split(None, 2)[1]))
+        fed = self._fed[sql]
+        if fed is not None:
+            move, floats = fed
+            try:
+                payload = orjson.dumps(rows if type(rows[0]) is tuple else [tuple(r) for r in rows]).decode()
+            except TypeError:  # bytes, an integer past 64 bits: not JSON
+                payload = None
+            if payload is not None and all(v is None or math.isfinite(v) for i in floats for v in (r[i] for r in rows)):
+                # Planned at each call, never prepared (as _copy_and_move's move).
+                return int(self._live().execute(self._sql(move), (payload,), prepare=False).rowcount)
         return int(self._copy_and_move(plan, rows).rowcount)
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        """A table's column types as PostgreSQL names them (``double precision``), read once per connection."""
+        if table not in self._types:
+            self._types[table] = {str(name): str(kind) for name, kind in self._live().execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                "to_regclass(%s) AND attnum > 0 AND NOT attisdropped", (table,))}
+        return self._types[table]
 
     def _copy_plan(self, sql: str, rows: Sequence[Sequence[Any]],
                    make: Callable[[str], CopiedRows | None]) -> CopiedRows | None:
