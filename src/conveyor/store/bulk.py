@@ -140,14 +140,16 @@ def json_update(plan: CopiedRows, types: dict[str, str]) -> tuple[str, tuple[int
     (``types``: the table's column types, as PostgreSQL names them).
 
     The rows travel in the statement: no temporary table to fill by COPY (two round trips) and empty by the move,
-    and the client writes them with one ``orjson.dumps`` (1.0 against 2.6 us a row, the server no slower). A
-    float that is not finite has no JSON spelling (orjson writes null): the caller sends such a batch by COPY."""
+    and the client writes them with one ``orjson.dumps``: 500 successes in 19.5 against 23.9 ms, the client's CPU
+    1.2 against 2.3 us a row, the server's no more. ``jsonb``: each ``->>`` of a ``json`` value parses its text
+    again (the server's time a row went up by half). A float that is not finite has no JSON spelling (orjson
+    writes null): the caller sends such a batch by COPY."""
     kinds = [types.get(name.split("_", 1)[1], "") for name in plan.bound]
     if not plan.update or not all(k in _JSON_TYPES for k in kinds):
         return None
     columns = ", ".join(f"CAST(r->>{i} AS {kind}) AS {name}"
                         for i, (name, kind) in enumerate(zip(plan.bound, kinds, strict=True)))
-    move = (f"WITH v AS MATERIALIZED (SELECT {columns}{plan.fixed} FROM json_array_elements(CAST(? AS json)) AS r) "
+    move = (f"WITH v AS MATERIALIZED (SELECT {columns}{plan.fixed} FROM jsonb_array_elements(CAST(? AS jsonb)) AS r) "
             f"{plan.update}")
     return move, tuple(i for i, k in enumerate(kinds) if k in ("double precision", "real"))
 
