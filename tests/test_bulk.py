@@ -210,6 +210,14 @@ def test_new_leased_rows_are_numbered_or_not_written_at_all(store_url: str) -> N
         with store.db.transaction():  # the last row's key is taken: none of the batch is written
             assert store.db.insert_numbered(INSERT_RUNNING, running(keys[COPY_FROM:] + keys[:1], "-b"), "tasks") is None
         assert len(_rows(store, "r1")) == COPY_FROM
+        # In one transaction, after a batch copied in whole: a batch that meets a row is undone alone (back to its
+        # own savepoint, the one before kept), and the next is written.
+        with store.db.transaction():
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r2", keys), TASK_KEY) == len(keys)
+            assert store.db.insert_numbered(INSERT_RUNNING, running(keys[:1] + keys[COPY_FROM:], "-c"), "tasks") is None
+            assert store.db.insert_many(INSERT_QUEUED, _queued("r3", keys), TASK_KEY) == len(keys)
+        assert len(_rows(store, "r2")) == len(_rows(store, "r3")) == len(keys)
+        assert len(_rows(store, "r1")) == COPY_FROM
         store.db.execute("UPDATE tasks SET status = 'succeeded', lease_expires_at = NULL")
         store.recount_open_task_seconds()
     finally:

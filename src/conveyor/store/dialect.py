@@ -220,6 +220,10 @@ def sqlite_cache_kib(env: Any = os.environ) -> int:
 # From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
 COPY_FROM = 16
 DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its direct COPY met an existing row
+# The savepoint of a direct COPY (PostgreSQL): rolled back to when the rows meet a unique key, else left to the end
+# of the transaction (its RELEASE would cost a round trip of its own; a COPY after it opens one of the same name,
+# and a rollback goes to the latest). Named apart from psycopg's own (_pg3_N).
+DIRECT_SAVEPOINT = "conveyor_direct"
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
 CLOSE_WAIT_S = 5.0  # how long close waits for a PostgreSQL wait_for_work it woke (else it leaves the listener open)
 # PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
@@ -554,12 +558,14 @@ class PostgresDialect:
             return False
         assert plan.direct is not None
         constants = plan.constants
+        self.conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
+            with self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
                 write = copy.write_row
                 for row in rows:
                     write((*row, *constants))
         except self._psycopg.errors.UniqueViolation:
+            self.conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
             return False
         return True
@@ -574,7 +580,8 @@ class PostgresDialect:
 
     def insert_numbered(self, sql: str, rows: Sequence[Sequence[Any]], table: str) -> list[int] | None:
         """The ids first, from the table's sequence (one statement), then the rows with them by COPY straight into
-        the table, in a savepoint of the open transaction, as ``_copy_direct``: no temporary table, no
+        the table, in a savepoint of the open transaction (asked for with the ids: one round trip), as
+        ``_copy_direct``: no temporary table, no
         ``INSERT ... SELECT`` and no RETURNING (a commit's 1,000 new leased tasks: 121 against 99 ms on a loaded
         host). None for fewer than ``COPY_FROM`` rows, a statement not of the shape, or a row that met a unique
         key (rolled back; the sequence's numbers taken are skipped, as any rolled back insert skips them)."""
@@ -587,15 +594,24 @@ class PostgresDialect:
             return None
         head = f"COPY {table} ("
         assert plan.direct.startswith(head), plan.direct
-        numbered, constants = f"{head}id, {plan.direct[len(head):]}", plan.constants
-        ids = [int(r[0]) for r in self.conn.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, len(rows)))]
+        with self.transaction():  # the caller's, as a rule
+            return self._numbered(f"{head}id, {plan.direct[len(head):]}", plan.constants, sql, rows, table)
+
+    def _numbered(self, numbered: str, constants: tuple[Any, ...], sql: str, rows: Sequence[Sequence[Any]],
+                  table: str) -> list[int] | None:
+        conn = self.conn
+        with conn.pipeline():  # the ids and the savepoint: one round trip
+            numbering = conn.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, len(rows)))
+            conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
+        ids = [int(r[0]) for r in numbering.fetchall()]
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(numbered) as copy:
+            with conn.cursor() as cur, cur.copy(numbered) as copy:
                 write = copy.write_row
                 for task_id, row in zip(ids, rows, strict=True):
                     write((task_id, *row, *constants))
         except self._psycopg.errors.UniqueViolation:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
             return None
         return ids
