@@ -85,3 +85,42 @@ def test_two_claimers_of_several_stages_never_take_the_same_task(pg_url: str) ->
     finally:
         first.close()
         second.close()
+
+
+def test_a_slow_claim_of_several_stages_sends_the_next_stage_by_stage(pg_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which stage made a one-statement claim slow is not known: the next claim runs a statement per stage, each
+    timed on its own (a slow one engages its stage's floors, store/claimfloors.py), then claims are one statement
+    again once no stage has floors."""
+    from conveyor.store import claimfloors, tasks
+
+    store = open_store(pg_url)
+    try:
+        now = time.time()
+        for stage in ("a", "b", "c"):
+            _queue(store, "r1", stage, 30, now - 10)
+        statements: list[str] = []
+        execute = store.db.execute
+
+        def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+            if sql.lstrip().startswith("UPDATE tasks SET status = 'running'"):
+                statements.append(sql)
+            return execute(sql, params)
+
+        store.db.execute = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(tasks, "SLOW_CLAIM_S", -1.0)  # every claim statement is slow
+        assert len(store.claim("p", ["c", "b", "a"], 6, "w1", now, 60.0, declared=DECLARED)) == 6
+        assert len(statements) == 1
+        assert Counter(t.stage for t in store.claim("p", ["c", "b", "a"], 30, "w1", now, 60.0,
+                                                    declared=DECLARED)) == {"c": 24, "b": 6}
+        assert len(statements) == 3  # stage by stage: c, then b (the limit met)
+        assert store.claim_floors.lanes("p", "c") is not None and store.claim_floors.lanes("p", "a") is None
+        monkeypatch.setattr(tasks, "SLOW_CLAIM_S", claimfloors.SLOW_CLAIM_S)
+        store.claim_floors.drop()
+        assert Counter(t.stage for t in store.claim("p", ["c", "b", "a"], 50, "w1", now, 60.0,
+                                                    declared=DECLARED)) == {"b": 24, "a": 26}
+        assert len(statements) == 4
+        store.db.execute = execute  # type: ignore[method-assign]
+        store.recount_open_task_seconds()
+    finally:
+        store.close()

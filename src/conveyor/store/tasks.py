@@ -365,7 +365,8 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                   if (want := min(limit, caps.get(stage, limit) if caps else limit)) > 0]
         with self.db.transaction():
             if len(wanted) > 1 and self.db.name == "postgres" and all(
-                    self.claim_floors.lanes(pipeline, stage) is None for stage, _ in wanted):
+                    self.claim_floors.lanes(pipeline, stage) is None for stage, _ in wanted) and (
+                    not self.claim_floors.one_by_one(pipeline)):
                 return self._claim_stages(pipeline, wanted, limit, owner, now, lease_seconds, run_id, paused,
                                           paused_stages, declared)
             for stage, cap in wanted:
@@ -388,8 +389,8 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         stage's pick, in the order given and up to its cap, is a branch of a ``UNION ALL`` under the claim's
         ``LIMIT``. The executor runs the branches one after the other and stops at the limit, so a branch locks
         only the rows it passes up: the stages get what the statement-per-stage loop gave them (each up to its
-        cap and what the stages before it left of the limit). Slow (an old snapshot is held), it sets the claim
-        floors of the stages it reached, whose next claims go stage by stage from them (``_claim_stage``)."""
+        cap and what the stages before it left of the limit). Slow (an old snapshot is held, or a busy host), it
+        sends the next claim stage by stage, where a slow stage engages its floors (store/claimfloors.py)."""
         branches: list[str] = []
         params: list[Any] = [owner, now + lease_seconds, now]
         for n, (stage, cap) in enumerate(wanted):
@@ -410,23 +411,9 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         by_stage: dict[str, list[ClaimedTask]] = {stage: [] for stage, _ in wanted}
         for task in map(ClaimedTask._make, rows):
             by_stage[task.stage].append(task)
-        claimed: list[ClaimedTask] = []
-        slow = (took := time.perf_counter() - started) > SLOW_CLAIM_S
-        reached = []
-        for stage, cap in wanted:
-            if len(claimed) >= limit:
-                break
-            got = by_stage[stage]
-            if slow:
-                reached.append(stage)
-                self.claim_floors.engage(pipeline, stage, [(t.lane_rank, t.available_at) for t in got],
-                                         len(got) == min(limit - len(claimed), cap), now)
-            claimed += got
-        if reached:
-            log.info("claims of %s take %.0f ms: claiming from floors for %.0f s (store/claimfloors.py; an old "
-                     "snapshot is held?)", ", ".join(reached), took * 1000, claimfloors.FLOOR_RESCAN_S,
-                     extra={"event": "claim_floors", "stage": reached[0]})
-        return claimed
+        if time.perf_counter() - started > SLOW_CLAIM_S:
+            self.claim_floors.split(pipeline)
+        return [task for stage, _ in wanted for task in by_stage[stage]]
 
     def _claim_stage(self, pipeline: str, stage: str, want: int, run_filter: str, head: list[Any],
                      tail: list[Any], now: float, declared: bool) -> list[ClaimedTask]:
