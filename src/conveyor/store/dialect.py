@@ -581,10 +581,10 @@ class PostgresDialect:
     def insert_numbered(self, sql: str, rows: Sequence[Sequence[Any]], table: str) -> list[int] | None:
         """The ids first, from the table's sequence (one statement), then the rows with them by COPY straight into
         the table, in a savepoint of the open transaction (asked for with the ids: one round trip), as
-        ``_copy_direct``: no temporary table, no
-        ``INSERT ... SELECT`` and no RETURNING (a commit's 1,000 new leased tasks: 121 against 99 ms on a loaded
-        host). None for fewer than ``COPY_FROM`` rows, a statement not of the shape, or a row that met a unique
-        key (rolled back; the sequence's numbers taken are skipped, as any rolled back insert skips them)."""
+        ``_copy_direct``: no temporary table, no ``INSERT ... SELECT`` and no RETURNING (a commit's 1,000 new
+        leased tasks: 121 against 99 ms on a loaded host). None for fewer than ``COPY_FROM`` rows, a statement not
+        of the shape, or a row that met a unique key (rolled back; the sequence's numbers taken are skipped, as
+        any rolled back insert skips them)."""
         plan = self._copy_plan(sql, rows, copied_insert)
         if plan is None or plan.direct is None:
             return None
