@@ -14,6 +14,9 @@ thread) with every store statement counted and timed. Prints, per task (one item
   of the two backends serving the workers (from /proc, the server being on this machine);
 - each worker's CPU seconds per task, and by thread the functions with the most own time.
 
+When the server loads pg_stat_statements and the admin database (``--pg``) has the extension, the server's own
+time, buffers and WAL records by statement follow (a private cluster for that: see bench/RESULTS.md).
+
 Timings under the profiler are slower than the bench's; the counts are exact.
 """
 
@@ -208,12 +211,66 @@ def indexes(url: str) -> dict[str, list[tuple[str, str | None]]]:
     return found
 
 
+def sizes(url: str) -> str:
+    """The hot tables' heap and index sizes at the end (MB)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT relname, pg_relation_size(oid), pg_indexes_size(oid) FROM pg_class "
+                            "WHERE relname IN ('tasks', 'outputs', 'attempts') ORDER BY relname").fetchall()
+    return "sizes at the end (MB, heap / indexes): " + ", ".join(
+        f"{name} {heap / 2**20:.1f} / {index / 2**20:.1f}" for name, heap, index in rows)
+
+
+def server_statements(admin_url: str, db: str, reset: bool) -> list[tuple[Any, ...]] | None:
+    """The server's own timing of each statement of the store ``db`` (pg_stat_statements, when the server loads it
+    and the admin database has the extension; None otherwise): reset before the workers start, read after."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchall():
+            return None
+        dbname = db.rpartition("/")[2]
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchall()[0][0]
+        print(f"the server's WAL position {'before' if reset else 'after'} the workers: {lsn}", file=sys.stderr)
+        if reset:
+            conn.execute("SELECT pg_stat_statements_reset()")
+            return []
+        return conn.execute(
+            "SELECT calls, rows, total_exec_time, shared_blks_hit + shared_blks_read, wal_records, query "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "ORDER BY total_exec_time DESC", (dbname,)).fetchall()
+
+
+def statements_report(rows: list[tuple[Any, ...]], tasks: int) -> str:
+    """pg_stat_statements' rows, per 1,000 tasks: the server's execution time (planning apart), buffers touched and
+    WAL records by statement."""
+    import re
+
+    lines = ["", "the server, by statement (pg_stat_statements, per 1,000 tasks):",
+             f"{'calls':>7} {'rows':>8} {'exec ms':>8} {'buffers':>8} {'wal rec':>8}  statement"]
+    total = [0.0, 0.0, 0.0, 0.0, 0.0]
+    for calls, nrows, ms, buffers, wal, query in rows:
+        k = 1000 / tasks
+        lines.append(f"{calls * k:7.1f} {nrows * k:8.0f} {ms * k:8.1f} {buffers * k:8.0f} {wal * k:8.0f}  "
+                     + re.sub(r"\s+", " ", query)[:90])
+        for i, v in enumerate((calls, nrows, ms, buffers, wal)):
+            total[i] += float(v) * k
+    lines.append(f"{total[0]:7.1f} {total[1]:8.0f} {total[2]:8.1f} {total[3]:8.0f} {total[4]:8.0f}  all")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--pg", default=os.environ.get("CONVEYOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--without", action="append", default=[], metavar="INDEX",
+                        help="PostgreSQL: drop this index after the submission (what the hot path saves without it)")
+    parser.add_argument("--before", action="append", default=[], metavar="SQL",
+                        help="PostgreSQL: run this statement on the new store before the submission (a what-if: "
+                             "ALTER TABLE tasks SET (fillfactor = 50))")
     parser.add_argument("--worker", nargs=4, metavar=("DB", "RUN", "BLOBS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -227,10 +284,26 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             db = (engine.sqlite_url(work, "profile.db") if args.backend == "sqlite"
                   else stack.enter_context(engine.pg_database(args.pg)))
+            if args.before:
+                import psycopg
+
+                from conveyor.store import open_store
+
+                open_store(db).close()  # the schema, then the what-if
+                with psycopg.connect(db, autocommit=True) as conn:
+                    for statement in args.before:
+                        conn.execute(statement)
             manifest = engine.write_manifest(work / "manifest.jsonl", args.items)
             blobs = work / "blobs"
             _, out = engine.cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(blobs))
+            if args.without:
+                import psycopg
+
+                with psycopg.connect(db, autocommit=True) as conn:
+                    for index in args.without:
+                        conn.execute(f"DROP INDEX {index}")
             before = table_writes(db) if args.backend == "postgres" else {}
+            statements = server_statements(args.pg, db, reset=True) if args.backend == "postgres" else None
             outs = [work / f"worker-{i}.json" for i in range(2)]
             procs = [subprocess.Popen([sys.executable, str(HERE), "--top", str(args.top), "--worker", db,
                                        out["run_id"], str(blobs), str(o)]) for o in outs]
@@ -240,6 +313,10 @@ def main() -> int:
             results = [json.loads(o.read_text()) for o in outs]
             print(report(results, 3 * args.items, args.backend,
                          (before, table_writes(db), indexes(db)) if args.backend == "postgres" else None))
+            if args.backend == "postgres":
+                print(sizes(db))
+            if statements is not None:
+                print(statements_report(server_statements(args.pg, db, reset=False) or [], 3 * args.items))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

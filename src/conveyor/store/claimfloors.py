@@ -63,6 +63,7 @@ class ClaimFloors:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._floors: dict[tuple[str, str], tuple[float, dict[int, float]]] = {}  # (set at, lane -> floor)
+        self._split: set[str] = set()  # pipelines whose next claim goes stage by stage (see split)
 
     def lanes(self, pipeline: str, stage: str) -> dict[int, float] | None:
         """The stage's floors by lane (a lane without one is walked from its start), or None: claim as usual."""
@@ -92,8 +93,22 @@ class ClaimFloors:
         else:
             floors[lane] = max(floors.get(lane, now - FLOOR_MARGIN_S), now - FLOOR_MARGIN_S)
 
+    def split(self, pipeline: str) -> None:
+        """A claim of several stages in one statement (store/tasks.py ``_claim_stages``) was slow: which stage's
+        walk made it so is not known, so the next claim goes stage by stage, each timed on its own (a slow one
+        engages that stage's floors), instead of engaging every stage's."""
+        self._split.add(pipeline)
+
+    def one_by_one(self, pipeline: str) -> bool:
+        """Whether this claim goes stage by stage (once after a slow claim of several stages)."""
+        if pipeline in self._split:
+            self._split.discard(pipeline)
+            return True
+        return False
+
     def drop(self) -> None:
         self._floors.clear()
+        self._split.clear()
 
 
 class ReclaimFloors:

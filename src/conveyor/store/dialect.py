@@ -7,6 +7,7 @@ turns it into what its driver wants and owns the connection's transactions.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import re
 import threading
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import orjson
 
 from conveyor.errors import UserError
-from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key
+from conveyor.store.bulk import CopiedRows, copied_insert, copied_update, first_per_key, json_update
 from conveyor.store.checkpointer import Checkpointer
 from conveyor.store.errortext import POSTGRES_ERROR_TEXT, SQLITE_ERROR_TEXT
 from conveyor.store.memokey import KEY64_SQL, SQLITE_FUNCTION, key64
@@ -219,6 +220,10 @@ def sqlite_cache_kib(env: Any = os.environ) -> int:
 # From this many rows an insert_many on PostgreSQL goes through COPY (fewer: executemany's pipeline).
 COPY_FROM = 16
 DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its direct COPY met an existing row
+# The savepoint of a direct COPY (PostgreSQL): rolled back to when the rows meet a unique key, else left to the end
+# of the transaction (its RELEASE would cost a round trip of its own; a COPY after it opens one of the same name,
+# and a rollback goes to the latest). Named apart from psycopg's own (_pg3_N).
+DIRECT_SAVEPOINT = "conveyor_direct"
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
 CLOSE_WAIT_S = 5.0  # how long close waits for a PostgreSQL wait_for_work it woke (else it leaves the listener open)
 # PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
@@ -475,6 +480,8 @@ class PostgresDialect:
         self._depth = 0
         self._sql_cache: dict[str, str] = {}
         self._copied: dict[str, CopiedRows | None] = {}  # None: not of the shape (executemany)
+        self._fed: dict[str, tuple[str, tuple[int, ...]] | None] = {}  # update_many's JSON-fed moves (None: COPY)
+        self._types: dict[str, dict[str, str]] = {}  # column types by table, for those moves
         self._direct_paused: dict[str, int] = {}  # statement: batches it skips the direct COPY for (_copy_direct)
         self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
         self._staging: set[str] = set()  # those made by the open transaction
@@ -551,12 +558,14 @@ class PostgresDialect:
             return False
         assert plan.direct is not None
         constants = plan.constants
+        self.conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
+            with self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
                 write = copy.write_row
                 for row in rows:
                     write((*row, *constants))
         except self._psycopg.errors.UniqueViolation:
+            self.conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
             return False
         return True
@@ -571,10 +580,11 @@ class PostgresDialect:
 
     def insert_numbered(self, sql: str, rows: Sequence[Sequence[Any]], table: str) -> list[int] | None:
         """The ids first, from the table's sequence (one statement), then the rows with them by COPY straight into
-        the table, in a savepoint of the open transaction, as ``_copy_direct``: no temporary table, no
-        ``INSERT ... SELECT`` and no RETURNING (a commit's 1,000 new leased tasks: 121 against 99 ms on a loaded
-        host). None for fewer than ``COPY_FROM`` rows, a statement not of the shape, or a row that met a unique
-        key (rolled back; the sequence's numbers taken are skipped, as any rolled back insert skips them)."""
+        the table, in a savepoint of the open transaction (asked for with the ids: one round trip), as
+        ``_copy_direct``: no temporary table, no ``INSERT ... SELECT`` and no RETURNING (a commit's 1,000 new
+        leased tasks: 121 against 99 ms on a loaded host). None for fewer than ``COPY_FROM`` rows, a statement not
+        of the shape, or a row that met a unique key (rolled back; the sequence's numbers taken are skipped, as
+        any rolled back insert skips them)."""
         plan = self._copy_plan(sql, rows, copied_insert)
         if plan is None or plan.direct is None:
             return None
@@ -584,26 +594,56 @@ class PostgresDialect:
             return None
         head = f"COPY {table} ("
         assert plan.direct.startswith(head), plan.direct
-        numbered, constants = f"{head}id, {plan.direct[len(head):]}", plan.constants
-        ids = [int(r[0]) for r in self.conn.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, len(rows)))]
+        with self.transaction():  # the caller's, as a rule
+            return self._numbered(f"{head}id, {plan.direct[len(head):]}", plan.constants, sql, rows, table)
+
+    def _numbered(self, numbered: str, constants: tuple[Any, ...], sql: str, rows: Sequence[Sequence[Any]],
+                  table: str) -> list[int] | None:
+        conn = self.conn
+        with conn.pipeline():  # the ids and the savepoint: one round trip
+            numbering = conn.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, len(rows)))
+            conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
+        ids = [int(r[0]) for r in numbering.fetchall()]
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(numbered) as copy:
+            with conn.cursor() as cur, cur.copy(numbered) as copy:
                 write = copy.write_row
                 for task_id, row in zip(ids, rows, strict=True):
                     write((task_id, *row, *constants))
         except self._psycopg.errors.UniqueViolation:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
             return None
         return ids
 
     def update_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """Fewer than ``COPY_FROM`` rows as executemany; more copied into a temporary table and applied by one
-        ``UPDATE ... FROM`` (store/bulk.py)."""
+        """Fewer than ``COPY_FROM`` rows as executemany; more applied by one ``UPDATE ... FROM``, the rows sent as
+        one JSON parameter (store/bulk.py ``json_update``) or, when they have no exact JSON spelling, copied into a
+        temporary table first."""
         plan = self._copy_plan(sql, rows, copied_update)
         if plan is None or len(first_per_key(rows, plan.match)) < len(rows):
             return self.executemany_count(sql, rows)  # a row named twice: one statement would change it once
+        if sql not in self._fed:
+            self._fed[sql] = json_update(plan, self._column_types(plan.update.split(None, 2)[1]))
+        fed = self._fed[sql]
+        if fed is not None:
+            move, floats = fed
+            try:
+                payload = orjson.dumps(rows if type(rows[0]) is tuple else [tuple(r) for r in rows]).decode()
+            except TypeError:  # bytes, an integer past 64 bits: not JSON
+                payload = None
+            if payload is not None and all(v is None or math.isfinite(v) for i in floats for v in (r[i] for r in rows)):
+                # Planned at each call, never prepared (as _copy_and_move's move).
+                return int(self._live().execute(self._sql(move), (payload,), prepare=False).rowcount)
         return int(self._copy_and_move(plan, rows).rowcount)
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        """A table's column types as PostgreSQL names them (``double precision``), read once per connection."""
+        if table not in self._types:
+            self._types[table] = {str(name): str(kind) for name, kind in self._live().execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                "to_regclass(%s) AND attnum > 0 AND NOT attisdropped", (table,))}
+        return self._types[table]
 
     def _copy_plan(self, sql: str, rows: Sequence[Sequence[Any]],
                    make: Callable[[str], CopiedRows | None]) -> CopiedRows | None:

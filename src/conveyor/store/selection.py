@@ -93,7 +93,8 @@ COLUMN_NAMES = frozenset({"stage_version", "config_hash"})
 def _where(db: Dialect, f: TaskFilter, walk: bool = False, keyed: bool = False) -> tuple[list[str], list[Any]]:
     """The conditions of ``f`` on task ``t``; with ``walk``, provenance conditions are probes of each task's own
     provenance rows (its primary key) for a walk of the run's tasks in key order, instead of an id list; with
-    ``keyed`` (a page in key order), the stage as ``tasks_run_stage_key`` indexes it."""
+    ``keyed`` (a page in key order), the stage as an expression no index has, so that it is a filter of the walk of
+    the run's tasks in key order (migrations 26, 29 and 31: the index by stage is gone)."""
     clauses: list[str] = []
     params: list[Any] = []
 
@@ -203,10 +204,10 @@ class SelectionQueries:
 
     def task_page(self, f: TaskFilter, after: tuple[str, str, str] | None, limit: int) -> list[SelectedTask]:
         """The next ``limit`` tasks matching ``f`` after the (root key, item key, stage) ``after``, in that order:
-        the order of the tasks' unique index (and of ``tasks_run_stage_key`` within a stage), so a page of a
-        broad filter is a walk of an index, never a sort of the run. A narrow filter (failures, an error class
-        or words of its message, review entries, provenance) is driven by its own index and its few rows sorted;
-        SQLite is told so by an ordering no index gives, or its planner may walk the whole run in order."""
+        the order of the tasks' unique index, so a page of a broad filter is a walk of an index, never a sort of
+        the run. A narrow filter (failures, an error class or words of its message, review entries, provenance) is
+        driven by its own index and its few rows sorted; SQLite is told so by an ordering no index gives, or its
+        planner may walk the whole run in order."""
         steps = self._provenance_page_sql(f, after, limit) or [self._task_page_sql(f, after, limit)]
         for sql, params in steps[:-1]:  # a first look that may fall short; the last step's answer is the page
             rows = self.db.execute(sql, params)

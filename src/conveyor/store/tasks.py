@@ -361,13 +361,18 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         ``declared``: each stage's (version, config hash) in the claimer's declaration, the only tasks it may
         take (runtime/transitions always passes it; None, any declaration, is for tests of the queue alone)."""
         claimed: list[ClaimedTask] = []
+        wanted = [(stage, want) for stage in stages
+                  if (want := min(limit, caps.get(stage, limit) if caps else limit)) > 0]
         with self.db.transaction():
-            for stage in stages:
+            if len(wanted) > 1 and self.db.name == "postgres" and all(
+                    self.claim_floors.lanes(pipeline, stage) is None for stage, _ in wanted) and (
+                    not self.claim_floors.one_by_one(pipeline)):
+                return self._claim_stages(pipeline, wanted, limit, owner, now, lease_seconds, run_id, paused,
+                                          paused_stages, declared)
+            for stage, cap in wanted:
                 if len(claimed) >= limit:
                     break
-                want = min(limit - len(claimed), caps.get(stage, limit) if caps else limit)
-                if want <= 0:
-                    continue
+                want = min(limit - len(claimed), cap)
                 held = paused if paused_stages is None or stage in paused_stages else ()
                 run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
                 head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage,
@@ -375,6 +380,40 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 tail: list[Any] = [now, *([run_id] if run_id else []), *held]
                 claimed += self._claim_stage(pipeline, stage, want, run_filter, head, tail, now, declared is not None)
         return claimed
+
+    def _claim_stages(self, pipeline: str, wanted: Sequence[tuple[str, int]], limit: int, owner: str, now: float,
+                      lease_seconds: float, run_id: str | None, paused: Sequence[str],
+                      paused_stages: Collection[str] | None,
+                      declared: Mapping[str, tuple[str, str]] | None) -> list[ClaimedTask]:
+        """A claim of several stages as one PostgreSQL statement (one round trip instead of one per stage): each
+        stage's pick, in the order given and up to its cap, is a branch of a ``UNION ALL`` under the claim's
+        ``LIMIT``. The executor runs the branches one after the other and stops at the limit, so a branch locks
+        only the rows it passes up: the stages get what the statement-per-stage loop gave them (each up to its
+        cap and what the stages before it left of the limit). Slow (an old snapshot is held, or a busy host), it
+        sends the next claim stage by stage, where a slow stage engages its floors (store/claimfloors.py)."""
+        branches: list[str] = []
+        params: list[Any] = [owner, now + lease_seconds, now]
+        for n, (stage, cap) in enumerate(wanted):
+            held = paused if paused_stages is None or stage in paused_stages else ()
+            declaration = "AND stage_version = ? AND config_hash = ?" if declared is not None else ""
+            branches.append(
+                f"SELECT id FROM (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ? "
+                f"AND stage = ? {declaration} AND available_at <= ? {'AND run_id = ?' if run_id else ''}"
+                f"{_not_paused(held)} ORDER BY lane_rank, available_at LIMIT ? {self.db.skip_locked}) AS s{n}")
+            params += [pipeline, stage, *(declared[stage] if declared is not None else ()), now,
+                       *([run_id] if run_id else []), *held, cap]
+        started = time.perf_counter()
+        rows = self.db.execute(
+            f"""UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+                lease_owner = ?, lease_expires_at = ?, started_at = ?
+            WHERE id IN (SELECT id FROM ({' UNION ALL '.join(branches)}) AS picked LIMIT ?)
+            RETURNING {CLAIM_COLUMNS}""", [*params, limit])
+        by_stage: dict[str, list[ClaimedTask]] = {stage: [] for stage, _ in wanted}
+        for task in map(ClaimedTask._make, rows):
+            by_stage[task.stage].append(task)
+        if time.perf_counter() - started > SLOW_CLAIM_S:
+            self.claim_floors.split(pipeline)
+        return [task for stage, _ in wanted for task in by_stage[stage]]
 
     def _claim_stage(self, pipeline: str, stage: str, want: int, run_filter: str, head: list[Any],
                      tail: list[Any], now: float, declared: bool) -> list[ClaimedTask]:
