@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -280,9 +281,11 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                 self.db.executemany(INSERT_PROVENANCE, tasks.provenance)
             claimed = self._insert_running(tasks.running) if tasks.running else []
             pipelines = {row[0]: row[1] for row in tasks.running}
-            for task in claimed:
-                totals.task(task.run_id, task.stage, "running", 0)
-                opened.add(pipelines[task.run_id], task.stage, task.available_at)
+            # counted per (run, stage, second of available_at): a commit's hundreds of new leased tasks share a few
+            for (run_id, stage, second), count in Counter(
+                    (task.run_id, task.stage, math.floor(task.available_at)) for task in claimed).items():
+                totals.task(run_id, stage, "running", 0, count)
+                opened.add(pipelines[run_id], stage, second, count)
             if writes:
                 self.add_run_totals(totals)
                 self.add_open_tasks(opened)
