@@ -411,8 +411,9 @@ class Worker:
                                                   claim_args)
         self._answered.clear()
         self._done += len(batch)
-        leases, in_flight, record, calls = self._leases, self._in_flight, self.pacing.record, 0
+        leases, in_flight, calls = self._leases, self._in_flight, 0
         memoised: set[str] = set()
+        paced: list[tuple[str, float]] = []
         for outcome in batch:
             task = outcome.task
             leases.pop(task.id, None)
@@ -421,7 +422,8 @@ class Worker:
             if outcome.invoked:
                 calls += 1
                 if not outcome.deferred:  # a deferral says nothing of the stage's pace
-                    record(task.stage, outcome.duration)
+                    paced.append((task.stage, outcome.duration))
+        self.pacing.record_many(paced)
         self._alone = False
         self._track(fresh)
         self._track(claimed)
