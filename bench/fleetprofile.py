@@ -12,7 +12,8 @@ thread) with every store statement counted and timed. Prints, per task (one item
   the index entries those writes made (an insert or a non-HOT update adds one to each index of its table whose
   predicate it meets; partial indexes are counted by their predicate where the row ends), and the CPU seconds
   of the two backends serving the workers (from /proc, the server being on this machine);
-- each worker's CPU seconds per task, and by thread the functions with the most own time.
+- each worker's CPU seconds per task, the Python function calls per task (cProfile's count: it does not move with
+  the host's load, as CPU seconds do), and by thread the functions with the most own time.
 
 When the server loads pg_stat_statements and the admin database (``--pg``) has the extension, the server's own
 time, buffers and WAL records by statement follow (a private cluster for that: see bench/RESULTS.md).
@@ -165,16 +166,18 @@ def worker(db: str, run_id: str, blobs_dir: str, out: str, top: int) -> None:
             threading.setprofile(None)
         wall = time.perf_counter() - started
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    threads = {}
+    threads, function_calls = {}, 0
     for name, prof in profiles.items():
         text = io.StringIO()
         ps = pstats.Stats(prof, stream=text)
+        function_calls += ps.total_calls  # type: ignore[attr-defined]
         ps.sort_stats("tottime").print_stats(top)
         threads[name] = "Ordered by" + text.getvalue().split("Ordered by", 1)[-1]
     Path(out).write_text(json.dumps({
         "wall": wall, "cpu": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
         "counts": dict(counts), "statements": stats, "transactions": transactions[0], "threads": threads,
         "server_cpu": sum(server.values()), "backends": len(set(backends)), "gc": collected,
+        "function_calls": function_calls,
     }))
 
 
@@ -338,6 +341,9 @@ def report(results: list[dict[str, Any]], tasks: int, backend: str,
     walls = ", ".join(f"{r['wall']:.2f}" for r in results)
     lines.append(f"worker wall {walls} s; worker CPU {cpu:.2f} s = "
                  f"{cpu / tasks * 1e6:.0f} us per task (under the profiler)")
+    function_calls = sum(r["function_calls"] for r in results)
+    lines.append(f"Python function calls (cProfile's count, every thread, start-up included) {function_calls:,} = "
+                 f"{function_calls / tasks:.1f} per task")
     for gen in ("0", "1", "2"):
         n = sum(r["gc"][gen][0] for r in results)
         seconds = sum(r["gc"][gen][1] for r in results)

@@ -34,8 +34,9 @@ class AttemptLog:
 
     __slots__ = ("_started", "bytes", "dropped", "lines")
 
-    def __init__(self) -> None:
-        self._started = time.monotonic()
+    def __init__(self, started: float | None = None) -> None:
+        """``started``: the attempt's start on ``time.monotonic``'s clock (now when not given)."""
+        self._started = time.monotonic() if started is None else started
         self.lines: list[LogLine] = []
         self.bytes = 0
         self.dropped = 0

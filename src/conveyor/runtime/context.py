@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -29,19 +30,21 @@ class Context:
     writes to, so a second delivery is recognised there.
     """
 
-    __slots__ = ("__dict__", "_services", "attempt", "batch", "config", "input_digest", "item_key", "journal",
-                 "judged", "kept", "lane", "lease", "lost", "params", "pipeline", "provenance", "run_id", "stage",
-                 "task_key", "tier", "usage")
+    # ``usage`` and ``kept`` are made when first read (functools.cached_property, in ``__dict__``): a sync stage
+    # that neither calls a model nor logs, the common one, costs neither (one Context is made per task).
+    __slots__ = ("__dict__", "_services", "_started", "attempt", "batch", "config", "input_digest", "item_key",
+                 "journal", "judged", "lane", "lease", "lost", "params", "pipeline", "provenance", "run_id", "stage",
+                 "task_key", "tier")
 
     def __init__(self, run_id: str, item_key: str, stage: str, attempt: int, task_key: str, pipeline: str,
                  input_digest: str, idempotency_key: str | None = None, services: Services | None = None,
-                 lane: str = "bulk", tier: int = 0, config: dict[str, Any] | None = None,
+                 lane: str = "bulk", tier: int = 0, config: Mapping[str, Any] | None = None,
                  judged: bool = False, batch: BatchCalls | None = None, lease: Lease | None = None,
                  params: Mapping[str, Any] | None = None, journal: CallJournal | None = None,
                  lost: list[tuple[str, str]] | None = None) -> None:
         self.run_id = run_id
         # A gather with on_child_failure="skip": the children left out of its outputs, (item key, error class).
-        self.lost: list[tuple[str, str]] = list(lost or ())
+        self.lost: list[tuple[str, str]] = list(lost) if lost else []
         self.item_key = item_key
         self.stage = stage
         self.attempt = attempt
@@ -50,11 +53,10 @@ class Context:
         self.input_digest = input_digest
         self._services = services
         self.lane = lane  # "interactive" or "bulk": provider calls of interactive runs use the reserved share
-        self.usage = Usage()
         # The escalation tier this attempt runs at (0: as declared) and the stage's config at that tier:
         # read the model and prompt from ``ctx.config`` so an escalated try uses the stronger ones.
         self.tier = tier
-        self.config: dict[str, Any] = dict(config or {})
+        self.config: dict[str, Any] = dict(config) if config else {}
         # The run's values of the parameters the stage declares (conveyor.pipeline.params), as the run recorded
         # them at submission: read them here, never from this process's environment.
         self.params: Mapping[str, Any] = params if params is not None else StageParams(stage, (), {})
@@ -71,7 +73,21 @@ class Context:
         self.batch = batch  # the stage is on the provider batch lane (runtime/provider_batch.py)
         self.lease = lease  # the task's lease: its model calls' budget reservations are held by it
         self.journal = journal  # the task's answered calls (runtime/journal.py): none is paid for twice
-        self.kept = AttemptLog()  # what the stage logged through ``ctx.log``, kept with the attempt
+        self._started = time.monotonic()  # when the attempt started: the kept lines' times count from it
+
+    @cached_property
+    def usage(self) -> Usage:
+        """Tokens and cost of the provider calls this attempt made (counted by ``ctx.chat`` and ``ctx.embed``)."""
+        return Usage()
+
+    @cached_property
+    def kept(self) -> AttemptLog:
+        """What the stage logged through ``ctx.log``, kept with the attempt."""
+        return AttemptLog(self._started)
+
+    def kept_lines(self) -> AttemptLog | None:
+        """``kept`` if the stage logged anything through ``ctx.log`` (else None, without making it)."""
+        return self.__dict__.get("kept")
 
     @cached_property
     def idempotency_key(self) -> str:

@@ -122,6 +122,7 @@ class Executor:
         # The call journals of the async tasks about to run (by task id, filled by the worker before it starts them).
         self.call_answers: dict[int, dict[str, str]] = {}
         self.journaled_stages: frozenset[str] = frozenset()
+        self._no_params: dict[str, StageParams] = {}  # by stage: ctx.params of a stage that reads no parameter
 
     def run_inline(self, batch: list[tuple[ClaimedTask, Stage]]) -> list[Outcome]:
         """Run sync tasks one after another (called on the stage thread)."""
@@ -146,7 +147,7 @@ class Executor:
         except BaseException as exc:  # stage code may raise anything, SystemExit and KeyboardInterrupt too
             failure = classify(exc, stage.retry.terminal, traceback.format_exc())
             outcome = Outcome(task, started, time.perf_counter() - t0, True, failure=failure)
-        outcome.logs = ctx.kept
+        outcome.logs = ctx.kept_lines()
         return _made_by(outcome, stage, ctx.provenance)
 
     async def run_async(self, task: ClaimedTask, stage: Stage, finish: Finish) -> None:
@@ -285,7 +286,7 @@ class Executor:
             publish_once(stage.into, self.context(task).idempotency_key, result)
             return Outcome(task, started, duration, True, output, usage=usage)
         return Outcome(task, started, duration, True, self.store_output(stage, result), usage=usage,
-                       steps=self.steps.pop(task.id, None))
+                       steps=self.steps.pop(task.id, None) if self.steps else None)
 
     def store_output(self, stage: Stage, result: Any) -> Ref:
         if stage.kind == "fanout":
@@ -299,20 +300,26 @@ class Executor:
 
     def context(self, task: ClaimedTask, services: Services | None = None) -> Context:
         stage = self.pipeline[task.stage]
-        config = stage.config if stage.accept is None else stage.accept.config_at(stage.config, task.tier)
-        batch = None
-        if services is not None and task.stage in self.batch_stages:
-            batch = BatchCalls(stage, self.pipeline.name, task.task_key, self.batch_states.pop(task.id, ()),
-                               self.clock())
-        journal = None
-        if services is not None and task.stage in self.journaled_stages:
-            journal = CallJournal(task.id, self.call_answers.pop(task.id, {}), self.clock)
+        accept = stage.accept
+        config = stage.config if accept is None else accept.config_at(stage.config, task.tier)
+        batch = journal = None
+        if services is not None:
+            if task.stage in self.batch_stages:
+                batch = BatchCalls(stage, self.pipeline.name, task.task_key, self.batch_states.pop(task.id, ()),
+                                   self.clock())
+            if task.stage in self.journaled_stages:
+                journal = CallJournal(task.id, self.call_answers.pop(task.id, {}), self.clock)
+        if stage.params:
+            params = StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {}))
+        else:  # reads no run parameter: the same empty mapping for every task of the stage
+            empty = self._no_params.get(stage.name)  # (an empty mapping is falsy: compared with None)
+            if empty is None:
+                empty = self._no_params[stage.name] = StageParams(stage.name, (), {})
+            params = empty
+        # Context copies ``config``: a stage may change its ``ctx.config`` without changing the stage's.
         return Context(task.run_id, task.item_key, task.stage, task.attempts, task.task_key, self.pipeline.name,
-                       task.input_digest, services=services, lane="interactive" if task.lane_rank == 0 else "bulk",
-                       tier=task.tier, config=dict(config), judged=stage.accept is not None, batch=batch,
-                       lease=Lease(task.id, task.lease_token),
-                       params=StageParams(stage.name, stage.params, self.run_params.get(task.run_id, {})),
-                       journal=journal)
+                       task.input_digest, None, services, "interactive" if task.lane_rank == 0 else "bulk", task.tier,
+                       config, accept is not None, batch, Lease(task.id, task.lease_token), params, journal)
 
 
 def _logged(finish: Finish, kept: AttemptLog) -> Finish:

@@ -153,6 +153,10 @@ class Expander:
         self._lane_ranks: dict[str, int] = {}
         self._bases: dict[str, str | None] = {}  # run -> the earlier run its settled items are copied from
         self.has_fanout = any(s.kind == "fanout" for s in pipeline)
+        # stage -> the stages that run on its output, for a stage whose output goes nowhere else (no fan-out, join
+        # or gather): what ``successors`` would plan, as a commit's hot loop asks it once per success.
+        self.children: dict[str, tuple[str, ...]] = {
+            name: p.children for name, p in self._plans.items() if not (p.fanout or p.joins or p.gathers)}
         self._provenance_bases: dict[str, bool] = {}
 
     @property

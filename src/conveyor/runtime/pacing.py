@@ -22,11 +22,14 @@ class Pacing:
         self._parallel = {s.name: _parallel(s, guarded_slots) for s in stages}
         self._pace: dict[str, float] = {}
 
-    def record(self, stage: str, seconds: float) -> None:
-        """Fold one finished task's duration into the stage's pace."""
-        per_task = max(seconds, 1e-6) / self._parallel[stage]
-        old = self._pace.get(stage)
-        self._pace[stage] = per_task if old is None else old + SMOOTHING * (per_task - old)
+    def record_many(self, durations: Iterable[tuple[str, float]]) -> None:
+        """Fold each finished task's (stage, seconds) into its stage's pace, in turn: a committed batch's, in one
+        call."""
+        parallel, pace = self._parallel, self._pace
+        for stage, seconds in durations:
+            per_task = max(seconds, 1e-6) / parallel[stage]
+            old = pace.get(stage)
+            pace[stage] = per_task if old is None else old + SMOOTHING * (per_task - old)
 
     def caps(self, in_flight: Mapping[str, int]) -> dict[str, int]:
         """For each stage, how many more tasks to claim now."""

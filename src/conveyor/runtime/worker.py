@@ -411,21 +411,28 @@ class Worker:
                                                   claim_args)
         self._answered.clear()
         self._done += len(batch)
+        leases, in_flight, calls = self._leases, self._in_flight, 0
+        memoised: set[str] = set()
+        paced: list[tuple[str, float]] = []
         for outcome in batch:
-            self._leases.pop(outcome.task.id, None)
-            self._in_flight[outcome.task.stage] -= 1
-            if outcome.invoked and not outcome.deferred:  # a deferral says nothing of the stage's pace
-                self.pacing.record(outcome.task.stage, outcome.duration)
+            task = outcome.task
+            leases.pop(task.id, None)
+            in_flight[task.stage] -= 1
+            memoised.add(task.task_key)
+            if outcome.invoked:
+                calls += 1
+                if not outcome.deferred:  # a deferral says nothing of the stage's pace
+                    paced.append((task.stage, outcome.duration))
+        self.pacing.record_many(paced)
         self._alone = False
         self._track(fresh)
         self._track(claimed)
         self.stats.update(counts)
         if counts.get("stale_code") and self.opts.warn_stale_code:
             self._warn_stale()
-        self.stats["stage_calls"] += sum(1 for o in batch if o.invoked)
+        self.stats["stage_calls"] += calls
         # A fresh task was looked up in the memo as the commit was prepared: one whose key this very commit
         # memoised (its answer was in the batch) is handed back as claimed, to be looked up again at dispatch.
-        memoised = {o.task.task_key for o in batch}
         again = [t for t in fresh if t.task_key in memoised]
         if again:
             fresh, claimed = [t for t in fresh if t.task_key not in memoised], [*claimed, *again]
@@ -445,10 +452,10 @@ class Worker:
         """Start claimed tasks, after Transitions.answers has answered those that need no stage call."""
         answered, to_run = await self._call(self.transitions.answers, claimed, fresh or [], self.clock())
         self._results += answered
-        on_lane = [t.id for t in to_run if t.stage in self._batch_stages]
+        on_lane = [t.id for t in to_run if t.stage in self._batch_stages] if self._batch_stages else []
         if on_lane:  # what became of the model requests these tasks left to the provider batch lane
             self.executor.batch_states.update(await self._call(self.store.batch_answers, on_lane))
-        journaled = [t.id for t in to_run if t.stage in self._journaled_stages]
+        journaled = [t.id for t in to_run if t.stage in self._journaled_stages] if self._journaled_stages else []
         if journaled:  # the answers earlier attempts of these tasks were given (runtime/journal.py)
             self.executor.call_answers.update(await self._call(self.store.call_answers, journaled))
         if self._judged_with_checks:
@@ -460,22 +467,29 @@ class Worker:
                     self.executor.run_params.clear()
                 self.executor.run_params.update(await self._call(self.transitions.run_params, unknown))
         inline: list[tuple[ClaimedTask, Stage]] = []
+        followers, finished = self._followers, self._answered
+        ways: dict[str, tuple[Stage, int]] = {}  # stage -> (its declaration, 2: async, 1: guarded, 0: inline)
         for task in to_run:
-            stage = self.pipeline[task.stage]
-            if task.task_key in self._followers:
+            key = task.task_key
+            if key in followers:
                 # The same work is already running here: wait for it instead of paying twice.
-                self._followers[task.task_key].append(task)
+                followers[key].append(task)
                 self.executor.call_answers.pop(task.id, None)  # it makes no call here
                 continue
-            done = self._answered.get(task.task_key)
+            done = finished.get(key) if finished else None
             if done is not None:  # ... or it finished here and is not committed yet
                 self._results.append(_answer(task, done, self.clock()))
                 self.executor.call_answers.pop(task.id, None)
                 continue
-            self._followers[task.task_key] = []
-            if stage.is_async:
+            followers[key] = []
+            way = ways.get(task.stage)
+            if way is None:
+                declared = self.pipeline[task.stage]
+                way = ways[task.stage] = (declared, 2 if declared.is_async else 1 if declared.guarded else 0)
+            stage, how = way
+            if how == 2:
                 self._spawn(self.executor.run_async(task, stage, self._finish))
-            elif stage.guarded:
+            elif how == 1:
                 self._spawn(self.executor.run_guarded(task, stage, self._finish))
             else:
                 inline.append((task, stage))
@@ -495,11 +509,14 @@ class Worker:
     def _finish(self, outcome: Outcome) -> None:
         """Record an attempt's outcome, and the same outcome for tasks that waited on it."""
         self._results.append(outcome)
-        now = self.clock()
+        key = outcome.task.task_key
         if outcome.output is not None or (outcome.failure is not None and outcome.failure.deterministic):
-            self._answered[outcome.task.task_key] = outcome
-        for task in self._followers.pop(outcome.task.task_key, ()):
-            self._results.append(_answer(task, outcome, now))
+            self._answered[key] = outcome
+        followers = self._followers.pop(key, None)
+        if followers:
+            now = self.clock()
+            for task in followers:
+                self._results.append(_answer(task, outcome, now))
 
     # --- leases and shutdown ---------------------------------------------
 

@@ -286,13 +286,16 @@ class SqliteDialect:
     def execute_rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self.conn.execute(sql, params).rowcount
 
+    # sqlite3 binds a row that is a plain tuple faster than any other sequence: a NamedTuple row (the hot path's
+    # successes and attempts) cost about 0.9 us more a row, 6 or 12 columns alike, than the same row copied into a
+    # tuple first (which a plain tuple is not: tuple() hands it back).
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
-            self.conn.executemany(sql, rows)
+            self.conn.executemany(sql, map(tuple, rows))
 
     def executemany_count(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """executemany, returning the total number of rows changed."""
-        return self.conn.executemany(sql, rows).rowcount if rows else 0
+        return self.conn.executemany(sql, map(tuple, rows)).rowcount if rows else 0
 
     def insert_many(self, sql: str, rows: Sequence[Sequence[Any]], key: Sequence[int]) -> int:
         return self.executemany_count(sql, rows)  # one prepared statement stepped per row: SQLite's bulk rate
@@ -335,7 +338,7 @@ class SqliteDialect:
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             marks = ", ".join("?" * len(columns))
-            self.conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+            self.conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", map(tuple, rows))
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

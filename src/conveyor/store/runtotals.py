@@ -112,13 +112,24 @@ class RunTally:
                  plain: Iterable[PlainAttempt] = ()) -> None:
         """What recorded attempts add: by outcome, stage calls, errors, usage and the timeline."""
         add = self.add
+        # The plain rows (a commit's hundreds of successes) grouped first, one dict entry per (run, stage,
+        # outcome, minute): [attempts, stage calls, seconds].
+        groups: dict[tuple[str, str, str, int], list[float]] = {}
         for p in plain:
-            stage = stages[p.task_id]
-            add(p.run_id, "attempts", p.outcome)
-            if p.invoked:
-                add(p.run_id, "calls", stage, value=p.invoked)
-            add(p.run_id, "usage", "seconds", value=p.duration)
-            add(p.run_id, "timeline", str(int((p.started_at + p.duration) // MINUTE)), stage, p.outcome)
+            key = (p.run_id, stages[p.task_id], p.outcome, int((p.started_at + p.duration) // MINUTE))
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [1, p.invoked, p.duration]
+            else:
+                group[0] += 1
+                group[1] += p.invoked
+                group[2] += p.duration
+        for (run_id, stage, outcome, minute), (count, invoked, seconds) in groups.items():
+            add(run_id, "attempts", outcome, value=count)
+            if invoked:
+                add(run_id, "calls", stage, value=invoked)
+            add(run_id, "usage", "seconds", value=seconds)
+            add(run_id, "timeline", str(minute), stage, outcome, value=count)
         for a in full:
             self._full(a, stages[a.task_id])
 

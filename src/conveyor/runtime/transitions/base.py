@@ -31,6 +31,9 @@ class Base:
         # means one thing in every process).
         self.declared = pipeline.declared()
         self.memos = self.expander.memos
+        # stage -> (version, code fingerprint, config hash): what every attempt row of the stage carries
+        self.made_by = {s.name: (s.version, self.memos[s.name].code, s.config_hash) for s in pipeline}
+        self.input_limits = {s.name: s.max_input_bytes for s in pipeline}  # stage -> its max_input_bytes guard
         self.stale_stages: set[str] = set()  # stages whose memo answers came from other code (committed)
         # Stages on the provider batch lane: a task of theirs that ends forgets its settled batch requests.
         self.batch_stages: frozenset[str] = frozenset()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -64,8 +65,12 @@ class Commits(JobEvents, Readiness):
         if writes.pending:
             self.fresh_statistics()
         self._take_fresh(writes, claim, now)
-        where = {o.task.id: (o.task.run_id, o.task.stage) for o in outcomes}
-        since = {o.task.id: o.task.available_at for o in outcomes}
+        where: dict[int, tuple[str, str]] = {}
+        since: dict[int, float] = {}
+        for o in outcomes:
+            task = o.task
+            where[task.id] = (task.run_id, task.stage)
+            since[task.id] = task.available_at
         # What the commit adds to the runs' totals and the queue's counts, worked out before its transaction: on
         # SQLite the transaction holds the store's one writer lock, which the other workers wait for meanwhile.
         tallies = self._tallies(writes, where, since)
@@ -144,15 +149,18 @@ class Commits(JobEvents, Readiness):
         row is inserted already leased to this worker instead of being queued and then claimed."""
         if claim is None or not w.tasks.queued:
             return
-        room, taken, keep, running = claim.limit, Counter[str](), [], w.tasks.running
-        expires = now + claim.lease_seconds
+        room, keep, running = claim.limit, [], w.tasks.running
+        lease = (claim.owner, now + claim.lease_seconds, now)
+        left: dict[str, int] = {}  # stage -> how many more of it this claim may take
         for row in w.tasks.queued:
-            stage = row[2]
-            if (room and taken[stage] < claim.cap(stage) and (claim.run_id is None or row[0] == claim.run_id)
-                    and not claim.holds_back(row[0], stage)):
-                running.append((*row, claim.owner, expires, now))
+            run_id, stage = row[0], row[2]
+            if stage not in left:
+                left[stage] = claim.cap(stage)
+            if (room and left[stage] > 0 and (claim.run_id is None or run_id == claim.run_id)
+                    and not (claim.paused and claim.holds_back(run_id, stage))):
+                running.append(row + lease)
                 room -= 1
-                taken[stage] += 1
+                left[stage] -= 1
             else:
                 keep.append(row)
         w.tasks.queued = keep
@@ -254,18 +262,39 @@ class Commits(JobEvents, Readiness):
     def prepare(self, outcomes: Sequence[Outcome], now: float) -> Writes:
         w = Writes(now=now)
         outcomes = _first_per_key(outcomes)
-        stages = {o.task.id: o.task.stage for o in outcomes}
-        self._release(w, [o for o in outcomes if o.released])
-        self._park(w, [o for o in outcomes if o.deferred and not o.released])
-        self._wait(w, [o for o in outcomes if o.waits is not None])
+        stages: dict[int, str] = {}
+        released: list[Outcome] = []
+        deferred: list[Outcome] = []
+        waiting: list[Outcome] = []
+        done: list[Outcome] = []
+        failed: list[Outcome] = []
+        kept: list[Outcome] = []  # neither released, deferred nor waiting: succeeded or failed
+        journaled = False
+        for o in outcomes:  # one pass, by what became of each attempt
+            stages[o.task.id] = o.task.stage
+            if o.answers or o.journaled:
+                journaled = True
+            if o.waits is not None:
+                waiting.append(o)
+            if o.released:
+                released.append(o)
+            elif o.deferred:
+                deferred.append(o)
+            elif o.waits is None:
+                kept.append(o)
+                (done if o.failure is None else failed).append(o)
+        self._release(w, released)
+        self._park(w, deferred)
+        self._wait(w, waiting)
         journal = outcomes
-        outcomes = [o for o in outcomes if not o.released and not o.deferred and o.waits is None]
-        seeds = self._succeed(w, [o for o in outcomes if o.failure is None], now)
-        seeds += self._fail(w, [o for o in outcomes if o.failure is not None], now)
+        outcomes = kept
+        seeds = self._succeed(w, done, now)
+        seeds += self._fail(w, failed, now)
         w.tasks, w.items, cached = self.expander.plan(seeds, now, w.items)
         w.pending = self.expander.take_pending()
         w.counts["cached"] += cached
-        self._journal(w, journal)
+        if journaled:
+            self._journal(w, journal)
         stale = self.expander.take_stale()
         stale.update((o.task.run_id, o.task.stage) for o in outcomes if o.stale)
         w.notices = self.stale_notices(stale, now)
@@ -290,32 +319,41 @@ class Commits(JobEvents, Readiness):
     def _succeed(self, w: Writes, done: Sequence[Outcome], now: float) -> list[Planned]:
         """Rows of the successes in ``done``; returns what follows them, to plan."""
         seeds: list[Planned] = []
+        outputs, succeeded, plain, items = w.outputs, w.succeeded, w.plain_attempts, w.items
+        made_by, children, worker, cached = self.made_by, self.expander.children, self.worker, 0
         for o in done:
             task, out = o.task, o.output
             assert out is not None
+            stage = task.stage
+            version, code, config_hash = made_by[stage]
             if o.steps:
                 w.steps += o.steps
-            if not o.cached:
-                w.outputs.append(NewOutput(task.task_key, task.stage, out.kind, out.digest, out.inline, out.size,
-                                           task.run_id, now, self.memos[task.stage].code, encode(o.provenance)))
+            if o.cached:
+                cached += 1
+            else:
+                outputs.append(NewOutput(task.task_key, stage, out.kind, out.digest, out.inline, out.size,
+                                         task.run_id, now, code, None if o.provenance is None else
+                                         encode(o.provenance)))
             if o.provenance:
-                w.provenance += rows_for(task.run_id, task.root_key, task.item_key, task.stage, o.provenance)
-            w.succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
+                w.provenance += rows_for(task.run_id, task.root_key, task.item_key, stage, o.provenance)
+            succeeded.append(Succeeded(out.digest, out.kind, int(o.cached), now, task.id, task.lease_token))
             if o.value is not None and not o.cached:
                 w.publications.append(self._publication(o, now))
-            more, items = self.expander.successors(
-                Seed(task.run_id, task.item_key, task.root_key, task.stage, out, task.siblings), out, now)
-            seeds += more
-            w.items += items
+            after = children.get(stage)
+            if after is not None:  # what Expander.successors plans for a stage whose output goes nowhere else
+                seeds += [Seed(task.run_id, task.item_key, task.root_key, c, out, task.siblings) for c in after]
+            else:
+                more, fanned = self.expander.successors(
+                    Seed(task.run_id, task.item_key, task.root_key, stage, out, task.siblings), out, now)
+                seeds += more
+                items += fanned
             if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None and not _logged(o):
-                stage = self.pipeline[task.stage]
-                w.plain_attempts.append(PlainAttempt(
+                plain.append(PlainAttempt(
                     task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
-                    self.worker, task.lease_token, stage.version, self.memos[task.stage].code, o.started,
-                    o.duration, stage.config_hash))
+                    worker, task.lease_token, version, code, o.started, o.duration, config_hash))
             else:
                 w.attempts.append(self._attempt(o, "cached" if o.cached else "succeeded", None))
-        w.counts.update(succeeded=len(done), cached=sum(1 for o in done if o.cached))
+        w.counts.update(succeeded=len(done), cached=cached)
         return seeds
 
     def _release(self, w: Writes, paused: Sequence[Outcome]) -> None:
@@ -493,8 +531,12 @@ def open_moves(w: Writes, where: dict[int, tuple[str, str]], since: dict[int, fl
     by the insert.)"""
     moves = OpenTally()
     ended = [e.task_id for e in w.ended if e.status not in OPEN_STATUSES]
+    left: Counter[tuple[str, int]] = Counter()  # (stage, second of available_at) -> tasks that left the open ones
+    floor = math.floor
     for task_id in (*(s.task_id for s in w.succeeded), *ended, *(a.task_id for a in w.awaiting)):
-        moves.add(pipeline, where[task_id][1], since[task_id], -1)
+        left[where[task_id][1], floor(since[task_id])] += 1
+    for (stage, second), count in left.items():
+        moves.add(pipeline, stage, second, -count)
     for task_id, available_at in [*((r.task_id, r.available_at) for r in w.retry),
                                   *((e.task_id, e.available_at) for e in w.escalated),
                                   *((p.task_id, p.available_at) for p in w.parked)]:
@@ -507,8 +549,9 @@ def run_totals(w: Writes, where: dict[int, tuple[str, str]]) -> RunTally:
     to its runs' totals. Leased tasks are open; retries, releases and escalations leave them open."""
     totals = RunTally()
     moves: Counter[tuple[str, str, str, int]] = Counter()
-    for s in w.succeeded:
-        moves[(*where[s.task_id], "succeeded", s.cached)] += 1
+    succeeded: Counter[tuple[tuple[str, str], int]] = Counter((where[s.task_id], s.cached) for s in w.succeeded)
+    for ((run_id, stage), cached), count in succeeded.items():
+        moves[run_id, stage, "succeeded", cached] += count
     for e in w.ended:
         moves[(*where[e.task_id], e.status, e.cached)] += 1
     for a in w.awaiting:

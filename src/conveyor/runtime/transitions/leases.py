@@ -70,8 +70,13 @@ class Leases(JobEvents, Readiness):
             foreign = {o.task.id for o in answered}
             claimed = [t for t in claimed if t.id not in foreign]
         to_run: list[ClaimedTask] = []
+        limits = self.input_limits
         for task in (*fresh, *claimed):
-            outcome = self._answer(task, memo.get(task.task_key), now)
+            hit = memo.get(task.task_key) if memo else None
+            if hit is None and limits[task.stage] is None:  # no answer, and no guard to check: it runs
+                to_run.append(task)
+                continue
+            outcome = self._answer(task, hit, now)
             if outcome is None:
                 to_run.append(task)
             else:

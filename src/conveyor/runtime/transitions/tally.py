@@ -49,19 +49,27 @@ class Tally:
 
     def plain(self, stages: Mapping[int, str], attempts: Iterable[PlainAttempt]) -> None:
         """The common rows (a success without a provider call), grouped before they are added: the hot path."""
-        ends: Counter[tuple[str, str]] = Counter()
-        buckets: Counter[tuple[str, int]] = Counter()
-        seconds: defaultdict[str, float] = defaultdict(float)
+        # One dict entry per (stage, outcome, duration bucket; -1 for a cached row, which has none): [rows, seconds]
+        groups: dict[tuple[str, str, int], list[float]] = {}
         for a in attempts:
-            stage = stages[a.task_id]
-            ends[stage, a.outcome] += 1
-            if a.outcome == "succeeded":
-                buckets[stage, bisect_left(ATTEMPT_BUCKETS, a.duration)] += 1
-                seconds[stage] += a.duration
+            succeeded = a.outcome == "succeeded"
+            key = (stages[a.task_id], a.outcome, bisect_left(ATTEMPT_BUCKETS, a.duration) if succeeded else -1)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [1, a.duration if succeeded else 0.0]
+            else:
+                group[0] += 1
+                if succeeded:
+                    group[1] += a.duration
+        ends: Counter[tuple[str, str]] = Counter()
+        seconds: defaultdict[str, float] = defaultdict(float)
+        for (stage, end, bucket), (count, total) in groups.items():
+            ends[stage, end] += int(count)
+            if bucket >= 0:
+                self.add("attempt_duration_bucket", self.name, stage, str(bucket), value=count)
+                seconds[stage] += total
         for (stage, end), count in ends.items():
             self.finished(stage, end, count=count)
-        for (stage, bucket), count in buckets.items():
-            self.add("attempt_duration_bucket", self.name, stage, str(bucket), value=count)
         for stage, total in seconds.items():
             self.add("attempt_duration_sum", self.name, stage, value=total)
 
