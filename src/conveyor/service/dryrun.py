@@ -7,13 +7,18 @@ memo, as it will be); what lies after a task that would run is estimated (one ta
 children at the ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py)
 or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input) run for real in a
 scratch store that is thrown away (those calls are paid for, and say so; publish stages are left out of the
-sample: nothing is published). The sample's worker runs in this process: the run's start-up adds a worker
-process's own, measured by starting an interpreter that loads the target.
+sample: nothing is published). The sample runs in as many worker processes as the run will have (at most one
+per sampled item), each loading the target as a run's worker does, so it measures the pace the run's workers
+will have side by side on this machine (CPU-bound stages share its cores) and their start-up; when they cannot
+start, it runs in this process, and the run's start-up adds a worker process's own, measured by starting an
+interpreter that loads the target.
 """
 
 from __future__ import annotations
 
 import array
+import multiprocessing
+import os
 import random
 import subprocess
 import sys
@@ -83,7 +88,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
     missing = [name for name, count in to_run.items() if count and name not in past.stages
                and pipeline[name].kind != "publish"]
     if missing and sample > 0 and samples.items:
-        measured, sampled = _sample(pipeline, target, samples.items, sets)
+        measured, sampled = _sample(pipeline, target, samples.items, sets, workers)
         past = _merged(past, measured)
         _estimate_below(pipeline, stages, past)
         to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
@@ -172,8 +177,9 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
 
 
 def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
-            sets: Sequence[str] = ()) -> tuple[History, dict[str, Any]]:
-    """Run ``items`` for real in a scratch store (publish stages left out) and measure them."""
+            sets: Sequence[str] = (), workers: int = 1) -> tuple[History, dict[str, Any]]:
+    """Run ``items`` for real in a scratch store (publish stages left out), in ``workers`` worker processes (at
+    most one per item), and measure them."""
     from conveyor.runtime.worker import Worker, WorkerOptions
     from conveyor.service.report import find_run, reconcile
     from conveyor.service.submit import submit
@@ -186,16 +192,50 @@ def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
         try:
             done = submit(scratch_pipeline, target, "sample", store, blobs, items=list(items),
                           options=SubmitOptions(sets=tuple(sets)))
+            spawned = _sample_workers(target, url, blobs.root, done.run_id, min(max(1, workers), len(items)))
+            # What the worker processes left (none when they all ran; all when they could not start), and a stage's
+            # error said here as in a run.
             Worker(scratch_pipeline, target, url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
             measured = history(store, scratch_pipeline, 1, basis="sample")
-            # The sample's worker ran in this process: a run's start-up also has its workers' own (an interpreter
-            # that imports conveyor and loads the target), measured here as one of them would.
-            measured = replace(measured, startup=measured.startup + worker_start(target))
+            if not spawned:
+                # The sample's worker ran in this process: a run's start-up also has its workers' own (an
+                # interpreter that imports conveyor and loads the target), measured here as one of them would.
+                measured = replace(measured, startup=measured.startup + worker_start(target))
             usage = reconcile(store, find_run(store, done.run_id))["usage"]
         finally:
             store.close()
     return measured, {"items": len(items), "provider_calls": usage["provider_calls"],
                       "tokens": usage["prompt_tokens"] + usage["completion_tokens"], "cost": usage["cost"]}
+
+
+def _sample_workers(target: str, url: str, blobs: Path, run_id: str, count: int) -> bool:
+    """Work the sample's run in ``count`` worker processes until it is idle; whether they all ran."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter that loads the target, as a run's worker
+    procs = [context.Process(target=_sample_worker, args=(target, url, str(blobs), run_id))
+             for _ in range(count)]
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.is_alive():  # interrupted: stop them, they hold scratch work only
+                proc.terminate()
+                proc.join()
+    return all(proc.exitcode == 0 for proc in procs)
+
+
+def _sample_worker(target: str, url: str, blobs: str, run_id: str) -> None:
+    """One of the sample's worker processes: the target's pipeline without its publish stages, until idle."""
+    os.dup2(2, 1)  # what stage code prints goes to stderr: the dry run's stdout carries only its report
+    sys.stdout = sys.stderr
+    from conveyor.runtime.target import load_target
+    from conveyor.runtime.worker import Worker, WorkerOptions
+
+    pipeline = load_target(target).without_publish()
+    Worker(pipeline, target, url, FilesystemBlobs(Path(blobs)),
+           WorkerOptions(run_id=run_id, until_idle=True, warn_stale_code=False)).run()
 
 
 def worker_start(target: str) -> float:
