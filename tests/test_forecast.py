@@ -17,7 +17,7 @@ from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
-from conveyor.service.forecast import History, Kept, StageHistory, forecast, history, kept_in_flight
+from conveyor.service.forecast import History, Kept, StageHistory, forecast, groups_of, history, kept_in_flight
 from conveyor.store import open_store
 from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 from tests.helpers import cli, make_docs, reconciled, submit_and_work, write_pipeline
@@ -574,3 +574,37 @@ def test_a_sample_runs_in_as_many_worker_processes_as_the_run_will_have(
     assert plan["forecast"]["startup_seconds"] > 0
     out = capfd.readouterr()
     assert "stage output goes to stderr" not in out.out and "stage output goes to stderr" in out.err
+
+
+GROUPS = """
+    from conveyor import Pipeline
+
+    pipe = Pipeline("groups")
+
+    @pipe.stage(version="1")
+    def parse(ctx, source: bytes) -> dict:
+        text = source.decode()
+        return {"text": text, "shelf": int(text.split()[-1]) % 3}
+
+    @pipe.stage(after=parse, kind="group", by=lambda doc: doc["shelf"], version="1")
+    def shelves(ctx, key, members):
+        return {"shelf": key, "count": len(members)}
+"""
+
+
+def test_a_group_stage_is_forecast_at_the_groups_its_key_makes_not_as_many_per_member(
+        tmp_path: Path, store_url: str) -> None:
+    # A key with few values (a manual's section: 9 seen among a sample's 24 pages) makes about as many groups in a
+    # run of 284 as in the sample, not 284 * 9 / 24 = 106.
+    assert groups_of(284, (9, 24)) == 10 and groups_of(24, (9, 24)) == 9
+    assert groups_of(284, (9, 284)) == 9, "a past run of as many members: as many groups"
+    assert groups_of(284, (24, 24)) == 284, "a group per member: one per member"
+    assert groups_of(284, None) == 1 and groups_of(0, (9, 24)) == 0
+    # A sample of 6 items of 30, on 3 shelves: about 3 groups, from the sample and from the run's history.
+    target = write_pipeline(tmp_path, GROUPS, name="groups.py")
+    docs = make_docs(tmp_path / "docs", 30, "a book on shelf {i}")
+    plan = _plan(target, docs, store_url, tmp_path / "blobs", sample=6)
+    assert plan["sampled"]["items"] == 6 and 3 <= plan["stages"]["shelves"]["tasks"] <= 4
+    submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    more = make_docs(tmp_path / "more", 30, "another book on shelf {i}")
+    assert _plan(target, more, store_url, tmp_path / "blobs")["stages"]["shelves"]["tasks"] == 3

@@ -35,7 +35,7 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import Expander
 from conveyor.runtime.values import Ref
 from conveyor.service.diff import batched
-from conveyor.service.forecast import History, forecast, history, limits_of
+from conveyor.service.forecast import History, forecast, groups_of, history, limits_of
 from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.service.replay import _digest_only
 from conveyor.service.submit import SubmitOptions, _own, run_params
@@ -153,7 +153,8 @@ def _ref(item: SourceItem) -> Ref | str:
 
 def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: History) -> None:
     """Tasks after the ones that would run: one per stage after a map (a join: one per item of its parents), a
-    fan-out's children at its past ratio (one each when it has no past), a gather one per fanned-out item."""
+    fan-out's children at its past ratio (one each when it has no past), a gather one per fanned-out item, a group
+    stage as many groups as its measure's key makes of that many members (``groups_of``), a reduce one."""
     graph = pipeline.graph
     for name in graph.order:
         stages[name]["estimated"] = 0
@@ -165,10 +166,10 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
             fanout = stages[graph.gathers[name].fanout]
             stages[name]["estimated"] = fanout["run"] + fanout["estimated"]
             continue
-        if stage.kind in ("group", "reduce"):  # once per group: one, or as many per member as last time
+        if stage.kind in ("group", "reduce"):  # once per group: one, or the groups its measure's key makes
             members = stages[stage.after]["run"] + stages[stage.after]["estimated"]
-            ratio = 0.0 if stage.kind == "reduce" else past.fanout.get(name, 0.0)
-            stages[name]["estimated"] = max(1, round(members * ratio)) if members else 0
+            seen = None if stage.kind == "reduce" else past.groups.get(name)
+            stages[name]["estimated"] = groups_of(members, seen) if members else 0
             continue
         parent = stages[stage.after]
         upstream = parent["run"] + parent["estimated"]
@@ -253,4 +254,5 @@ def _merged(past: History, measured: History) -> History:
     stages = {**measured.stages, **past.stages}
     fanout = {**measured.fanout, **past.fanout}
     basis = "sample" if not past.stages else "history"
-    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup)
+    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup,
+                   {**measured.groups, **past.groups})

@@ -221,6 +221,7 @@ class History:
     basis: str  # "history" or "sample"
     fanout: dict[str, float]  # stage -> its tasks per task of the stage it comes after (fan-outs: children)
     startup: float = 0.0  # seconds from a run's creation to its first attempt (submission, workers starting)
+    groups: dict[str, tuple[int, int]] = field(default_factory=dict)  # group stage -> (groups, members), one run
 
 
 def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "history") -> History:
@@ -259,12 +260,51 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
                               _slots(declared, 1), paced.get(c.stage), by_run, waves)
         stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
                                           kept)
-    counts = store.stage_task_counts(run_ids)
+    by_run_counts = [store.stage_task_counts([run_id]) for run_id in run_ids]  # newest first
+    counts: dict[str, int] = {}
+    for one in by_run_counts:
+        for name, count in one.items():
+            counts[name] = counts.get(name, 0) + count
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
               if s.after is not None and counts.get(s.after) and s.name in counts}
+    # A group stage's groups and members in the latest run that grouped (runs share their keys: not added up).
+    groups: dict[str, tuple[int, int]] = {}
+    for s in pipeline:
+        if s.kind == "group" and s.after is not None:
+            latest = next(((one[s.name], one[s.after]) for one in by_run_counts
+                           if one.get(s.name) and one.get(s.after)), None)
+            if latest is not None:
+                groups[s.name] = latest
     startups = store.run_startups(run_ids)
-    return History(stages, tuple(run_ids), basis, fanout, statistics.median(startups) if startups else 0.0)
+    return History(stages, tuple(run_ids), basis, fanout, statistics.median(startups) if startups else 0.0,
+                   groups)
+
+
+def groups_of(members: float, seen: tuple[int, int] | None) -> int:
+    """How many groups ``members`` members make, from a measure that saw ``seen`` = (groups, members): one when
+    nothing was measured; as many per member when each member had a group of its own; else those of a key with G
+    values equally likely, G solved from the measure (G(1 - (1 - 1/G)^members) groups: a key with few values,
+    such as a manual's section, makes about as many groups in a run of hundreds as in a sample of two dozen,
+    not as many per member)."""
+    if members <= 0:
+        return 0
+    if seen is None or seen[0] <= 1 or seen[1] <= 0:
+        return 1
+    groups, measured = seen
+    if groups >= measured:
+        return max(1, round(members * groups / measured))
+
+    def drawn(values: float, draws: float) -> float:  # the distinct values expected in ``draws`` draws
+        return values * -math.expm1(draws * math.log1p(-1.0 / values))
+
+    low, high = float(groups), float(groups)
+    while drawn(high, measured) < groups and high < 1e12:
+        low, high = high, high * 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if drawn(middle, measured) < groups else (low, middle)
+    return max(1, round(drawn(high, members)))
 
 
 def limits_of(pipeline: Pipeline) -> dict[str, RateLimit]:
