@@ -1,14 +1,14 @@
 """`conveyor run --dry-run`: what a run of an input would do and cost, before anything is created.
 
-The input is read and hashed as a submission would (nothing is stored), each item's first tasks are looked up
-in the memo and followed through its answers as the planner does, so the counts of what the memo answers are
-exact (a task equal to one before it in the same input, e.g. a page given twice, counts as answered by the
-memo, as it will be); what lies after a task that would run is estimated (one task per stage, a fan-out's
-children at the ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py)
-or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input) run for real in a
-scratch store that is thrown away (those calls are paid for, and say so; publish stages are left out of the
-sample: nothing is published). The sample runs in as many worker processes as the run will have (at most one
-per sampled item), each loading the target as a run's worker does, so it measures the pace the run's workers
+The input is read and hashed as a submission would (nothing is stored), each item's first tasks are looked up in
+the memo and followed through its answers as the planner does, so the counts of what the memo answers are exact (a
+task equal to one before it in the same input, e.g. a page given twice, counts as answered by the memo, as it will
+be); what lies after a task that would run is estimated (one task per stage, a fan-out's children at the ratio its
+past runs had, a group stage the groups its measured key makes). Costs come from the pipeline's past attempts
+(service/forecast.py) or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input)
+run for real in a scratch store that is thrown away (those calls are paid for, and say so; publish stages are left
+out of the sample: nothing is published). The sample runs in as many worker processes as the run will have (at most
+one per sampled item), each loading the target as a run's worker does, so it measures the pace the run's workers
 will have side by side on this machine (CPU-bound stages share its cores) and their start-up; when they cannot
 start, it runs in this process, and the run's start-up adds a worker process's own, measured by starting an
 interpreter that loads the target.
