@@ -4,6 +4,7 @@ from history or from a sample run in a scratch store (publish stages left out); 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from conveyor.providers.base import PriceTable
 from conveyor.runtime import target as target_module
 from conveyor.runtime.target import load_target
 from conveyor.service.dryrun import dry_run
-from conveyor.service.forecast import History, Kept, StageHistory, forecast, history, kept_in_flight
+from conveyor.service.forecast import History, Kept, StageHistory, forecast, groups_of, history, kept_in_flight
 from conveyor.store import open_store
 from conveyor.store.forecast import ModelUse, StageCosts, StageSpan
 from tests.helpers import cli, make_docs, reconciled, submit_and_work, write_pipeline
@@ -262,13 +263,14 @@ def _span(stage: str, start: float, end: float, seconds: float, attempts: int, w
     return StageSpan(run_id, stage, start, end, seconds, attempts, workers)
 
 
-def _quick_pipe(name: str) -> Pipeline:
+def _quick_pipe(name: str, concurrency: int = 16, stage: str = "ask") -> Pipeline:
     pipe = Pipeline(name)
 
-    @pipe.stage(version="1", concurrency=16)
     async def ask(ctx: Any, text: str) -> str:
         return text
 
+    ask.__name__ = stage
+    pipe.stage(ask, version="1", concurrency=concurrency)
     return pipe
 
 
@@ -464,3 +466,145 @@ def test_an_escalation_the_sample_never_saw_widens_the_cost_margin() -> None:
     # Had one in ten escalated, each at $0.026 more: 100 x 0.1 x 0.026 = $0.26 more. A margin of the cheap calls'
     # spread alone ($0.0000) would hide that; it must reach a good part of it.
     assert plan["cost_margin"] >= 0.1, plan["cost_margin"]
+
+
+def test_a_workers_first_wave_that_loads_a_model_is_a_warm_up_paid_once_not_a_slower_pace() -> None:
+    # A sample in one worker of 4 slots: 60 attempts, the first 4 held their slots 4.3 s each while the worker
+    # loaded a model, the other 56 took 0.25 s. The mean (0.52 s) would forecast every attempt of a run twice
+    # as slow; a run's workers load the model once each, side by side.
+    sample = _span("embed", 0.0, 7.8, 4 * 4.3 + 56 * 0.25, 60, workers=1)  # 4 in flight
+    kept = kept_in_flight([sample], {}, 4, firsts={"r1": [(4, 4 * 4.3)]})
+    assert kept.seconds == pytest.approx(0.25) and kept.warmup == pytest.approx(4.05)
+    measured = StageHistory.of(StageCosts("embed", 60, 60, 0.0, 0.0, 0.0, 0.0, sample.seconds, 0.0, 0, 0), {},
+                               kept=kept)
+    assert measured.seconds == pytest.approx(0.52) and measured.pace == pytest.approx(0.25)
+    f = forecast(_quick_pipe("warm", 4, "embed"), History({"embed": measured}, ("r1",), "sample", {}),
+                 {"embed": 720}, workers=2, prices=[])
+    # 720 attempts at 0.25 s on 8 slots, after one load: 26.55 s (at the mean, 46.8 s).
+    assert f["seconds"] == pytest.approx(4.05 + 720 * 0.25 / 8 + 0.25)
+    assert f["stages"]["embed"]["warmup_seconds"] == pytest.approx(4.05)
+    assert "embed's first calls in each worker took 4.0 s more than the rest" in f["basis"]
+    # Ten times slower first attempts in each of two workers do not make a run of hundreds slower per attempt.
+    two = kept_in_flight([_span("embed", 0.0, 8.0, 2 * (4 * 2.5 + 56 * 0.25), 120)], {}, 4,
+                         firsts={"r1": [(4, 4 * 2.5), (4, 4 * 2.5)]})
+    assert two.seconds == pytest.approx(0.25) and two.warmup == pytest.approx(2.25)
+
+
+def test_first_attempts_like_the_rest_are_no_warm_up_and_few_attempts_after_them_tell_no_steady_pace() -> None:
+    # Calls whose first wave took about what the rest did (a chat stage's first calls): the mean of all.
+    even = kept_in_flight([_span("ask", 0.0, 10.0, 80.0, 320)], {}, 16, firsts={"r1": [(16, 16 * 0.3)] * 2})
+    assert even.seconds == pytest.approx(0.25) and even.warmup == 0.0
+    # No more attempts after the first waves than in them: nothing says what the steady pace is.
+    few = kept_in_flight([_span("ask", 0.0, 10.0, 4 * 4.0 + 4 * 0.25, 8, workers=1)], {}, 4,
+                         firsts={"r1": [(4, 16.0)]})
+    assert few.seconds == pytest.approx(17.0 / 8) and few.warmup == 0.0
+
+
+LOADS = """
+    import asyncio
+    from conveyor import Pipeline
+
+    pipe = Pipeline("loads")
+    loading = None
+
+    async def load():
+        global loading
+        if loading is None:  # the first call in this process loads the model; the calls beside it wait for it
+            loading = asyncio.ensure_future(asyncio.sleep(1.0))
+        await loading
+
+    @pipe.stage(version="1", concurrency=2)
+    async def embed(ctx, source: bytes) -> str:
+        await load()
+        await asyncio.sleep(0.05)
+        return source.decode()
+"""
+
+
+def test_the_history_takes_a_model_load_in_each_workers_first_calls_apart_from_its_pace(
+        tmp_path: Path, store_url: str) -> None:
+    target = write_pipeline(tmp_path, LOADS, name="loads.py")
+    submit_and_work(target, make_docs(tmp_path / "docs", 16), store_url, tmp_path / "blobs")
+    store = open_store(store_url)
+    try:
+        firsts = store.first_attempts(store.recent_runs("loads", 1), 2)
+        past = history(store, load_target(target))
+    finally:
+        store.close()
+    assert [f.rank for f in firsts] == [1, 2] and all(f.seconds >= 1.0 for f in firsts)
+    embed = past.stages["embed"]
+    assert embed.seconds > 0.15, "the mean of its 16 attempts carries the load of the first two"
+    assert 0.05 <= embed.pace < 0.1 and 0.9 <= embed.warmup < 1.1
+    f = forecast(load_target(target), past, {"embed": 400}, workers=2, prices=[])
+    steady = 400 * embed.pace / 4
+    assert f["seconds"] == pytest.approx(past.startup + embed.warmup + steady + embed.pace)
+
+
+PIDS = """
+    import os
+    from conveyor import Pipeline
+
+    with open(os.environ["PIDS"], "a") as pids:
+        pids.write(f"load {os.getpid()}\\n")
+
+    pipe = Pipeline("pids")
+
+    @pipe.stage(version="1")
+    def read(ctx, source: bytes) -> str:
+        with open(os.environ["PIDS"], "a") as pids:
+            pids.write(f"call {os.getpid()}\\n")
+        print("stage output goes to stderr")
+        return source.decode()
+"""
+
+
+def test_a_sample_runs_in_as_many_worker_processes_as_the_run_will_have(
+        tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    # Side by side on the machine's cores, as the run's workers will be: a CPU-bound stage's pace is theirs.
+    monkeypatch.setenv("PIDS", str(tmp_path / "pids.log"))
+    target = write_pipeline(tmp_path, PIDS, name="pids.py")
+    plan = _plan(target, make_docs(tmp_path / "docs", 12), store_url, tmp_path / "blobs", sample=6)
+    assert plan["sampled"]["items"] == 6
+    lines = [line.split() for line in (tmp_path / "pids.log").read_text().splitlines()]
+    loads = {pid for what, pid in lines if what == "load"} - {str(os.getpid())}
+    calls = [pid for what, pid in lines if what == "call"]
+    assert len(loads) == 2, "two worker processes loaded the target"
+    assert len(calls) == 6 and set(calls) <= loads, "the sample's items ran in them, not in this process"
+    # Their start-up is measured as it is (a process that loads the target), not added again.
+    assert plan["forecast"]["startup_seconds"] > 0
+    out = capfd.readouterr()
+    assert "stage output goes to stderr" not in out.out and "stage output goes to stderr" in out.err
+
+
+GROUPS = """
+    from conveyor import Pipeline
+
+    pipe = Pipeline("groups")
+
+    @pipe.stage(version="1")
+    def parse(ctx, source: bytes) -> dict:
+        text = source.decode()
+        return {"text": text, "shelf": int(text.split()[-1]) % 3}
+
+    @pipe.stage(after=parse, kind="group", by=lambda doc: doc["shelf"], version="1")
+    def shelves(ctx, key, members):
+        return {"shelf": key, "count": len(members)}
+"""
+
+
+def test_a_group_stage_is_forecast_at_the_groups_its_key_makes_not_as_many_per_member(
+        tmp_path: Path, store_url: str) -> None:
+    # A key with few values (a manual's section: 9 seen among a sample's 24 pages) makes about as many groups in a
+    # run of 284 as in the sample, not 284 * 9 / 24 = 106.
+    assert groups_of(284, (9, 24)) == 10 and groups_of(24, (9, 24)) == 9
+    assert groups_of(284, (9, 284)) == 9, "a past run of as many members: as many groups"
+    assert groups_of(284, (24, 24)) == 284, "a group per member: one per member"
+    assert groups_of(284, None) == 1 and groups_of(0, (9, 24)) == 0
+    # A sample of 6 items of 30, on 3 shelves: about 3 groups, from the sample and from the run's history.
+    target = write_pipeline(tmp_path, GROUPS, name="groups.py")
+    docs = make_docs(tmp_path / "docs", 30, "a book on shelf {i}")
+    plan = _plan(target, docs, store_url, tmp_path / "blobs", sample=6)
+    assert plan["sampled"]["items"] == 6 and 3 <= plan["stages"]["shelves"]["tasks"] <= 4
+    submit_and_work(target, docs, store_url, tmp_path / "blobs")
+    more = make_docs(tmp_path / "more", 30, "another book on shelf {i}")
+    assert _plan(target, more, store_url, tmp_path / "blobs")["stages"]["shelves"]["tasks"] == 3

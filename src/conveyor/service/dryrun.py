@@ -1,19 +1,24 @@
 """`conveyor run --dry-run`: what a run of an input would do and cost, before anything is created.
 
-The input is read and hashed as a submission would (nothing is stored), each item's first tasks are looked up
-in the memo and followed through its answers as the planner does, so the counts of what the memo answers are
-exact (a task equal to one before it in the same input, e.g. a page given twice, counts as answered by the
-memo, as it will be); what lies after a task that would run is estimated (one task per stage, a fan-out's
-children at the ratio its past runs had). Costs come from the pipeline's past attempts (service/forecast.py)
-or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input) run for real in a
-scratch store that is thrown away (those calls are paid for, and say so; publish stages are left out of the
-sample: nothing is published). The sample's worker runs in this process: the run's start-up adds a worker
-process's own, measured by starting an interpreter that loads the target.
+The input is read and hashed as a submission would (nothing is stored), each item's first tasks are looked up in
+the memo and followed through its answers as the planner does, so the counts of what the memo answers are exact (a
+task equal to one before it in the same input, e.g. a page given twice, counts as answered by the memo, as it will
+be); what lies after a task that would run is estimated (one task per stage, a fan-out's children at the ratio its
+past runs had, a group stage the groups its measured key makes). Costs come from the pipeline's past attempts
+(service/forecast.py) or, for a stage with none, from a sample of ``sample`` items (drawn evenly over the input)
+run for real in a scratch store that is thrown away (those calls are paid for, and say so; publish stages are left
+out of the sample: nothing is published). The sample runs in as many worker processes as the run will have (at most
+one per sampled item), each loading the target as a run's worker does, so it measures the pace the run's workers
+will have side by side on this machine (CPU-bound stages share its cores) and their start-up; when they cannot
+start, it runs in this process, and the run's start-up adds a worker process's own, measured by starting an
+interpreter that loads the target.
 """
 
 from __future__ import annotations
 
 import array
+import multiprocessing
+import os
 import random
 import subprocess
 import sys
@@ -30,7 +35,7 @@ from conveyor.pipeline import Pipeline
 from conveyor.runtime.expand import Expander
 from conveyor.runtime.values import Ref
 from conveyor.service.diff import batched
-from conveyor.service.forecast import History, forecast, history, limits_of
+from conveyor.service.forecast import History, forecast, groups_of, history, limits_of
 from conveyor.service.inputs import SourceItem, check_input, iter_items
 from conveyor.service.replay import _digest_only
 from conveyor.service.submit import SubmitOptions, _own, run_params
@@ -83,7 +88,7 @@ def dry_run(pipeline: Pipeline, target: str, input_path: str, store: SqlStore, b
     missing = [name for name, count in to_run.items() if count and name not in past.stages
                and pipeline[name].kind != "publish"]
     if missing and sample > 0 and samples.items:
-        measured, sampled = _sample(pipeline, target, samples.items, sets)
+        measured, sampled = _sample(pipeline, target, samples.items, sets, workers)
         past = _merged(past, measured)
         _estimate_below(pipeline, stages, past)
         to_run = {name: float(c["run"] + c["estimated"]) for name, c in stages.items()}
@@ -148,7 +153,8 @@ def _ref(item: SourceItem) -> Ref | str:
 
 def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: History) -> None:
     """Tasks after the ones that would run: one per stage after a map (a join: one per item of its parents), a
-    fan-out's children at its past ratio (one each when it has no past), a gather one per fanned-out item."""
+    fan-out's children at its past ratio (one each when it has no past), a gather one per fanned-out item, a group
+    stage as many groups as its measure's key makes of that many members (``groups_of``), a reduce one."""
     graph = pipeline.graph
     for name in graph.order:
         stages[name]["estimated"] = 0
@@ -160,10 +166,10 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
             fanout = stages[graph.gathers[name].fanout]
             stages[name]["estimated"] = fanout["run"] + fanout["estimated"]
             continue
-        if stage.kind in ("group", "reduce"):  # once per group: one, or as many per member as last time
+        if stage.kind in ("group", "reduce"):  # once per group: one, or the groups its measure's key makes
             members = stages[stage.after]["run"] + stages[stage.after]["estimated"]
-            ratio = 0.0 if stage.kind == "reduce" else past.fanout.get(name, 0.0)
-            stages[name]["estimated"] = max(1, round(members * ratio)) if members else 0
+            seen = None if stage.kind == "reduce" else past.groups.get(name)
+            stages[name]["estimated"] = groups_of(members, seen) if members else 0
             continue
         parent = stages[stage.after]
         upstream = parent["run"] + parent["estimated"]
@@ -172,8 +178,9 @@ def _estimate_below(pipeline: Pipeline, stages: dict[str, Counter[str]], past: H
 
 
 def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
-            sets: Sequence[str] = ()) -> tuple[History, dict[str, Any]]:
-    """Run ``items`` for real in a scratch store (publish stages left out) and measure them."""
+            sets: Sequence[str] = (), workers: int = 1) -> tuple[History, dict[str, Any]]:
+    """Run ``items`` for real in a scratch store (publish stages left out), in ``workers`` worker processes (at
+    most one per item), and measure them."""
     from conveyor.runtime.worker import Worker, WorkerOptions
     from conveyor.service.report import find_run, reconcile
     from conveyor.service.submit import submit
@@ -186,16 +193,50 @@ def _sample(pipeline: Pipeline, target: str, items: Sequence[SourceItem],
         try:
             done = submit(scratch_pipeline, target, "sample", store, blobs, items=list(items),
                           options=SubmitOptions(sets=tuple(sets)))
+            spawned = _sample_workers(target, url, blobs.root, done.run_id, min(max(1, workers), len(items)))
+            # What the worker processes left (none when they all ran; all when they could not start), and a stage's
+            # error said here as in a run.
             Worker(scratch_pipeline, target, url, blobs, WorkerOptions(run_id=done.run_id, until_idle=True)).run()
             measured = history(store, scratch_pipeline, 1, basis="sample")
-            # The sample's worker ran in this process: a run's start-up also has its workers' own (an interpreter
-            # that imports conveyor and loads the target), measured here as one of them would.
-            measured = replace(measured, startup=measured.startup + worker_start(target))
+            if not spawned:
+                # The sample's worker ran in this process: a run's start-up also has its workers' own (an
+                # interpreter that imports conveyor and loads the target), measured here as one of them would.
+                measured = replace(measured, startup=measured.startup + worker_start(target))
             usage = reconcile(store, find_run(store, done.run_id))["usage"]
         finally:
             store.close()
     return measured, {"items": len(items), "provider_calls": usage["provider_calls"],
                       "tokens": usage["prompt_tokens"] + usage["completion_tokens"], "cost": usage["cost"]}
+
+
+def _sample_workers(target: str, url: str, blobs: Path, run_id: str, count: int) -> bool:
+    """Work the sample's run in ``count`` worker processes until it is idle; whether they all ran."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter that loads the target, as a run's worker
+    procs = [context.Process(target=_sample_worker, args=(target, url, str(blobs), run_id))
+             for _ in range(count)]
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.is_alive():  # interrupted: stop them, they hold scratch work only
+                proc.terminate()
+                proc.join()
+    return all(proc.exitcode == 0 for proc in procs)
+
+
+def _sample_worker(target: str, url: str, blobs: str, run_id: str) -> None:
+    """One of the sample's worker processes: the target's pipeline without its publish stages, until idle."""
+    os.dup2(2, 1)  # what stage code prints goes to stderr: the dry run's stdout carries only its report
+    sys.stdout = sys.stderr
+    from conveyor.runtime.target import load_target
+    from conveyor.runtime.worker import Worker, WorkerOptions
+
+    pipeline = load_target(target).without_publish()
+    Worker(pipeline, target, url, FilesystemBlobs(Path(blobs)),
+           WorkerOptions(run_id=run_id, until_idle=True, warn_stale_code=False)).run()
 
 
 def worker_start(target: str) -> float:
@@ -213,4 +254,5 @@ def _merged(past: History, measured: History) -> History:
     stages = {**measured.stages, **past.stages}
     fanout = {**measured.fanout, **past.fanout}
     basis = "sample" if not past.stages else "history"
-    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup)
+    return History(stages, past.runs or measured.runs, basis, fanout, past.startup if past.runs else measured.startup,
+                   {**measured.groups, **past.groups})

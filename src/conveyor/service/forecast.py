@@ -22,6 +22,8 @@ forecast then takes the slots and gives the measured pace as the slower end of `
 measured beside others in its workers (a CPU-bound stage, a busy one) kept fewer in flight than alone: when they
 will not run, the forecast gives it their share back, and what it kept is the slower end. A stage lasts at least
 its longest measured attempt (a call that hung until its timeout), in a run as large as the one that met it.
+The mean is the steady pace: a warm-up in each worker's first calls of a stage (a model it loads; see
+``steady_pace``) is taken apart and added once, since a run's workers pay it side by side.
 A model's quota is a sliding minute: a minute's limit goes through at once and the next only when those grants
 age out, so a run of T tokens against L a minute waits floor(T / L) minutes for its last grants (a ``spread``
 limit: T / L minutes). T counts what calls in flight hold beyond their use (their answer's unused room), for as
@@ -55,6 +57,7 @@ DEFAULT_MAX_TOKENS = 512  # what a chat call reserves for its answer when the st
 FILLED = 2  # a worker's attempts of a stage, in slots, from which its measured concurrency is what it can keep
 FED = 2  # a stage that ended within this many of its attempts after the one before it was only fed by it
 BESIDE = 0.1  # a stage whose calls in flight over another's span reach this share of its own shared its workers
+WARM = 2.0  # a worker's first wave of a stage whose attempts took this many times the rest's carried a warm-up
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class StageHistory:
     beside: frozenset[str] = frozenset()  # the stages that shared its workers in the measure
     longest: float = 0.0  # its longest attempt in those runs (a call that hung until its timeout)
     measured: int = 0  # its attempts in those runs, a run's worth
+    warmup: float = 0.0  # seconds a worker's first wave of it took beyond the steady pace (a model's load), once
 
     @classmethod
     def of(cls, c: StageCosts, models: Mapping[str, int], uses: Sequence[ModelUse] = (),
@@ -122,11 +126,13 @@ class Kept(NamedTuple):
     beside: frozenset[str] = frozenset()
     longest: float = 0.0  # the longest attempt in those runs
     measured: int = 0  # the attempts of a run of those, on average
+    warmup: float = 0.0  # what a worker's first wave took beyond the steady pace ``seconds``, once per worker
 
 
 def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan], slots: int,
                    paced: Mapping[str, float] | None = None,
-                   others: Mapping[str, Sequence[StageSpan]] | None = None) -> Kept:
+                   others: Mapping[str, Sequence[StageSpan]] | None = None,
+                   firsts: Mapping[str, Sequence[tuple[int, float]]] | None = None) -> Kept:
     """How many attempts of a stage a worker kept in flight (its attempts' seconds over their span, per worker
     that ran them), and whether that is what a worker can keep: measured in runs where each of its workers had
     attempts enough to fill its ``slots`` FILLED times, the stage outlasted the one it comes after by more than
@@ -136,7 +142,8 @@ def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan],
     ``others``: run -> the spans of the other stages there. Stages beside it in its workers (a CPU-bound one, a
     busy one) kept it below what it keeps alone: what they had in flight over its span (their calls in flight on
     average, over the time the spans share) is given back to it in ``alone``, an estimate: the measure says how
-    many it kept beside them, not alone."""
+    many it kept beside them, not alone. ``firsts``: run -> each worker's first wave of the stage there (its
+    first ``slots`` attempts: their count and seconds); see ``steady_pace``."""
     def backlogged(s: StageSpan) -> bool:
         parent = parents.get(s.run_id)
         mean = s.seconds / max(1, s.attempts)
@@ -148,9 +155,10 @@ def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan],
     use = reliable or measured
     worker_span = sum((s.end - s.start) * s.workers for s in use)
     busy = sum(s.seconds for s in use)
-    mean = busy / max(1, sum(s.attempts for s in use))
+    mean, warmup = steady_pace(busy, sum(s.attempts for s in use),
+                               [wave for s in use for wave in (firsts or {}).get(s.run_id, ())])
     if not worker_span:
-        return Kept(0.0, False, mean)
+        return Kept(0.0, False, mean, warmup=warmup)
     shared: dict[str, float] = {}  # stage beside it -> the seconds it had in flight over its span
     for s in use:
         for other in (others or {}).get(s.run_id, ()):
@@ -163,7 +171,27 @@ def kept_in_flight(spans: Sequence[StageSpan], parents: Mapping[str, StageSpan],
     kept = max(1.0, busy / worker_span)
     alone = max(kept, (busy + sum(shared[name] for name in beside)) / worker_span)
     return Kept(kept, bool(reliable), mean, alone, beside, max(s.longest for s in use),
-                round(sum(s.attempts for s in use) / len(use)))
+                round(sum(s.attempts for s in use) / len(use)), warmup)
+
+
+def steady_pace(seconds: float, attempts: int, waves: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """The mean seconds of an attempt at the steady pace, and the warm-up: what each worker's first wave of
+    attempts (``waves``: their count and seconds, a worker's first ``slots`` of them) took beyond that pace, on
+    average over the workers. A stage that loads a model on its first call (local embeddings) holds its first
+    wave's slots for the load: spread over a sample's few dozen attempts, it would weigh on each of a run's
+    hundreds; a worker pays it once. Taken apart only when the first waves took WARM times the rest's pace or
+    more, with more attempts after them than in them (otherwise the mean of all is the pace, and no warm-up)."""
+    mean = seconds / max(1, attempts)
+    first = sum(n for n, _ in waves)
+    first_seconds = sum(s for _, s in waves)
+    rest = attempts - first
+    if not first or rest <= first:
+        return mean, 0.0
+    steady = max(0.0, seconds - first_seconds) / rest
+    if first_seconds / first < WARM * steady or first_seconds / first <= steady:
+        return mean, 0.0
+    extra = [max(0.0, s / n - steady) for n, s in waves if n]
+    return steady, sum(extra) / len(extra)
 
 
 def _tiers(uses: Sequence[ModelUse], attempts: int) -> dict[int, TierUse]:
@@ -193,6 +221,7 @@ class History:
     basis: str  # "history" or "sample"
     fanout: dict[str, float]  # stage -> its tasks per task of the stage it comes after (fan-outs: children)
     startup: float = 0.0  # seconds from a run's creation to its first attempt (submission, workers starting)
+    groups: dict[str, tuple[int, int]] = field(default_factory=dict)  # group stage -> (groups, members), one run
 
 
 def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "history") -> History:
@@ -215,20 +244,67 @@ def history(store: SqlStore, pipeline: Pipeline, runs: int = 5, basis: str = "hi
     for run_id, name, model, tokens, calls in store.run_model_use(run_ids):
         held = paced.setdefault(name, {})
         held[run_id] = max(held.get(run_id, 0.0), _quota_seconds(limits, model, tokens, calls))
+    per_worker = {s.name: _slots(s, 1) for s in pipeline}
+    firsts: dict[str, dict[str, dict[str, list[float]]]] = {}  # stage -> run -> worker -> its first wave's seconds
+    for first in store.first_attempts(run_ids, max(per_worker.values(), default=1)):
+        if first.rank <= per_worker.get(first.stage, 1):
+            firsts.setdefault(first.stage, {}).setdefault(first.run_id, {}).setdefault(first.worker, []).append(
+                first.seconds)
     stages = {}
     for c in store.stage_costs(run_ids):
         declared = _stage(pipeline, c.stage)
         after = declared.after if declared is not None else None
+        waves = {run: [(len(wave), sum(wave)) for wave in workers.values()]
+                 for run, workers in firsts.get(c.stage, {}).items()}
         kept = kept_in_flight(list(spans.get(c.stage, {}).values()), spans.get(after, {}) if after else {},
-                              _slots(declared, 1), paced.get(c.stage), by_run)
+                              _slots(declared, 1), paced.get(c.stage), by_run, waves)
         stages[c.stage] = StageHistory.of(c, models.get(c.stage, {}), uses.get(c.stage, ()), asked.get(c.stage),
                                           kept)
-    counts = store.stage_task_counts(run_ids)
+    by_run_counts = [store.stage_task_counts([run_id]) for run_id in run_ids]  # newest first
+    counts: dict[str, int] = {}
+    for one in by_run_counts:
+        for name, count in one.items():
+            counts[name] = counts.get(name, 0) + count
     # Tasks a stage has per task of its parent: a fan-out's children, a group stage's groups per member.
     fanout = {s.name: counts[s.name] / counts[s.after] for s in pipeline
               if s.after is not None and counts.get(s.after) and s.name in counts}
+    # A group stage's groups and members in the latest run that grouped (runs share their keys: not added up).
+    groups: dict[str, tuple[int, int]] = {}
+    for s in pipeline:
+        if s.kind == "group" and s.after is not None:
+            latest = next(((one[s.name], one[s.after]) for one in by_run_counts
+                           if one.get(s.name) and one.get(s.after)), None)
+            if latest is not None:
+                groups[s.name] = latest
     startups = store.run_startups(run_ids)
-    return History(stages, tuple(run_ids), basis, fanout, statistics.median(startups) if startups else 0.0)
+    return History(stages, tuple(run_ids), basis, fanout, statistics.median(startups) if startups else 0.0,
+                   groups)
+
+
+def groups_of(members: float, seen: tuple[int, int] | None) -> int:
+    """How many groups ``members`` members make, from a measure that saw ``seen`` = (groups, members): one when
+    nothing was measured; as many per member when each member had a group of its own; else those of a key with G
+    values equally likely, G solved from the measure (G(1 - (1 - 1/G)^members) groups: a key with few values,
+    such as a manual's section, makes about as many groups in a run of hundreds as in a sample of two dozen,
+    not as many per member)."""
+    if members <= 0:
+        return 0
+    if seen is None or seen[0] <= 1 or seen[1] <= 0:
+        return 1
+    groups, measured = seen
+    if groups >= measured:
+        return max(1, round(members * groups / measured))
+
+    def drawn(values: float, draws: float) -> float:  # the distinct values expected in ``draws`` draws
+        return values * -math.expm1(draws * math.log1p(-1.0 / values))
+
+    low, high = float(groups), float(groups)
+    while drawn(high, measured) < groups and high < 1e12:
+        low, high = high, high * 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if drawn(middle, measured) < groups else (low, middle)
+    return max(1, round(drawn(high, members)))
 
 
 def limits_of(pipeline: Pipeline) -> dict[str, RateLimit]:
@@ -297,6 +373,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     fill = by_slots = slowest = 0.0
     unfilled: list[str] = []  # stages whose measure had too few attempts to show how many a worker keeps busy
     alone: list[str] = []  # stages measured beside others that will not run with them
+    warm: list[tuple[str, float]] = []  # stages whose workers' first calls carried a warm-up, and its seconds
     by_model: dict[str, list[float]] = {}  # model -> [tokens, calls, tokens held in flight, variance of tokens]
     for name, count in to_run.items():
         if count <= 0:
@@ -326,9 +403,12 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         # However many run at once, a stage lasts as long as its longest attempt (a call that hangs until its
         # timeout), in a run of as many attempts as the one that met it, or more.
         longest = h.longest if 2 * attempts >= h.measured else 0.0
-        seconds = max(attempts * h.pace / point, longest)
+        # A warm-up (a model's load in each worker's first calls) is paid once: the workers pay it side by side.
+        seconds = max(h.warmup + attempts * h.pace / point, longest)
         by_slots = max(by_slots, seconds)
-        slowest = max(slowest, attempts * h.pace / kept, longest)
+        slowest = max(slowest, h.warmup + attempts * h.pace / kept, longest)
+        if h.warmup >= 0.05:  # one that shows in tenths of a second
+            warm.append((name, h.warmup))
         # Calls in flight hold their answer's unused room until settled: as many as the stage had in flight on
         # average (a stage fed by a slower one fills few of its slots), at most its slots.
         holding = kept
@@ -343,7 +423,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
         stages[name] = {"tasks": count, "attempts": round(attempts, 1), "tokens": attempts * h.tokens,
                         "cost": stage_cost, "seconds": seconds, "attempts_seen": h.attempts, "basis": past.basis,
                         "models": {str(t): m for t, m in sorted(priced.models.items())},
-                        "attempt_seconds": h.pace, "slots": slots,
+                        "attempt_seconds": h.pace, "warmup_seconds": h.warmup, "slots": slots,
                         "concurrency": round(point, 1), "concurrency_measured": round(kept, 1)}
         if priced.cost is None and h.calls:
             unpriced.append(name)
@@ -364,7 +444,7 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
     cliff = max((p for p in paces.values() if p.cliff is not None and p.high > by_slots), default=None,
                 key=lambda p: p.high)
     basis = _basis(past, unknown, unpriced, pacer if quota > by_slots else None, cliff,
-                   unfilled if slowest > max(by_slots, high) else (), alone if span[0] < span[1] else ())
+                   unfilled if slowest > max(by_slots, high) else (), alone if span[0] < span[1] else (), warm)
     return {"basis": basis, "tokens": tokens, "tokens_margin": Z95 * math.sqrt(tokens_var),
             "cost": None if unpriced and not cost else cost, "cost_margin": Z95 * math.sqrt(cost_var),
             "seconds": seconds, "seconds_range": span, "quota_cliff": None if cliff is None else cliff.cliff,
@@ -373,7 +453,8 @@ def forecast(pipeline: Pipeline, past: History, to_run: Mapping[str, float], wor
 
 
 def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer: str | None,
-           cliff: QuotaPace | None = None, unfilled: Sequence[str] = (), alone: Sequence[str] = ()) -> str:
+           cliff: QuotaPace | None = None, unfilled: Sequence[str] = (), alone: Sequence[str] = (),
+           warm: Sequence[tuple[str, float]] = ()) -> str:
     """What the forecast was measured on, and what it could not say."""
     seen = sum(h.attempts for h in past.stages.values())
     basis = (f"{'a sample' if past.basis == 'sample' else 'the history'} of {len(past.runs)} run(s), "
@@ -396,6 +477,10 @@ def _basis(past: History, unknown: Sequence[str], unpriced: Sequence[str], pacer
     if alone:
         basis += (f"; {', '.join(alone)} shared its workers with stages that will not run: forecast with their "
                   "share given back, at the calls it kept in flight beside them the slower end of seconds_range")
+    if warm:
+        basis += ("; " + ", ".join(f"{name}'s first calls in each worker took {seconds:.1f} s more than the rest"
+                                   for name, seconds in warm) + " (a warm-up, such as a model's load): counted "
+                  "once, not per attempt")
     return basis
 
 

@@ -51,6 +51,17 @@ class StageSpan(NamedTuple):
     longest: float = 0.0  # the longest of them
 
 
+class FirstAttempt(NamedTuple):
+    """One of a worker's first invoked attempts of a stage in a run, ranked by start: its first wave, which may
+    carry a one-time warm-up (a model it loads on its first call)."""
+
+    run_id: str
+    stage: str
+    worker: str
+    rank: int  # 1 for the worker's first attempt of the stage in the run
+    seconds: float
+
+
 class ForecastQueries:
     db: Dialect
 
@@ -118,6 +129,21 @@ class ForecastQueries:
             GROUP BY a.run_id, t.stage""", list(run_ids))
         return [StageSpan(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4] or 0.0), int(r[5]),
                           max(1, int(r[6] or 0)), float(r[7] or 0.0)) for r in rows]
+
+    def first_attempts(self, run_ids: Sequence[str], per_worker: int) -> list[FirstAttempt]:
+        """Per run, stage and worker, its first ``per_worker`` invoked attempts by start (its first wave)."""
+        if not run_ids or per_worker < 1:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        rows = self.db.execute(
+            f"""SELECT run_id, stage, worker, n, seconds FROM (
+                SELECT a.run_id AS run_id, t.stage AS stage, COALESCE(a.worker, '') AS worker,
+                    ROW_NUMBER() OVER (PARTITION BY a.run_id, t.stage, a.worker ORDER BY a.started_at, a.id) AS n,
+                    COALESCE(a.duration, 0) AS seconds
+                FROM attempts a JOIN tasks t ON t.id = a.task_id
+                WHERE a.run_id IN ({marks}) AND a.invoked = 1 AND a.started_at IS NOT NULL) ranked
+            WHERE n <= ?""", [*run_ids, per_worker])
+        return [FirstAttempt(str(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4] or 0.0)) for r in rows]
 
     def run_model_use(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, float, int]]:
         """Per run, stage and reported model, (run, stage, model, tokens, provider calls) of its invoked attempts."""
