@@ -23,13 +23,28 @@ def _queue(store: Any, run_id: str, stage: str, n: int, at: float, version: str 
         store.db.insert_many(INSERT_QUEUED, rows, TASK_KEY)
 
 
+def _count_claims(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The claim statements ``store`` sends from now on (until the test ends)."""
+    statements: list[str] = []
+    execute = store.db.execute
+
+    def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        if sql.lstrip().startswith("UPDATE tasks SET status = 'running'"):
+            statements.append(sql)
+        return execute(sql, params)
+
+    monkeypatch.setattr(store.db, "execute", counted)
+    return statements
+
+
 @pytest.mark.parametrize("limit, caps, expected, one_by_one", [
     (12, {"c": 2, "b": 10, "a": 10}, {"c": 2, "b": 5, "a": 5}, 3),  # the limit cuts the last stage
     (40, None, {"c": 3, "b": 5, "a": 10}, 3),  # everything runnable
     (4, {"c": 0, "b": 10, "a": 10}, {"b": 4}, 1),  # a stage at its cap is skipped; the limit stops at the second
 ])
 def test_a_claim_of_several_stages_takes_each_in_turn(store_url: str, limit: int, caps: dict[str, int] | None,
-                                                      expected: dict[str, int], one_by_one: int) -> None:
+                                                      expected: dict[str, int], one_by_one: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``one_by_one``: the claim statements SQLite runs (a stage each, until the limit is met); PostgreSQL runs
     one."""
     store = open_store(store_url)
@@ -40,18 +55,9 @@ def test_a_claim_of_several_stages_takes_each_in_turn(store_url: str, limit: int
         _queue(store, "r1", "b", 4, now + 100, lane=0)  # not due yet
         _queue(store, "r2", "a", 4, now - 20)  # a paused run's tasks at the stage that calls models
         _queue(store, "r3", "c", 4, now - 20, version="0")  # made under another declaration of the stage
-        statements: list[str] = []
-        execute = store.db.execute
-
-        def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-            if sql.lstrip().startswith("UPDATE tasks SET status = 'running'"):
-                statements.append(sql)
-            return execute(sql, params)
-
-        store.db.execute = counted  # type: ignore[method-assign]
+        statements = _count_claims(store, monkeypatch)
         claimed = store.claim("p", ["c", "b", "a"], limit, "w1", now, 60.0, caps=caps, paused=["r2"],
                               paused_stages={"a"}, declared=DECLARED)
-        store.db.execute = execute  # type: ignore[method-assign]
         assert Counter(t.stage for t in claimed) == expected
         assert [t.stage for t in claimed] == sorted((t.stage for t in claimed), reverse=True)  # in stage order
         assert {t.run_id for t in claimed} == {"r1"} and len({t.id for t in claimed}) == len(claimed)
@@ -99,15 +105,7 @@ def test_a_slow_claim_of_several_stages_sends_the_next_stage_by_stage(pg_url: st
         now = time.time()
         for stage in ("a", "b", "c"):
             _queue(store, "r1", stage, 30, now - 10)
-        statements: list[str] = []
-        execute = store.db.execute
-
-        def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-            if sql.lstrip().startswith("UPDATE tasks SET status = 'running'"):
-                statements.append(sql)
-            return execute(sql, params)
-
-        store.db.execute = counted  # type: ignore[method-assign]
+        statements = _count_claims(store, monkeypatch)
         monkeypatch.setattr(tasks, "SLOW_CLAIM_S", -1.0)  # every claim statement is slow
         assert len(store.claim("p", ["c", "b", "a"], 6, "w1", now, 60.0, declared=DECLARED)) == 6
         assert len(statements) == 1
@@ -120,7 +118,6 @@ def test_a_slow_claim_of_several_stages_sends_the_next_stage_by_stage(pg_url: st
         assert Counter(t.stage for t in store.claim("p", ["c", "b", "a"], 50, "w1", now, 60.0,
                                                     declared=DECLARED)) == {"b": 24, "a": 26}
         assert len(statements) == 4
-        store.db.execute = execute  # type: ignore[method-assign]
         store.recount_open_task_seconds()
     finally:
         store.close()
