@@ -29,7 +29,7 @@ def _count_claims(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     execute = store.db.execute
 
     def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        if sql.lstrip().startswith("UPDATE tasks SET status = 'running'"):
+        if "UPDATE tasks SET status = 'running'" in " ".join(sql.split()):  # a claim, with its picks or not
             statements.append(sql)
         return execute(sql, params)
 
@@ -121,3 +121,35 @@ def test_a_slow_claim_of_several_stages_sends_the_next_stage_by_stage(pg_url: st
         store.recount_open_task_seconds()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("limit", [13, 9, 30, 1])
+def test_a_join_s_parents_share_the_room_left_in_equal_parts(store_url: str, limit: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``shares``: c and b (a join's parents) split what the claim has left when their turn comes; a takes the
+    rest. PostgreSQL still sends one statement."""
+    store = open_store(store_url)
+    try:
+        now = time.time()
+        for stage, n in (("a", 10), ("b", 10), ("c", 10)):
+            _queue(store, "r1", stage, n, now - 10)
+        statements = _count_claims(store, monkeypatch)
+        claimed = store.claim("p", ["c", "b", "a"], limit, "w1", now, 60.0, caps={"c": 10, "b": 10, "a": 3},
+                              declared=DECLARED, shares=[frozenset({"b", "c"})])
+        got = Counter(t.stage for t in claimed)
+        assert got == _shared(limit)
+        # The same tasks as the one-statement claim would take, stage after stage, in each stage's age order.
+        for stage, n in got.items():
+            assert sorted(t.item_key for t in claimed if t.stage == stage) == [f"r1-{stage}-{i:03d}" for i in range(n)]
+        if isinstance(store.db, PostgresDialect):
+            assert len(statements) == 1
+        store.recount_open_task_seconds()
+    finally:
+        store.close()
+
+
+def _shared(limit: int) -> Counter[str]:
+    """What the shares give out of 10 c, 10 b and 10 a (a capped at 3): c half the room, b the rest, a what is left."""
+    c = min(10, -(-limit // 2))
+    b = min(10, limit - c)
+    return Counter({k: v for k, v in {"c": c, "b": b, "a": min(3, limit - c - b)}.items() if v})

@@ -190,6 +190,17 @@ def _claim_sql(run_filter: str, skip_locked: str, lane: str, declared: bool) -> 
     RETURNING {CLAIM_COLUMNS}"""
 
 
+def _sharing(stages: Sequence[str], shares: Sequence[Collection[str]]) -> dict[str, int]:
+    """Stage -> how many of ``stages`` from it on (itself included) are in its share group (1: it shares with
+    none), so that each takes its part of the room the stages before it left (see ``claim``'s ``shares``)."""
+    sharing = {stage: 1 for stage in stages}
+    for group in shares:
+        members = [stage for stage in stages if stage in group]
+        for index, stage in enumerate(members):
+            sharing[stage] = len(members) - index
+    return sharing
+
+
 def _not_paused(paused: Sequence[str]) -> str:
     """A claim's condition that leaves paused runs' tasks alone (none in the common case: no condition)."""
     return f" AND run_id NOT IN ({','.join('?' * len(paused))})" if paused else ""
@@ -364,25 +375,30 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         self, pipeline: str, stages: Sequence[str], limit: int, owner: str, now: float,
         lease_seconds: float, run_id: str | None = None, caps: Mapping[str, int] | None = None,
         paused: Sequence[str] = (), paused_stages: Collection[str] | None = None,
-        declared: Mapping[str, tuple[str, str]] | None = None,
+        declared: Mapping[str, tuple[str, str]] | None = None, shares: Sequence[Collection[str]] = (),
     ) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages
         first, none of a ``paused`` run at ``paused_stages`` (None: any stage); count the attempt now.
         ``declared``: each stage's (version, config hash) in the claimer's declaration, the only tasks it may
-        take (runtime/transitions always passes it; None, any declaration, is for tests of the queue alone)."""
+        take (runtime/transitions always passes it; None, any declaration, is for tests of the queue alone).
+        ``shares``: groups of stages that split the room left when their turn comes in equal parts (a join's
+        parents, runtime/transitions/readiness.py ``claim_shared``): a stage of a group takes at most the room
+        left over the number of its group's stages from it on."""
         claimed: list[ClaimedTask] = []
         wanted = [(stage, want) for stage in stages
                   if (want := min(limit, caps.get(stage, limit) if caps else limit)) > 0]
+        sharing = _sharing([stage for stage, _ in wanted], shares)
         with self.db.transaction():
             if len(wanted) > 1 and self.db.name == "postgres" and all(
                     self.claim_floors.lanes(pipeline, stage) is None for stage, _ in wanted) and (
                     not self.claim_floors.one_by_one(pipeline)):
                 return self._claim_stages(pipeline, wanted, limit, owner, now, lease_seconds, run_id, paused,
-                                          paused_stages, declared)
+                                          paused_stages, declared, sharing)
             for stage, cap in wanted:
                 if len(claimed) >= limit:
                     break
-                want = min(limit - len(claimed), cap)
+                room = limit - len(claimed)
+                want = min(room, cap, math.ceil(room / sharing[stage]))
                 held = paused if paused_stages is None or stage in paused_stages else ()
                 run_filter = ("AND run_id = ?" if run_id else "") + _not_paused(held)
                 head: list[Any] = [owner, now + lease_seconds, now, pipeline, stage,
@@ -394,30 +410,36 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
     def _claim_stages(self, pipeline: str, wanted: Sequence[tuple[str, int]], limit: int, owner: str, now: float,
                       lease_seconds: float, run_id: str | None, paused: Sequence[str],
                       paused_stages: Collection[str] | None,
-                      declared: Mapping[str, tuple[str, str]] | None) -> list[ClaimedTask]:
+                      declared: Mapping[str, tuple[str, str]] | None, sharing: Mapping[str, int]
+                      ) -> list[ClaimedTask]:
         """A claim of several stages as one PostgreSQL statement (one round trip instead of one per stage): each
-        stage's pick, in the order given and up to its cap, is a branch of a ``UNION ALL`` under the claim's
-        ``LIMIT``. The executor runs the branches one after the other and stops at the limit, so a branch locks
-        only the rows it passes up: the stages get what the statement-per-stage loop gave them (each up to its
-        cap and what the stages before it left of the limit). Slow (an old snapshot is held, or a busy host), it
-        sends the next claim stage by stage, where a slow stage engages its floors (store/claimfloors.py)."""
-        branches: list[str] = []
-        params: list[Any] = [owner, now + lease_seconds, now]
+        stage's pick, in the order given, is a materialized ``WITH`` query whose ``LIMIT`` is its cap and what the
+        picks before it left of the claim's limit (divided by ``sharing[stage]``, the stages from it on that share
+        the room with it): the stages get what the statement-per-stage loop gives them, and a pick locks only the
+        rows it takes. Slow (an old snapshot is held, or a busy host), it sends the next claim stage by stage,
+        where a slow stage engages its floors (store/claimfloors.py)."""
+        picks: list[str] = []
+        params: list[Any] = []
         for n, (stage, cap) in enumerate(wanted):
             held = paused if paused_stages is None or stage in paused_stages else ()
             declaration = "AND stage_version = ? AND config_hash = ?" if declared is not None else ""
-            branches.append(
-                f"SELECT id FROM (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ? "
-                f"AND stage = ? {declaration} AND available_at <= ? {'AND run_id = ?' if run_id else ''}"
-                f"{_not_paused(held)} ORDER BY lane_rank, available_at LIMIT ? {self.db.skip_locked}) AS s{n}")
+            taken = " + ".join(f"(SELECT COUNT(*) FROM s{k})" for k in range(n)) or "0"
+            picks.append(
+                f"s{n} AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 "
+                f"AND pipeline = ? AND stage = ? {declaration} AND available_at <= ? "
+                f"{'AND run_id = ?' if run_id else ''}{_not_paused(held)} ORDER BY lane_rank, available_at "
+                f"LIMIT GREATEST(0, LEAST(CAST(? AS bigint), CEIL((CAST(? AS bigint) - ({taken})) / "
+                f"CAST(? AS numeric)))) {self.db.skip_locked})")
             params += [pipeline, stage, *(declared[stage] if declared is not None else ()), now,
-                       *([run_id] if run_id else []), *held, cap]
+                       *([run_id] if run_id else []), *held, cap, limit, sharing[stage]]
+        union = " UNION ALL ".join(f"SELECT id FROM s{n}" for n in range(len(wanted)))
         started = time.perf_counter()
         rows = self.db.execute(
-            f"""UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+            f"""WITH {', '.join(picks)}
+            UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
                 lease_owner = ?, lease_expires_at = ?, started_at = ?
-            WHERE id IN (SELECT id FROM ({' UNION ALL '.join(branches)}) AS picked LIMIT ?)
-            RETURNING {CLAIM_COLUMNS}""", [*params, limit])
+            WHERE id IN ({union})
+            RETURNING {CLAIM_COLUMNS}""", [*params, owner, now + lease_seconds, now])
         by_stage: dict[str, list[ClaimedTask]] = {stage: [] for stage, _ in wanted}
         for task in map(ClaimedTask._make, rows):
             by_stage[task.stage].append(task)

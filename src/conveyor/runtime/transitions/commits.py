@@ -170,12 +170,9 @@ class Commits(JobEvents, Readiness):
             return []
         taken = Counter(t.stage for t in fresh)
         caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
-        if self.expander.join_shares:  # a join's parents in equal shares (Readiness.claim_shared)
-            return self.claim_shared(claim.stages, claim.limit - len(fresh), claim.owner, now, claim.lease_seconds,
-                                     claim.run_id, caps, claim.paused, claim.paused_stages)
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
                                 claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages,
-                                self.declared)
+                                self.declared, shares=self.expander.join_shares)  # see Readiness.claim_shared
 
     def _tallies(self, w: Writes, where: dict[int, tuple[str, str]],
                  since: dict[int, float]) -> tuple[RunTally, OpenTally]:

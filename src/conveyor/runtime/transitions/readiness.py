@@ -12,7 +12,6 @@ another join), until none is left.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -67,26 +66,10 @@ class Readiness(Base):
         when their turn comes: a claim takes a stage's tasks in age order, so they are claimed for the same items,
         settle in the same commit, and its plan decides their join with no read in the transaction. Claimed one
         stage after the other, the first took the whole room, and nearly every join was decided in the database
-        twice (once waiting, once ready). One statement a stage, as the store's claim makes, in one transaction."""
-        groups = self.expander.join_shares
-        if not groups or not any(stage in group for group in groups for stage in stages):
-            return self.store.claim(self.pipeline.name, stages, limit, owner, now, lease_seconds, run_id, caps,
-                                    paused, paused_stages, self.declared)
-        claimed: list[ClaimedTask] = []
-        with self.store.transaction():
-            for index, stage in enumerate(stages):
-                room = limit - len(claimed)
-                if room <= 0:
-                    break
-                want = min(room, caps.get(stage, room)) if caps else room
-                for group in groups:
-                    if stage in group:  # this parent and the ones after it share the room
-                        sharing = sum(1 for later in stages[index:] if later in group)
-                        want = min(want, math.ceil(room / sharing))
-                if want > 0:
-                    claimed += self.store.claim(self.pipeline.name, [stage], want, owner, now, lease_seconds, run_id,
-                                                None, paused, paused_stages, self.declared)
-        return claimed
+        twice (once waiting, once ready). The store takes the shares in its one claim statement (PostgreSQL) or
+        its statement a stage (SQLite)."""
+        return self.store.claim(self.pipeline.name, stages, limit, owner, now, lease_seconds, run_id, caps,
+                                paused, paused_stages, self.declared, shares=self.expander.join_shares)
 
     def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
                       opened: OpenTally) -> int:
