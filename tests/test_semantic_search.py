@@ -166,7 +166,9 @@ def test_hybrid_fuses_the_two_rankings_by_reciprocal_rank(guides: Collection) ->
     expected = {k: sum(1 / (RRF_K + r.index(k) + 1) for r in (text, meaning) if k in r) for k in meaning}
     got = {h["item_key"]: h["score"] for h in fused["results"]}
     assert got == pytest.approx(expected)
-    assert keys(fused) == sorted(expected, key=lambda k: -expected[k])[:len(keys(fused))]
+    # Equal scores (one hit first by words, the other by meaning) go by their rank in words, then by key.
+    ties = {k: (text.index(k) if k in text else len(text), k) for k in expected}
+    assert keys(fused) == sorted(expected, key=lambda k: (-expected[k], ties[k]))[:len(keys(fused))]
     first = fused["results"][0]
     assert first["text_rank"] == text.index(first["item_key"]) + 1 and first["vector_rank"] is not None
     only_meaning = [h for h in fused["results"] if h["text_rank"] is None]
