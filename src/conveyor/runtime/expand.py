@@ -139,7 +139,10 @@ class Expander:
         self.has_barriers = bool(graph.joins or graph.gathers)
         # The parents of each join, in declared order
         self.join_parents = {j: tuple(pipeline[j].parents) for j in graph.joins}
-        # Parents of a join at the same depth: tasks made together, claimed in equal shares (Readiness.claim_shared)
+        # Parents of a join at the same depth, made together: a claim gives them equal shares of the room it has
+        # left when their turn comes (SqlStore.claim's shares). A claim takes a stage's tasks in age order, so
+        # they are claimed for the same items, settle in one commit, and its plan decides their join with no
+        # read in the transaction (claimed one stage after the other, the first took the whole room).
         self.join_shares = tuple(frozenset(ps) for ps in {
             tuple(sorted(p for p in parents if pipeline.depth(p) == depth))
             for parents in self.join_parents.values() for depth in {pipeline.depth(p) for p in parents}}

@@ -382,7 +382,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         ``declared``: each stage's (version, config hash) in the claimer's declaration, the only tasks it may
         take (runtime/transitions always passes it; None, any declaration, is for tests of the queue alone).
         ``shares``: groups of stages that split the room left when their turn comes in equal parts (a join's
-        parents, runtime/transitions/readiness.py ``claim_shared``): a stage of a group takes at most the room
+        parents, runtime/expand.py ``Expander.join_shares``): a stage of a group takes at most the room
         left over the number of its group's stages from it on."""
         claimed: list[ClaimedTask] = []
         wanted = [(stage, want) for stage in stages

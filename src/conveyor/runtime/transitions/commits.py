@@ -172,7 +172,7 @@ class Commits(JobEvents, Readiness):
         caps = {stage: max(0, claim.cap(stage) - taken[stage]) for stage in claim.stages}
         return self.store.claim(claim.pipeline, claim.stages, claim.limit - len(fresh), claim.owner, now,
                                 claim.lease_seconds, claim.run_id, caps, claim.paused, claim.paused_stages,
-                                self.declared, shares=self.expander.join_shares)  # see Readiness.claim_shared
+                                self.declared, shares=self.expander.join_shares)  # see Expander.join_shares
 
     def _tallies(self, w: Writes, where: dict[int, tuple[str, str]],
                  since: dict[int, float]) -> tuple[RunTally, OpenTally]:

@@ -42,7 +42,8 @@ class Leases(JobEvents, Readiness):
               paused_stages: Collection[str] | None = None) -> list[ClaimedTask]:
         """Lease up to ``limit`` runnable tasks (at most ``caps[stage]`` of a stage), later stages first, none of
         a ``paused`` run at ``paused_stages`` (the stages that call models); the attempt is counted now."""
-        return self.claim_shared(stages, limit, self.worker, now, lease_seconds, run_id, caps, paused, paused_stages)
+        return self.store.claim(self.pipeline.name, stages, limit, self.worker, now, lease_seconds, run_id, caps,
+                                paused, paused_stages, self.declared, shares=self.expander.join_shares)
 
     def claim_suspect(self, now: float, lease_seconds: float, run_id: str | None = None,
                       paused: Sequence[str] = ()) -> list[ClaimedTask]:

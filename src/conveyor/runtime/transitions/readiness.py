@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.runtime.expand import QUEUED, WAIT, Ended, Pending, Planned, Seed, Verdict
 from conveyor.runtime.transitions.base import Base
 from conveyor.runtime.values import Ref, parse_fanout
-from conveyor.store import CHILD_MARK, ClaimedTask, NewItem, NewTasks
+from conveyor.store import CHILD_MARK, NewItem, NewTasks
 from conveyor.store.barriers import StageState
 from conveyor.store.queuecounts import OpenTally
 from conveyor.store.runtotals import RunTally
@@ -57,19 +57,6 @@ class Readiness(Base):
             return
         self._statistics_at = now
         self.store.refresh_barrier_statistics()
-
-    def claim_shared(self, stages: Sequence[str], limit: int, owner: str, now: float, lease_seconds: float,
-                     run_id: str | None, caps: Mapping[str, int] | None, paused: Sequence[str],
-                     paused_stages: Collection[str] | None) -> list[ClaimedTask]:
-        """The store's claim of up to ``limit`` tasks at ``stages`` (in claim order, at most ``caps[stage]`` of a
-        stage), with the parents of each join made together (a → {b, c}) claimed in equal shares of the room left
-        when their turn comes: a claim takes a stage's tasks in age order, so they are claimed for the same items,
-        settle in the same commit, and its plan decides their join with no read in the transaction. Claimed one
-        stage after the other, the first took the whole room, and nearly every join was decided in the database
-        twice (once waiting, once ready). The store takes the shares in its one claim statement (PostgreSQL) or
-        its statement a stage (SQLite)."""
-        return self.store.claim(self.pipeline.name, stages, limit, owner, now, lease_seconds, run_id, caps,
-                                paused, paused_stages, self.declared, shares=self.expander.join_shares)
 
     def write_planned(self, planned: Sequence[Planned], items: Sequence[NewItem], now: float, totals: RunTally,
                       opened: OpenTally) -> int:
