@@ -462,3 +462,42 @@ def test_a_run_whose_gathers_are_decided_in_the_database_analyzes_a_fresh_store(
     assert reconciled(store_url, done.run_id)["outcomes"] == {"completed": 3}
     assert query(store_url, "SELECT relname FROM pg_stat_user_tables WHERE relname IN ('tasks', 'items') AND "
                             "last_analyze IS NOT NULL ORDER BY relname") == [("items",), ("tasks",)]
+
+
+FORK = """
+from conveyor import Pipeline
+
+pipe = Pipeline("fork")
+
+@pipe.stage()
+def read(ctx, source):
+    return source.decode()
+
+@pipe.stage(after=read)
+def left(ctx, text):
+    return text + "L"
+
+@pipe.stage(after=read)
+def right(ctx, text):
+    return text + "R"
+
+@pipe.stage(after=[left, right])
+def both(ctx, a, b):
+    return a + b
+"""
+
+
+def test_a_fork_leases_every_task_its_commit_makes_within_the_in_flight_bound(tmp_path: Path,
+                                                                              store_url: str) -> None:
+    """A commit of ``read`` makes two tasks per item (``left`` and ``right``): it leases them all as it makes them,
+    up to the worker's in-flight bound rather than one claim's batch, so none goes through the queue and a join's
+    parents settle together. Held to the batch, half of them were queued and claimed again (issue 28 point 6)."""
+    target = write_pipeline(tmp_path, FORK)
+    done = submit_and_work(target, make_docs(tmp_path / "docs", 16), store_url, tmp_path / "blobs",
+                           batch_size=4, max_inflight=64)
+    assert reconciled(store_url, done.run_id)["unaccounted"] == 0
+    rows = query(store_url, "SELECT stage, started_at = created_at FROM tasks WHERE run_id = ? AND stage <> 'read'",
+                 done.run_id)
+    assert len(rows) == 48
+    queued = sorted(stage for stage, leased_as_made in rows if not leased_as_made)
+    assert queued == [], f"tasks that went through the queue: {queued}"

@@ -405,8 +405,10 @@ class Worker:
         if claim:
             await self._read_backlog()
             caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
+            # The tasks this commit creates may be leased up to the in-flight bound, not only a claim's batch.
+            fresh_room = self.opts.max_inflight - len(self._leases) + len(batch)
             claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps,
-                               self._paused, self._model_stages)
+                               self._paused, self._model_stages, fresh_room)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
                                                   claim_args)
         self._answered.clear()

@@ -149,13 +149,14 @@ class Commits(JobEvents, Readiness):
         row is inserted already leased to this worker instead of being queued and then claimed."""
         if claim is None or not w.tasks.queued:
             return
-        room, keep, running = claim.limit, [], w.tasks.running
+        room, keep, running = claim.fresh_room, [], w.tasks.running
         lease = (claim.owner, now + claim.lease_seconds, now)
+        caps = claim.caps or {}
         left: dict[str, int] = {}  # stage -> how many more of it this claim may take
         for row in w.tasks.queued:
             run_id, stage = row[0], row[2]
             if stage not in left:
-                left[stage] = claim.cap(stage)
+                left[stage] = caps.get(stage, room)
             if (room and left[stage] > 0 and (claim.run_id is None or run_id == claim.run_id)
                     and not (claim.paused and claim.holds_back(run_id, stage))):
                 running.append(row + lease)

@@ -125,6 +125,10 @@ class Claim:
     caps: Mapping[str, int] | None = None  # at most this many of a stage
     paused: tuple[str, ...] = ()  # runs whose tasks at ``paused_stages`` may not be claimed
     paused_stages: frozenset[str] | None = None  # the stages that call models (None: every stage)
+    # How many tasks the commit's own successes create that it may lease as they are created (None: ``limit``).
+    # A fork (a stage followed by two, a fan-out) makes more tasks than it settles; taken within the worker's
+    # in-flight bound, they skip a queue round trip, and a join's parents stay together (issue 28 point 6).
+    fresh_limit: int | None = None
 
     def holds_back(self, run_id: str, stage: str) -> bool:
         """A task of a paused run at a stage that calls models is left queued."""
@@ -132,6 +136,10 @@ class Claim:
 
     def cap(self, stage: str) -> int:
         return self.limit if self.caps is None else self.caps.get(stage, self.limit)
+
+    @property
+    def fresh_room(self) -> int:
+        return self.limit if self.fresh_limit is None else max(self.limit, self.fresh_limit)
 
 
 class LeaseLost(Exception):
