@@ -31,16 +31,20 @@ class Pacing:
             old = pace.get(stage)
             pace[stage] = per_task if old is None else old + SMOOTHING * (per_task - old)
 
-    def caps(self, in_flight: Mapping[str, int]) -> dict[str, int]:
-        """For each stage, how many more tasks to claim now."""
-        return {stage: max(0, self.cap(stage) - in_flight.get(stage, 0)) for stage in self._parallel}
+    def caps(self, in_flight: Mapping[str, int], bound: int | None = None) -> dict[str, int]:
+        """For each stage, how many more tasks to claim now: at most ``bound`` held (default: a batch)."""
+        return {stage: max(0, self.cap(stage, bound) - in_flight.get(stage, 0)) for stage in self._parallel}
 
-    def cap(self, stage: str) -> int:
+    def cap(self, stage: str, bound: int | None = None) -> int:
+        """How many tasks of ``stage`` to hold: what its pace finishes within the budget, at most ``bound``. A
+        commit's own new tasks are bounded by the worker's in-flight room, not a batch: a fan-out of 2 makes
+        twice the tasks its commit settled, and they are best leased as they are made (Claim.fresh_limit)."""
+        bound = self.batch_size if bound is None else bound
         floor = 2 * self._parallel[stage]
         pace = self._pace.get(stage)
         if pace is None:
-            return min(self.batch_size, max(floor, 8))
-        return min(self.batch_size, max(floor, int(self.budget / pace)))
+            return min(bound, max(floor, 8))
+        return min(bound, max(floor, int(self.budget / pace)))
 
 
 def _parallel(stage: Stage, guarded_slots: int) -> int:

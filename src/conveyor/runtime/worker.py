@@ -347,8 +347,8 @@ class Worker:
             await self._dispatch(claimed)
         return bool(claimed)
 
-    def _caps(self, in_flight: Counter[str]) -> dict[str, int]:
-        caps = self.pacing.caps(in_flight)
+    def _caps(self, in_flight: Counter[str], bound: int | None = None) -> dict[str, int]:
+        caps = self.pacing.caps(in_flight, bound)
         for stage in self._held_back:
             caps[stage] = 0
         return caps
@@ -404,9 +404,10 @@ class Worker:
         claim_args = None
         if claim:
             await self._read_backlog()
-            caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch))
-            # The tasks this commit creates may be leased up to the in-flight bound, not only a claim's batch.
+            # The tasks this commit creates may be leased up to the in-flight bound, not only a claim's batch
+            # (the commit's claim from the queue still takes at most ``claim``).
             fresh_room = self.opts.max_inflight - len(self._leases) + len(batch)
+            caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch), max(claim, fresh_room))
             claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps,
                                self._paused, self._model_stages, fresh_room)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
