@@ -118,9 +118,11 @@ def test_upstream_slows_down_when_downstream_falls_behind(tmp_path: Path, store_
         target = write_pipeline(tmp_path, BACKED_UP.format(backlog=limit), name=f"{name}.py")
         done = cli_json("submit", target, "--input", str(docs), "--db", store_url, "--blobs",
                         str(tmp_path / "blobs"), cwd=tmp_path)
-        # Small claims and a small in-flight bound, as a worker's share of a large run would be: the backlog lives
-        # in the queue (a commit leases the tasks it makes up to the in-flight bound, within their stage's pace).
-        work(target, store_url, tmp_path / "blobs", run_id=done["run_id"], batch_size=10, max_inflight=20)
+        # Small claims and a small hold, as a worker's share of a large run would be: the backlog lives in the
+        # queue. (A commit leases the tasks it makes as it makes them, up to what their stage's pace finishes in a
+        # quarter of a lease: with a 2 s lease, 12 of `slow`; the rest are queued.)
+        work(target, store_url, tmp_path / "blobs", run_id=done["run_id"], batch_size=10, max_inflight=20,
+             lease_seconds=2.0)
         results[name] = _max_backlog(store_url, done["run_id"])
     # Depths are read every quarter second, so `fast` may run ahead that long past the mark.
     assert results["held"] < results["free"] / 2, results

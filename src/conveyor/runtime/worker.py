@@ -404,10 +404,13 @@ class Worker:
         claim_args = None
         if claim:
             await self._read_backlog()
-            # The tasks this commit creates may be leased up to the in-flight bound, not only a claim's batch
-            # (the commit's claim from the queue still takes at most ``claim``).
-            fresh_room = self.opts.max_inflight - len(self._leases) + len(batch)
-            caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch), max(claim, fresh_room))
+            # The tasks this commit makes may be leased as they are made up to one batch past the in-flight bound
+            # (the commit's claim from the queue still takes at most ``claim``, within the bound). A fan-out of two
+            # makes two batches from one while the next batch is in flight: held to the bound, half of them were
+            # queued and claimed again, and a worker whose claims then took those stuck to that for the run.
+            held = self.opts.max_inflight + self.opts.batch_size
+            caps = self._caps(self._in_flight - Counter(o.task.stage for o in batch), held)
+            fresh_room = held - len(self._leases) + len(batch)
             claim_args = Claim(self.pipeline.name, self._stages, claim, self.id, self.lease, self.opts.run_id, caps,
                                self._paused, self._model_stages, fresh_room)
         counts, fresh, claimed = await self._call(self.transitions.commit_and_claim, batch, self.clock(),
