@@ -12,7 +12,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -117,8 +117,9 @@ class Dialect(Protocol):
         Only for statements whose results the block does not read."""
         ...
 
-    def refresh_statistics(self, tables: Sequence[str]) -> None:
-        """Bring the planner's picture of ``tables`` up to date after a bulk load."""
+    def refresh_statistics(self, tables: Sequence[str], columns: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Bring the planner's picture of ``tables`` up to date after a bulk load (of only ``columns[table]``,
+        when given, once the table grew)."""
         ...
 
     def clock(self) -> float:
@@ -369,7 +370,7 @@ class SqliteDialect:
         self._depth = 0
         self.conn.execute("COMMIT")
 
-    def refresh_statistics(self, tables: Sequence[str]) -> None:
+    def refresh_statistics(self, tables: Sequence[str], columns: Mapping[str, Sequence[str]] | None = None) -> None:
         """Nothing to refresh: SQLite plans without statistics unless ANALYZE was run, and conveyor never runs it."""
 
     def pipelined(self) -> AbstractContextManager[None]:
@@ -723,16 +724,25 @@ class PostgresDialect:
         with self._live().pipeline():
             yield
 
-    def refresh_statistics(self, tables: Sequence[str]) -> None:
+    def refresh_statistics(self, tables: Sequence[str], columns: Mapping[str, Sequence[str]] | None = None) -> None:
         """ANALYZE the tables whose statistics are stale: never gathered, or more rows written since than
         ``STALE_SHARE`` of the rows they counted (right after a bulk load they describe a far smaller table). Not
-        every time: an ANALYZE of a large table reads 30,000 of its pages, and each submission asks."""
+        every time: an ANALYZE of a large table reads 30,000 of its pages, and each submission asks.
+
+        A table named in ``columns`` is analyzed on those columns only, once it grew by that share (its live rows
+        against the rows it counted): the statistics of every other column cost four fifths of the time (tasks of
+        40,000 rows: 1.0 s against 0.2 s), and an ANALYZE of some columns leaves the count of rows written since
+        as it was, so growth is what tells."""
         for table in tables:
             row = self._live().execute(
-                "SELECT c.reltuples, s.n_mod_since_analyze FROM pg_class c JOIN pg_stat_all_tables s "
+                "SELECT c.reltuples, s.n_mod_since_analyze, s.n_live_tup FROM pg_class c JOIN pg_stat_all_tables s "
                 "ON s.relid = c.oid WHERE c.oid = to_regclass(%s)", (table,)).fetchone()
-            if row is None or row[0] < 0 or row[1] > STALE_SHARE * row[0] + STALE_ROWS:
-                self._live().execute(f"ANALYZE {table}")
+            some = (columns or {}).get(table)
+            if row is not None and row[0] >= 0 and (
+                    row[2] <= (1 + STALE_SHARE) * row[0] + STALE_ROWS if some else
+                    row[1] <= STALE_SHARE * row[0] + STALE_ROWS):
+                continue
+            self._live().execute(f"ANALYZE {table} ({', '.join(some)})" if some else f"ANALYZE {table}")
 
     def clock(self) -> float:
         """The server's clock: workers on machines whose clocks disagree still agree on leases."""
