@@ -654,7 +654,7 @@ class PostgresDialect:
                 payload = orjson.dumps(rows if type(rows[0]) is tuple else [tuple(r) for r in rows]).decode()
             except TypeError:  # bytes, an integer past 64 bits: not JSON
                 payload = None
-            if payload is not None and all(v is None or math.isfinite(v) for i in floats for v in (r[i] for r in rows)):
+            if payload is not None and _finite(rows, floats):
                 # Planned at each call, never prepared (as _copy_and_move's move).
                 return int(self._live().execute(self._sql(move), (payload,), prepare=False).rowcount)
         return int(self._copy_and_move(plan, rows).rowcount)
@@ -865,6 +865,22 @@ class PostgresDialect:
             finally:
                 self._listen_lock.release()
         self.conn.close()
+
+
+def _finite(rows: Sequence[Sequence[Any]], positions: Iterable[int]) -> bool:
+    """Every value at these positions of ``rows`` is None or a finite number (JSON spells no other). Their sum,
+    at C speed, is finite only if each is (an infinity or NaN carries through; only an overflow of the sum of
+    finite values is judged again value by value, as is a column with a None)."""
+    for i in positions:
+        values = list(map(itemgetter(i), rows))
+        try:
+            if math.isfinite(sum(values)):
+                continue
+        except TypeError:  # a None among them
+            pass
+        if not all(v is None or math.isfinite(v) for v in values):
+            return False
+    return True
 
 
 def _ints_fit(rows: Sequence[Sequence[Any]], positions: Iterable[int]) -> bool:
