@@ -387,7 +387,8 @@ def test_a_value_the_binary_form_refuses_goes_as_text_and_keeps_the_transaction(
     """PostgreSQL: a value of another Python type than its column's (a number for a text column) is refused by
     COPY's binary form before it is sent; the COPY goes back to its savepoint and again as text, storing what the
     text form stores, and what the transaction wrote before it stays. An integer past its column's range is
-    refused as the text form refuses it, never cut to its low 32 bits."""
+    refused as the text form refuses it, never cut to its low 32 bits; a column whose type changed since the
+    connection read it goes as text."""
     import psycopg
 
     store = open_store(pg_url)
@@ -407,5 +408,14 @@ def test_a_value_the_binary_form_refuses_goes_as_text_and_keeps_the_transaction(
         store.db.append("counted", ["a", "d"], [(1, 2**31 - 1), (2, -(2**31))])
         assert store.db.execute("SELECT a, d FROM counted ORDER BY a") == [(1, 2**31 - 1), (2, -(2**31))]
         assert ("counted", ("a", "d")) not in store.db._text_copies  # type: ignore[attr-defined]
+        # A column whose type changed since the connection read it: the server refuses the binary value, the COPY
+        # goes as text.
+        store.db.execute("CREATE TABLE retyped (a BIGINT, d INTEGER)")
+        store.db.append("retyped", ["a", "d"], [(1, 2)])
+        store.db.execute("ALTER TABLE retyped ALTER COLUMN d TYPE BIGINT")
+        with store.db.transaction():
+            store.db.append("retyped", ["a", "d"], [(2, 3)])
+        assert store.db.execute("SELECT a, d FROM retyped ORDER BY a") == [(1, 2), (2, 3)]
+        assert ("retyped", ("a", "d")) in store.db._text_copies  # type: ignore[attr-defined]
     finally:
         store.close()

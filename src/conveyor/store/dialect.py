@@ -225,11 +225,12 @@ DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its dir
 # of the transaction (its RELEASE would cost a round trip of its own; a COPY after it opens one of the same name,
 # and a rollback goes to the latest). Named apart from psycopg's own (_pg3_N).
 DIRECT_SAVEPOINT = "conveyor_direct"
-# The column types a COPY sends in PostgreSQL's binary form (psycopg's dumper of the column's own type, set_types):
-# numbers and bytes need no text spelling at either end, and the server no parsing. A value of another Python type
-# than its column's is refused by the dumper before the row is sent (the COPY then goes back to its savepoint and
-# again as text); an ``integer`` column's values are checked against its range first, since that dumper writes the
-# low 32 bits of a larger number where the text form is refused (``_ints_fit``).
+# The column types a COPY sends in PostgreSQL's binary form (psycopg's C dumper of the column's own type, set_types):
+# the client writes no text spelling of numbers and bytes (the text form wrote bytea through two Python-level
+# dumpers a value); the server's CPU is the same either way (bench/RESULTS.md). A value of another Python type than
+# its column's is refused by the dumper before the row is sent (the COPY then goes back to its savepoint and again
+# as text); an ``integer`` column's values are checked against its range first, since that dumper writes the low
+# 32 bits of a larger number where the text form is refused (``_ints_fit``).
 BINARY_COPY_TYPES = frozenset(("text", "bigint", "integer", "double precision", "bytea"))
 INT4_RANGE = (-(2**31), 2**31 - 1)
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
@@ -727,16 +728,17 @@ class PostgresDialect:
     def _copy_in(self, copy: str, rows: Sequence[Sequence[Any]], ids: Sequence[int], constants: tuple[Any, ...],
                  kinds: list[str] | None) -> None:
         """``copy`` (``COPY t (c, ...) FROM STDIN``) of ``rows``, each after its id when ``ids`` are given and
-        before ``constants``: in binary form with ``kinds`` (``_binary_kinds``: the client's CPU a row about half
-        the text form's, the server's two thirds, bench/RESULTS.md), else as text. A binary COPY that refuses a
-        value (not of its column's Python type: none of conveyor's rows) goes back to the savepoint
+        before ``constants``: in binary form with ``kinds`` (``_binary_kinds``: a worker's instructions a task
+        -27 %, bench/RESULTS.md), else as text. A binary COPY that refuses a value (not of its column's Python
+        type: none of conveyor's rows), or whose columns' types changed meanwhile, goes back to the savepoint
         ``DIRECT_SAVEPOINT`` the caller took just before it (outside a transaction it failed alone) and is made
         again as text, and so are the same columns' from then on."""
         if kinds is not None:
             try:
                 self._write_copy(f"{copy} (FORMAT BINARY)", kinds, rows, ids, constants)
                 return
-            except (TypeError, ValueError, OverflowError):
+            except (TypeError, ValueError, OverflowError, self._psycopg.errors.InvalidBinaryRepresentation,
+                    self._psycopg.errors.ProtocolViolation):  # the last two: the server's, a column's type changed
                 self._text_copies.add(self._copy_key(copy))
                 if self._depth:
                     self.conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
