@@ -346,3 +346,76 @@ def test_json_fed_updates_read_their_rows_through_the_primary_key(pg_url: str) -
         store.recount_open_task_seconds()
     finally:
         store.close()
+
+
+def test_copies_store_every_value_exactly_in_either_form(store_url: str) -> None:
+    """The attempts, outputs and new leased tasks a commit copies (on PostgreSQL in COPY's binary form) are stored
+    exactly as given: text of any characters, bytes, floats to the last bit, NULLs, large ids."""
+    from conveyor.store.records import PlainAttempt
+    from conveyor.store.tasks import ATTEMPT_COLUMNS
+
+    texts = ["plain", "quo'te \"and\" back\\slash\ttab", "é ✓ 𝄞", "line\nbreak\r", "", "\\N", "{a,b}"]
+    store = open_store(store_url)
+    try:
+        plain = [PlainAttempt(2**40 + n, "r1", n % 3 + 1, "succeeded", n % 2, texts[n % len(texts)], 2**31 - 1 - n,
+                              "v", "code", 1764945000.123456 + n / 7, 1e-300 if n == 0 else n * 0.1, "cfg")
+                 for n in range(COPY_FROM * 2)]
+        full = [(*p[:3], "failed", p[4], "error", texts[n % len(texts)], "w", 1, "v", "c", 1.5, 0.25, 3, 10, 20,
+                 0.125, "model", None, 0, None, None, None, "cfg", None, '{"x": 1}', 0, None)
+                for n, p in enumerate(plain[:COPY_FROM])]
+        with store.db.transaction():
+            store.db.append("attempts", ATTEMPT_COLUMNS, full)
+            store.insert_attempts([], plain)
+        columns = ", ".join(ATTEMPT_COLUMNS)
+        got = store.db.execute(f"SELECT {columns} FROM attempts WHERE outcome = 'succeeded' ORDER BY id")
+        assert [tuple(r[:5]) + tuple(r[7:13]) + (r[23],) for r in got] == [tuple(p) for p in plain]
+        got = store.db.execute(f"SELECT {columns} FROM attempts WHERE outcome <> 'succeeded' ORDER BY id")
+        assert [tuple(r) for r in got] == full
+        now = 1764945000.5
+        outputs = [NewOutput(hashlib.sha256(f"o{n}".encode()).hexdigest(), "a", "json", texts[n % len(texts)],
+                             bytes(range(n % 256)) if n % 3 else None, n, "r1", now + n, "code")
+                   for n in range(COPY_FROM * 2)]
+        assert store.insert_outputs(outputs) == len(outputs)
+        memo = store.lookup_outputs([o.task_key for o in outputs])
+        assert {k: (m.digest, m.inline, m.size) for k, m in memo.items()} == {
+            o.task_key: (o.digest, o.inline, o.size) for o in outputs}
+    finally:
+        store.close()
+
+
+def test_a_value_the_binary_form_refuses_goes_as_text_and_keeps_the_transaction(pg_url: str) -> None:
+    """PostgreSQL: a value of another Python type than its column's (a number for a text column) is refused by
+    COPY's binary form before it is sent; the COPY goes back to its savepoint and again as text, storing what the
+    text form stores, and what the transaction wrote before it stays. An integer past its column's range is
+    refused as the text form refuses it, never cut to its low 32 bits; a column whose type changed since the
+    connection read it goes as text."""
+    import psycopg
+
+    store = open_store(pg_url)
+    try:
+        store.db.execute("CREATE TABLE copied (a BIGINT, b TEXT, c DOUBLE PRECISION, d INTEGER, e BYTEA)")
+        with store.db.transaction():
+            store.db.append("copied", ["a", "b", "c", "d", "e"], [(1, "one", 1.5, 2, b"\x00\xff")])
+            store.db.append("copied", ["a", "b", "c", "d", "e"], [(2, 22, 2.5, 3, None), (3, "three", 3, 4, b"")])
+            store.db.append("copied", ["a", "b", "c", "d", "e"], [(4, "four", 4.5, 5, b"x")])
+        assert store.db._text_copies == {("copied", ("a", "b", "c", "d", "e"))}  # type: ignore[attr-defined]
+        assert store.db.execute("SELECT a, b, c, d, e FROM copied ORDER BY a") == [
+            (1, "one", 1.5, 2, b"\x00\xff"), (2, "22", 2.5, 3, None), (3, "three", 3.0, 4, b""),
+            (4, "four", 4.5, 5, b"x")]
+        store.db.execute("CREATE TABLE counted (a BIGINT, d INTEGER)")
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange), store.db.transaction():
+            store.db.append("counted", ["a", "d"], [(1, 2**31)])
+        store.db.append("counted", ["a", "d"], [(1, 2**31 - 1), (2, -(2**31))])
+        assert store.db.execute("SELECT a, d FROM counted ORDER BY a") == [(1, 2**31 - 1), (2, -(2**31))]
+        assert ("counted", ("a", "d")) not in store.db._text_copies  # type: ignore[attr-defined]
+        # A column whose type changed since the connection read it: the server refuses the binary value, the COPY
+        # goes as text.
+        store.db.execute("CREATE TABLE retyped (a BIGINT, d INTEGER)")
+        store.db.append("retyped", ["a", "d"], [(1, 2)])
+        store.db.execute("ALTER TABLE retyped ALTER COLUMN d TYPE BIGINT")
+        with store.db.transaction():
+            store.db.append("retyped", ["a", "d"], [(2, 3)])
+        assert store.db.execute("SELECT a, d FROM retyped ORDER BY a") == [(1, 2), (2, 3)]
+        assert ("retyped", ("a", "d")) in store.db._text_copies  # type: ignore[attr-defined]
+    finally:
+        store.close()

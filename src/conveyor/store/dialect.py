@@ -12,8 +12,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
@@ -225,6 +226,14 @@ DIRECT_PAUSE = 32  # batches of a statement that go the staged way after its dir
 # of the transaction (its RELEASE would cost a round trip of its own; a COPY after it opens one of the same name,
 # and a rollback goes to the latest). Named apart from psycopg's own (_pg3_N).
 DIRECT_SAVEPOINT = "conveyor_direct"
+# The column types a COPY sends in PostgreSQL's binary form (psycopg's C dumper of the column's own type, set_types):
+# the client writes no text spelling of numbers and bytes (the text form wrote bytea through two Python-level
+# dumpers a value); the server's CPU is the same either way (bench/RESULTS.md). A value of another Python type than
+# its column's is refused by the dumper before the row is sent (the COPY then goes back to its savepoint and again
+# as text); an ``integer`` column's values are checked against its range first, since that dumper writes the low
+# 32 bits of a larger number where the text form is refused (``_ints_fit``).
+BINARY_COPY_TYPES = frozenset(("text", "bigint", "integer", "double precision", "bytea"))
+INT4_RANGE = (-(2**31), 2**31 - 1)
 WAKE_POLL_S = 0.01  # how often an idle SQLite worker looks for a commit
 CLOSE_WAIT_S = 5.0  # how long close waits for a PostgreSQL wait_for_work it woke (else it leaves the listener open)
 # PostgreSQL's statistics of a table are refreshed (refresh_statistics) once more rows than this share of what
@@ -474,8 +483,8 @@ class PostgresDialect:
         import psycopg
 
         self.url = url
-        self.conn = psycopg.connect(url, autocommit=True)
         self._psycopg = psycopg
+        self.conn = self._connect()
         self._listener: Any = None
         # wait_for_work blocks in a thread of its own (a worker's idle wait) and may still be listening when the
         # store is closed: the listener is used and closed only under this lock (close wakes it with a NOTIFY).
@@ -487,6 +496,8 @@ class PostgresDialect:
         self._fed: dict[str, tuple[str, tuple[int, ...]] | None] = {}  # update_many's JSON-fed moves (None: COPY)
         self._types: dict[str, dict[str, str]] = {}  # column types by table, for those moves
         self._direct_paused: dict[str, int] = {}  # statement: batches it skips the direct COPY for (_copy_direct)
+        self._text_copies: set[tuple[str, tuple[str, ...]]] = set()  # (table, columns) a binary COPY refused
+        self._sequences: dict[str, str] = {}  # table: the sequence of its id (insert_numbered)
         self._staged: set[str] = set()  # the temporary tables this connection has (store/bulk.py)
         self._staging: set[str] = set()  # those made by the open transaction
 
@@ -501,10 +512,20 @@ class PostgresDialect:
         errors = self._psycopg.errors
         return isinstance(exc, (errors.DeadlockDetected, errors.SerializationFailure))
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A new connection, whose binary COPY writes ``bytea`` values with psycopg's C dumper of ``bytes``: the
+        one it would pick for the column's type (set_types) is the DB-API ``Binary`` wrapper's, two Python calls a
+        value."""
+        from psycopg.adapt import PyFormat
+
+        conn = self._psycopg.connect(self.url, autocommit=True)
+        conn.adapters.register_dumper(bytes, conn.adapters.get_dumper(bytes, PyFormat.BINARY))
+        return conn
+
     def _live(self) -> psycopg.Connection[Any]:
         """The connection, a new one when the last was lost (never inside a transaction: that one failed)."""
         if not self._depth and self.lost():
-            fresh = self._psycopg.connect(self.url, autocommit=True)
+            fresh = self._connect()
             self.conn.close()
             self.conn = fresh
             self._staged.clear()  # temporary tables die with their session
@@ -564,10 +585,7 @@ class PostgresDialect:
         constants = plan.constants
         self.conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
         try:
-            with self.conn.cursor() as cur, cur.copy(plan.direct) as copy:
-                write = copy.write_row
-                for row in rows:
-                    write((*row, *constants))
+            self._copy_in(plan.direct, rows, (), constants, self._binary_kinds(plan.direct, rows, constants))
         except self._psycopg.errors.UniqueViolation:
             self.conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
@@ -604,16 +622,18 @@ class PostgresDialect:
     def _numbered(self, numbered: str, constants: tuple[Any, ...], sql: str, rows: Sequence[Sequence[Any]],
                   table: str) -> list[int] | None:
         conn = self.conn
+        sequence = self._sequences.get(table)
+        if sequence is None:  # named once: pg_get_serial_sequence in the statement ran once per id (2.7 us each)
+            found = conn.execute("SELECT pg_get_serial_sequence(%s, 'id')", (table,)).fetchone()
+            assert found is not None and found[0] is not None, table
+            sequence = self._sequences[table] = str(found[0])
         with conn.pipeline():  # the ids and the savepoint: one round trip
             numbering = conn.execute(
-                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", (table, len(rows)))
+                "SELECT nextval(CAST(%s AS regclass)) FROM generate_series(1, %s)", (sequence, len(rows)))
             conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
         ids = [int(r[0]) for r in numbering.fetchall()]
         try:
-            with conn.cursor() as cur, cur.copy(numbered) as copy:
-                write = copy.write_row
-                for task_id, row in zip(ids, rows, strict=True):
-                    write((task_id, *row, *constants))
+            self._copy_in(numbered, rows, ids, constants, self._binary_kinds(numbered, rows, constants, True))
         except self._psycopg.errors.UniqueViolation:
             conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             self._direct_paused[sql] = DIRECT_PAUSE
@@ -636,7 +656,7 @@ class PostgresDialect:
                 payload = orjson.dumps(rows if type(rows[0]) is tuple else [tuple(r) for r in rows]).decode()
             except TypeError:  # bytes, an integer past 64 bits: not JSON
                 payload = None
-            if payload is not None and all(v is None or math.isfinite(v) for i in floats for v in (r[i] for r in rows)):
+            if payload is not None and _finite(rows, floats):
                 # Planned at each call, never prepared (as _copy_and_move's move).
                 return int(self._live().execute(self._sql(move), (payload,), prepare=False).rowcount)
         return int(self._copy_and_move(plan, rows).rowcount)
@@ -695,11 +715,73 @@ class PostgresDialect:
                 [orjson.dumps(list(values)).decode()])
 
     def append(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """COPY: one stream instead of a statement per row (attempts went from 14 to ~3 us a row)."""
-        if rows:
-            with self._live().cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        """COPY: one stream instead of a statement per row (attempts went from 14 to ~3 us a row), in binary form
+        where it can be (``_copy_in``; inside a transaction, from a savepoint to go back to if it is refused)."""
+        if not rows:
+            return
+        copy = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        conn = self._live()
+        kinds = self._binary_kinds(copy, rows, ())
+        if kinds is not None and self._depth:
+            conn.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
+        self._copy_in(copy, rows, (), (), kinds)
+
+    def _copy_in(self, copy: str, rows: Sequence[Sequence[Any]], ids: Sequence[int], constants: tuple[Any, ...],
+                 kinds: list[str] | None) -> None:
+        """``copy`` (``COPY t (c, ...) FROM STDIN``) of ``rows``, each after its id when ``ids`` are given and
+        before ``constants``: in binary form with ``kinds`` (``_binary_kinds``: a worker's instructions a task
+        -27 %, bench/RESULTS.md), else as text. A binary COPY that refuses a value (not of its column's Python
+        type: none of conveyor's rows), or whose columns' types changed meanwhile, goes back to the savepoint
+        ``DIRECT_SAVEPOINT`` the caller took just before it (outside a transaction it failed alone) and is made
+        again as text, and so are the same columns' from then on."""
+        if kinds is not None:
+            try:
+                self._write_copy(f"{copy} (FORMAT BINARY)", kinds, rows, ids, constants)
+                return
+            except (TypeError, ValueError, OverflowError, self._psycopg.errors.InvalidBinaryRepresentation,
+                    self._psycopg.errors.ProtocolViolation):  # the last two: the server's, a column's type changed
+                self._text_copies.add(self._copy_key(copy))
+                if self._depth:
+                    self.conn.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
+        self._write_copy(copy, None, rows, ids, constants)
+
+    def _write_copy(self, copy: str, kinds: list[str] | None, rows: Sequence[Sequence[Any]], ids: Sequence[int],
+                    constants: tuple[Any, ...]) -> None:
+        with self.conn.cursor() as cur, cur.copy(copy) as stream:
+            if kinds is not None:
+                stream.set_types(kinds)
+            write = stream.write_row
+            if ids:
+                for task_id, row in zip(ids, rows, strict=True):
+                    write((task_id, *row, *constants))
+            elif constants:
                 for row in rows:
-                    copy.write_row(row)
+                    write((*row, *constants))
+            else:
+                for row in rows:
+                    write(row)
+
+    @staticmethod
+    def _copy_key(copy: str) -> tuple[str, tuple[str, ...]]:
+        """A ``COPY t (c, ...) FROM STDIN`` statement's (table, columns)."""
+        head, _, rest = copy.partition(" (")
+        return head.split()[1], tuple(c.strip() for c in rest.partition(")")[0].split(","))
+
+    def _binary_kinds(self, copy: str, rows: Sequence[Sequence[Any]], constants: tuple[Any, ...],
+                      numbered: bool = False) -> list[str] | None:
+        """The column types of ``copy`` in binary form (``_copy_in``), or None: text."""
+        table, columns = key = self._copy_key(copy)
+        if key in self._text_copies:
+            return None
+        types = self._column_types(table)
+        kinds = [types.get(c, "") for c in columns]
+        if not all(k in BINARY_COPY_TYPES for k in kinds):
+            return None
+        first = 1 if numbered else 0  # the id, a bigint, comes before the row's own values
+        bound = len(columns) - first - len(constants)
+        checked = [i - first for i, k in enumerate(kinds) if k == "integer" and first <= i < first + bound]
+        fixed = [constants[i - first - bound] for i, k in enumerate(kinds) if k == "integer" and i >= first + bound]
+        return kinds if _ints_fit(rows, checked) and _ints_fit([fixed], range(len(fixed))) else None
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -795,6 +877,36 @@ class PostgresDialect:
             finally:
                 self._listen_lock.release()
         self.conn.close()
+
+
+def _finite(rows: Sequence[Sequence[Any]], positions: Iterable[int]) -> bool:
+    """Every value at these positions of ``rows`` is None or a finite number (JSON spells no other). Their sum,
+    at C speed, is finite only if each is (an infinity or NaN carries through; only an overflow of the sum of
+    finite values is judged again value by value, as is a column with a None)."""
+    for i in positions:
+        values = list(map(itemgetter(i), rows))
+        try:
+            if math.isfinite(sum(values)):
+                continue
+        except TypeError:  # a None among them
+            pass
+        if not all(v is None or math.isfinite(v) for v in values):
+            return False
+    return True
+
+
+def _ints_fit(rows: Sequence[Sequence[Any]], positions: Iterable[int]) -> bool:
+    """Every value at these positions of ``rows`` is a number within PostgreSQL's ``integer`` (None, or another
+    type, is not: such rows are copied as text)."""
+    low, high = INT4_RANGE
+    for i in positions:
+        values = list(map(itemgetter(i), rows))
+        try:
+            if min(values) < low or max(values) > high:
+                return False
+        except TypeError:
+            return False
+    return True
 
 
 def glob_regex(pattern: str) -> str:
