@@ -12,7 +12,10 @@ on SQLite and on PostgreSQL (CONVEYOR_TEST_PG, or 127.0.0.1:5432), alternated fo
   gather adds is gather − fanout: each, divided by one transition, is the figure (target <= 1.0: a join or
   gather adds no more than one transition's cost an item). Each run's wall time includes the command's
   start-up, the same for every pipeline, so it cancels in the differences. The verdict is given only when one
-  transition stands above the noise (the largest spread of a pipeline's rounds); otherwise it says so.
+  transition stands above the noise (the largest spread of a pipeline's rounds); otherwise it says so. The same
+  figures and verdict follow in CPU an item (the command's and its workers', plus the PostgreSQL backends' that
+  served them, counted by bench/statement_count/sitecustomize.py; the least of the rounds), which a shared host's
+  load moves far less than wall times;
 - with ``--backend``, that backend alone (the table has its row only);
 - a reduce of ``--group-items`` members (batches of 1,000 folded up a tree; 0: none) on SQLite: the peak resident
   memory of the command and its worker processes (target <= 200 MB each), and the run's wall time.
@@ -51,8 +54,15 @@ def manifest(path: Path, count: int) -> Path:
     return path
 
 
-def run(pipeline: str, items: Path, db: str, blobs: Path) -> tuple[float, dict]:
+def run(pipeline: str, items: Path, db: str, blobs: Path, cpu: dict[str, float] | None = None) -> tuple[float, dict]:
+    """One `conveyor run` of ``pipeline``: its wall time and its JSON. With ``cpu``, the CPU seconds of the command
+    and its workers (``cpu``) and of the PostgreSQL backends that served them (``server_cpu``) are added to it, as
+    bench/statement_count/sitecustomize.py counts them in each process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    counts = Path(tempfile.mkdtemp(dir=blobs.parent)) if cpu is not None else None
+    if counts is not None:
+        env.update(PYTHONPATH=f"{ROOT / 'bench' / 'statement_count'}:{ROOT / 'src'}",
+                   CONVEYOR_BENCH_STATEMENTS=str(counts))
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"bench/graph_pipelines.py:{pipeline}",
                            "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(blobs), "--json"],
@@ -60,26 +70,50 @@ def run(pipeline: str, items: Path, db: str, blobs: Path) -> tuple[float, dict]:
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{pipeline} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
+    if counts is not None and cpu is not None:
+        for path in counts.glob("*.json"):
+            figures = json.loads(path.read_text())
+            for key in ("cpu", "server_cpu"):
+                cpu[key] = cpu.get(key, 0.0) + float(figures.get(key, 0.0))
     return wall, json.loads(done.stdout)
 
 
-def side_by_side(work: Path, n: int, rounds: int, backends: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
+def side_by_side(work: Path, n: int, rounds: int, backends: tuple[str, ...]
+                 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """Each pipeline on each backend, alternated ``rounds`` times: (tasks/s, CPU µs an item) by backend, by pipeline.
+    The CPU is the command's and its workers' plus the PostgreSQL backends' that served them."""
     items = manifest(work / f"items-{n}.jsonl", n)
     rates: dict[str, dict[str, list[float]]] = {backend: {} for backend in backends}
+    cpus: dict[str, dict[str, list[float]]] = {backend: {} for backend in backends}
     for r in range(rounds):
         for name in TASKS_PER_ITEM:
             for backend in backends:
                 scratch = Path(tempfile.mkdtemp(dir=work))
+                cpu: dict[str, float] = {}
                 if backend == "sqlite":
-                    wall, out = run(name, items, f"sqlite:///{scratch / 'store.db'}", scratch / "blobs")
+                    wall, out = run(name, items, f"sqlite:///{scratch / 'store.db'}", scratch / "blobs", cpu)
                 else:
                     with pg_database(ADMIN, "graph") as url:
-                        wall, out = run(name, items, url, scratch / "blobs")
+                        wall, out = run(name, items, url, scratch / "blobs", cpu)
                 assert out["unaccounted"] == 0, out
                 rate = TASKS_PER_ITEM[name] * n / wall
                 rates[backend].setdefault(name, []).append(rate)
-                print(f"round {r + 1} {backend:8} {name:7} {wall:6.2f} s  {rate:9,.0f} tasks/s", flush=True)
-    return rates
+                per_item = (cpu.get("cpu", 0.0) + cpu.get("server_cpu", 0.0)) / n * 1e6
+                cpus[backend].setdefault(name, []).append(per_item)
+                print(f"round {r + 1} {backend:8} {name:7} {wall:6.2f} s  {rate:9,.0f} tasks/s  CPU {per_item:5.0f} "
+                      "µs an item", flush=True)
+    return rates, cpus
+
+
+def cpu_figures(by_name: dict[str, list[float]]) -> tuple[dict[str, float], float, float, float, float]:
+    """CPU µs an item, the least of each pipeline's rounds (a shared host's load only adds to CPU time): the per-item
+    figures, one transition, the noise (the largest spread of a pipeline's rounds), what a join and a gather add in
+    transitions."""
+    least = {name: min(values) for name, values in by_name.items()}
+    step = least["chain4"] - least["chain"]
+    noise = max(max(values) - min(values) for values in by_name.values())
+    return (least, step, noise, (least["join"] - least["chain"]) / step if step else math.inf,
+            (least["gather"] - least["fanout"]) / step if step else math.inf)
 
 
 def spread(rates: list[float], name: str) -> float:
@@ -133,7 +167,7 @@ def main() -> None:
     backends = (args.backend,) if args.backend else ("sqlite", "postgres")
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-graph-") as scratch:
         work = Path(scratch)
-        rates = side_by_side(work, args.items, args.rounds, backends)
+        rates, cpus = side_by_side(work, args.items, args.rounds, backends)
         group = group_memory(work, args.group_items) if args.group_items else None
     lines = [BEGIN, "## Joins, gathers and groups beside the chain (bench/graph.py)", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with:", "",
@@ -153,6 +187,19 @@ def main() -> None:
         noise = max(spread(values, name) for name, values in by_name.items())
         join, gather = (per_item["join"] - per_item["chain"]) / step, (per_item["gather"] - per_item["fanout"]) / step
         cells = " | ".join(f"{per_item[n]:.0f} µs" for n in ("chain", "chain4", "join", "fanout", "gather"))
+        lines.append(f"| {backend} | {cells} | {step:.0f} µs | {noise:.0f} µs | {join:.2f} | {gather:.2f} | "
+                     f"{verdict(step, noise, args.rounds, max(join, gather))} |")
+    lines += ["", "The same runs' CPU an item: the `conveyor run` command's and its workers' (user + system) plus, on "
+              "PostgreSQL, the server backends' that served them (bench/statement_count/sitecustomize.py reads them "
+              "in each process), the least of the rounds (other work on the host only adds to a CPU time), judged the "
+              "same way. The load moves these far less than the wall times; on a 2-core host running two workers "
+              "and the server, CPU is what a transition costs.", "",
+              "| backend | chain | chain4 | join | fanout | gather | one transition | noise | join adds | gather adds "
+              "| met |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for backend, by_name in cpus.items():
+        least, step, noise, join, gather = cpu_figures(by_name)
+        cells = " | ".join(f"{least[n]:.0f} µs" for n in ("chain", "chain4", "join", "fanout", "gather"))
         lines.append(f"| {backend} | {cells} | {step:.0f} µs | {noise:.0f} µs | {join:.2f} | {gather:.2f} | "
                      f"{verdict(step, noise, args.rounds, max(join, gather))} |")
     lines.append("")
