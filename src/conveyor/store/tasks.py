@@ -490,7 +490,9 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         is held (PostgreSQL, store/claimfloors.py). ``head`` and ``tail`` are its parameters before and after the
         lane's."""
         postgres = self.db.name == "postgres"
-        floors = self.claim_floors.lanes(pipeline, stage) if postgres else None
+        if not postgres:
+            return self._claim_picked(run_filter, head, tail, want, declared)
+        floors = self.claim_floors.lanes(pipeline, stage)
         if floors is None:
             started = time.perf_counter()
             got = list(map(ClaimedTask._make, self.db.execute(_claim_sql(run_filter, self.db.skip_locked, "", declared),
@@ -515,6 +517,24 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
             self.claim_floors.advance(pipeline, stage, lane, [t.available_at for t in got], len(got) == asked, now)
             claimed += got
         return claimed
+
+    def _claim_picked(self, run_filter: str, head: list[Any], tail: list[Any], want: int,
+                      declared: bool) -> list[ClaimedTask]:
+        """SQLite: ``_claim_sql``'s pick read first, then its rows leased by id. The one statement does the same
+        in more time (0.3 us a task: its RETURNING rows are gathered apart before they are handed over); the
+        caller's write transaction holds the store's one writer lock, so no row changes between the two. A task's
+        claim columns are its row's, its attempts and lease token one more."""
+        declaration = "AND stage_version = ? AND config_hash = ?" if declared else ""
+        picked = self.db.execute(
+            f"""SELECT {CLAIM_COLUMNS} FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
+            AND stage = ? {declaration} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at
+            LIMIT ?""", [*head[3:], *tail, want])
+        for part in chunks([row[0] for row in picked], self.db.max_params - 3):
+            self.db.execute(
+                f"""UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+                lease_owner = ?, lease_expires_at = ?, started_at = ? WHERE id IN ({','.join('?' * len(part))})""",
+                [*head[:3], *part])
+        return [ClaimedTask._make((*r[:10], r[10] + 1, r[11], r[12] + 1, *r[13:])) for r in picked]
 
     def claim_suspect(
         self, pipeline: str, owner: str, now: float, lease_seconds: float, run_id: str | None = None,
