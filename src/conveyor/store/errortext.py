@@ -7,11 +7,11 @@ SQLite: an FTS5 table over ``tasks.last_error`` (external content: the message i
 triggers whose WHEN clause is false for a task without an error class. A trigger costs the statements it is
 compiled into about 1 us a row even when its WHEN clause is false (SQLite calls its program for every row), so
 the hot path's statements leave them out: the update trigger fires only on an UPDATE that sets ``error_class``
-or ``last_error`` (a success sets neither: store/tasks.py ``mark_succeeded``), and there is no insert trigger
-(migration 33 dropped it): the two statements that insert a task with an error (a refusal answered from the
-memo, an unreadable input) index their new rows themselves (``index_new_errors``). PostgreSQL: a GIN index over
-the message's tsvector restricted to those tasks; it follows the rows by itself. Schema migration 26 makes
-either (``{task_error_text}``).
+or ``last_error`` (the success of a task without an error sets neither: store/tasks.py ``mark_succeeded``), and
+there is no insert trigger (migration 33 dropped it): the two statements that insert a task with an error (a
+refusal answered from the memo, an unreadable input) index their new rows themselves (``index_new_errors``).
+PostgreSQL: a GIN index over the message's tsvector restricted to those tasks; it follows the rows by itself.
+Schema migration 26 makes either (``{task_error_text}``).
 
 A user's words never become query syntax (store/fulltext.py): every word must be found.
 """
