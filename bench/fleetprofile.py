@@ -12,6 +12,8 @@ thread) with every store statement counted and timed. Prints, per task (one item
   the index entries those writes made (an insert or a non-HOT update adds one to each index of its table whose
   predicate it meets; partial indexes are counted by their predicate where the row ends), and the CPU seconds
   of the two backends serving the workers (from /proc, the server being on this machine);
+- on SQLite, how long the store's writer lock was held per task (BEGIN IMMEDIATE to COMMIT: what the other
+  worker waits for), and the holder's CPU in that time;
 - each worker's CPU seconds per task, the Python function calls per task (cProfile's count: it does not move with
   the host's load, as CPU seconds do), and by thread the functions with the most own time.
 
@@ -154,6 +156,22 @@ def worker(db: str, run_id: str, blobs_dir: str, out: str, top: int) -> None:
         original_close(self)
 
     PostgresDialect.close = close  # type: ignore[method-assign]
+    held = [0.0, 0.0]  # SQLite: seconds of wall and of the thread's CPU with the store's writer lock held
+    from conveyor.store.dialect import SqliteDialect
+
+    writing = SqliteDialect._write
+
+    @contextlib.contextmanager
+    def write(self: Any) -> Iterator[None]:
+        wall, thread = time.perf_counter(), time.thread_time()
+        try:
+            with writing(self):
+                yield
+        finally:
+            held[0] += time.perf_counter() - wall
+            held[1] += time.thread_time() - thread
+
+    SqliteDialect._write = write  # type: ignore[method-assign]
     with counting(stats, transactions):
         threading.setprofile(per_thread)
         main.enable()
@@ -177,7 +195,7 @@ def worker(db: str, run_id: str, blobs_dir: str, out: str, top: int) -> None:
         "wall": wall, "cpu": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
         "counts": dict(counts), "statements": stats, "transactions": transactions[0], "threads": threads,
         "server_cpu": sum(server.values()), "backends": len(set(backends)), "gc": collected,
-        "function_calls": function_calls,
+        "function_calls": function_calls, "held": held,
     }))
 
 
@@ -350,6 +368,10 @@ def report(results: list[dict[str, Any]], tasks: int, backend: str,
         lines.append(f"garbage collections of generation {gen}: {n:,}, {seconds:.2f} s")
     lines.append(f"statements {calls:,} = {calls / tasks * 1000:.1f} per 1,000 tasks; transactions {commits:,} = "
                  f"{commits / tasks * 1000:.1f} per 1,000 tasks")
+    if backend == "sqlite":  # BEGIN IMMEDIATE to COMMIT: what the other worker waits for (one writer)
+        wall, thread = (sum(r["held"][i] for r in results) for i in (0, 1))
+        lines.append(f"the store's writer lock held {wall / tasks * 1e6:.1f} us per task, the holder's CPU "
+                     f"{thread / tasks * 1e6:.1f} us per task of it (under the profiler)")
     if server is not None:
         server_cpu = sum(r["server_cpu"] for r in results)
         lines.append(f"server CPU of the workers' backends {server_cpu:.2f} s = {server_cpu / tasks * 1e6:.0f} us "

@@ -821,4 +821,15 @@ ALTER TABLE tasks ADD COLUMN siblings INTEGER NOT NULL DEFAULT 0;
 DROP INDEX IF EXISTS tasks_run_stage_key;
 """,
     ),
+    (
+        33,
+        "SQLite: no insert trigger for the error messages' index (the two inserts of a task with an error index it)",
+        """
+-- A trigger costs every statement it is compiled into about 1 us a row, its WHEN clause false or not: this one was
+-- in every task insert, though only a refusal answered from the memo and an unreadable input are inserted with an
+-- error. Those two inserts now index their new rows themselves (store/errortext.py index_new_errors); updates
+-- keep their trigger (a success sets no column it watches). Two workers through 20,000 items: bench/RESULTS.md.
+{task_error_text_insert_drop};
+""",
+    ),
 ]

@@ -44,6 +44,7 @@ from conveyor.store.provider_batch import Parked, Waiter
 from conveyor.store.queuecounts import OPEN_STATUSES, OpenTally
 from conveyor.store.reviews import AwaitingReview, Escalated, NewReview
 from conveyor.store.runtotals import RunTally
+from conveyor.store.tasks import OutputRows
 
 log = logging.getLogger("conveyor.transitions")
 
@@ -74,9 +75,10 @@ class Commits(JobEvents, Readiness):
         # What the commit adds to the runs' totals and the queue's counts, worked out before its transaction: on
         # SQLite the transaction holds the store's one writer lock, which the other workers wait for meanwhile.
         tallies = self._tallies(writes, where, since)
+        outputs = self.store.output_rows(writes.outputs)  # the memo's rows, worked out before it too
         try:
             with self.store.transaction():
-                fresh = self._write(writes, where, since, tallies=tallies)
+                fresh = self._write(writes, where, since, tallies=tallies, outputs=outputs)
                 self.stale_stages.update(n.stage for n in writes.notices)
                 claimed = self._claim(claim, now, fresh)
             self._trace(outcomes, writes)
@@ -182,7 +184,8 @@ class Commits(JobEvents, Readiness):
         return run_totals(w, where), open_moves(w, where, since, self.pipeline.name)
 
     def _write(self, w: Writes, where: dict[int, tuple[str, str]], since: dict[int, float],
-               memo_checked: bool = True, tallies: tuple[RunTally, OpenTally] | None = None) -> list[ClaimedTask]:
+               memo_checked: bool = True, tallies: tuple[RunTally, OpenTally] | None = None,
+               outputs: OutputRows | None = None) -> list[ClaimedTask]:
         changed = self.store.mark_succeeded(w.succeeded) + self.store.mark_retry(w.retry)
         changed += self.store.mark_ended(w.ended)
         if w.released:
@@ -195,7 +198,7 @@ class Commits(JobEvents, Readiness):
             raise LeaseLost
         if w.joined and memo_checked and len(self._still_waiting(w.joined)) != len(set(w.joined)):
             raise MemoTaken  # a review they were to wait on was decided since they were claimed: see _rejoin
-        if self.store.insert_outputs(w.outputs) != len(w.outputs) and memo_checked:
+        if self.store.insert_outputs(w.outputs if outputs is None else outputs) != len(w.outputs) and memo_checked:
             raise MemoTaken
         if w.steps:  # content-addressed steps: one already kept by another worker is the same answer
             self.store.insert_outputs(w.steps)
