@@ -37,7 +37,7 @@ from conveyor.service.webhooks import (
 from conveyor.store import open_store
 from conveyor.store.jobs import Delivery, JobRow, NewEvent
 from tests.apiserver import SMALL_PIPELINE, Server, make_token, served
-from tests.conftest import _drop, fresh_pg_url
+from tests.conftest import drop_later, fresh_pg_url
 from tests.helpers import query, write_pipeline
 
 FINAL = ("published", "completed", "failed", "dead_lettered", "rejected")
@@ -114,7 +114,7 @@ def relay(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             yield server
     finally:
         if request.param == "postgres":
-            _drop(url)
+            drop_later(url)
 
 
 def tenant(server: Server, name: str, operator: bool = False) -> dict[str, Any]:

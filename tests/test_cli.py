@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.errors import StoreMissing
 from conveyor.store import open_store
-from tests.conftest import _drop, fresh_pg_url
+from tests.conftest import drop_later, fresh_pg_url
 from tests.helpers import SRC, cli, cli_json, make_docs, write_pipeline
 
 PIPE = """
@@ -188,7 +188,7 @@ def no_store_yet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     try:
         yield url + "?options=-csearch_path%3Dblank"
     finally:
-        _drop(url)
+        drop_later(url)
 
 
 def test_reads_create_no_store_and_the_command_that_creates_one_says_so(tmp_path: Path, no_store_yet: str) -> None:

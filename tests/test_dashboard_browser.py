@@ -60,8 +60,10 @@ def publish(ctx, record: dict) -> Record:
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
+    """One browser for the module's tests (a launch is seconds of CPU); each page opens in a context of its own
+    (``Browser.new_page``), so no cookie or session passes from one test to the next."""
     if not CHROMIUM.exists():
         if os.environ.get("CI") == "true":
             pytest.fail("the browser tests need Debian's chromium at /usr/bin/chromium (scripts/ensure-tools.sh)")

@@ -74,7 +74,8 @@ def test_run_forks_its_workers_each_recording_every_attempt(tmp_path: Path, stor
 
 
 def test_a_stage_that_kills_a_forked_worker_does_not_stop_the_run(tmp_path: Path, store_url: str) -> None:
-    target = write_pipeline(tmp_path, PIPE)
+    # The killed worker's task waits out its lease before another worker takes it: 3 s, not the default 30 s.
+    target = write_pipeline(tmp_path, PIPE.replace('Pipeline("forks", ', 'Pipeline("forks", lease_seconds=3, '))
     docs = make_docs(tmp_path / "docs", 4)
     (docs / "doc-kill.txt").write_text("kill me once")
     out = cli_json(*_args(target, docs, store_url, tmp_path), cwd=tmp_path)

@@ -13,7 +13,7 @@ from conveyor.store import NewOutput, open_store
 from conveyor.store import sql_store as sql_store_module
 from conveyor.store.memokey import key64
 from conveyor.store.schema import MIGRATIONS
-from tests.conftest import _admin, _drop, _pg_url_for, fresh_pg_url
+from tests.conftest import _admin, _pg_url_for, drop_later, fresh_pg_url
 
 
 def _key(text: str) -> str:
@@ -33,13 +33,13 @@ def empty_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/old.db"
         return
-    _drop(fresh_pg_url())  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
+    drop_later(fresh_pg_url())  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
     name = f"conveyor_m_{uuid.uuid4().hex[:12]}"
     with _admin() as conn:
         conn.execute(f"CREATE DATABASE {name}")
     url = _pg_url_for(name)
     yield url
-    _drop(url)
+    drop_later(url)
 
 
 def test_a_store_of_schema_3_moves_its_memo_onto_the_integer_key(

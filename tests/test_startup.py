@@ -13,7 +13,7 @@ from pathlib import Path
 from conveyor.store import open_store
 from conveyor.store.dialect import WriterLock
 from conveyor.store.schema import MIGRATIONS
-from tests.conftest import _admin, _drop, _pg_url_for, fresh_pg_url
+from tests.conftest import _admin, _pg_url_for, drop_later, fresh_pg_url
 from tests.helpers import SRC
 
 OPEN = "import sys; from conveyor.store import open_store; open_store(sys.argv[1]).close()"
@@ -27,7 +27,7 @@ def _open_at_once(url: str, processes: int = 8) -> list[subprocess.CompletedProc
 
 
 def test_many_processes_open_a_fresh_postgres_database_at_once() -> None:
-    _drop(fresh_pg_url())  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
+    drop_later(fresh_pg_url())  # fails under CI=true, skips elsewhere, when PostgreSQL is unreachable
     for _ in range(3):  # the race is a matter of timing: try it a few times
         name = f"conveyor_s_{uuid.uuid4().hex[:12]}"
         with _admin() as conn:
@@ -40,7 +40,7 @@ def test_many_processes_open_a_fresh_postgres_database_at_once() -> None:
             assert store.schema_version() == max(m[0] for m in MIGRATIONS)
             store.close()
         finally:
-            _drop(url)
+            drop_later(url)
 
 
 def test_many_processes_open_a_fresh_sqlite_store_at_once(tmp_path: Path) -> None:

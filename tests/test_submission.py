@@ -35,12 +35,14 @@ PIPE = """
         os.write(fd, f"{ctx.item_key}\\n".encode())
         os.close(fd)
 """
-ITEMS = 12_000  # three submission batches of 5,000
+BATCH = 500  # the killed submitter's batch: smaller than a submission's 5,000, for the same story at a tenth
+ITEMS = 1_200  # three of its batches
 # A submitter that SIGKILLs itself when it starts its second batch: the first is committed, the rest is not.
-KILLED_SUBMITTER = textwrap.dedent("""
+KILLED_SUBMITTER = textwrap.dedent(f"""
     import os, signal, sys
     from conveyor.service import submit as submission
 
+    submission.BATCH = {BATCH}
     batch, seen = submission._Ingest.batch, []
 
     def dying(self, items):
@@ -83,7 +85,7 @@ def test_a_killed_submitter_leaves_an_abandoned_run_that_resumes_without_duplica
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [(run_id, status)] = query(store_url, "SELECT run_id, status FROM runs")
     assert status == "submitting"
-    assert query(store_url, "SELECT COUNT(*) FROM items WHERE run_id = ?", run_id) == [(5000,)]
+    assert query(store_url, "SELECT COUNT(*) FROM items WHERE run_id = ?", run_id) == [(BATCH,)]
     # Its process is gone from this machine: status says so at once, without waiting for the heartbeat to age.
     assert cli_json("status", run_id, "--db", store_url, cwd=tmp_path, env=env)["status"] == "abandoned"
 
@@ -91,9 +93,9 @@ def test_a_killed_submitter_leaves_an_abandoned_run_that_resumes_without_duplica
     worker = cli("worker", target, "--until-idle", "--json", *common, cwd=tmp_path, env=env, timeout=120)
     assert worker.returncode == 0, worker.stderr
     assert time.monotonic() - started < 30, "a worker must not wait for a dead submitter"
-    assert json.loads(worker.stdout)["succeeded"] == 2 * 5000
+    assert json.loads(worker.stdout)["succeeded"] == 2 * BATCH
     shown = cli_json("status", run_id, "--db", store_url, cwd=tmp_path, env=env)
-    assert shown["status"] == "abandoned" and shown["expected"] == 5000
+    assert shown["status"] == "abandoned" and shown["expected"] == BATCH
     assert "no heartbeat" in shown["note"]
 
     again = submit_args if how == "same command" else [*submit_args, "--resume", run_id]
@@ -117,7 +119,7 @@ SLOW = """
 
     @pipe.stage
     def parse(ctx, source: bytes) -> str:
-        time.sleep(0.2)
+        time.sleep(0.1)  # 30 items: 2.7 s of work are left after the third
         fd = os.open(os.environ["SINK"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, f"{ctx.item_key}\\n".encode())
         os.close(fd)
