@@ -532,15 +532,21 @@ def test_a_fork_leases_every_task_its_commit_makes_within_the_in_flight_bound(tm
     """A commit of ``read`` makes two tasks per item (``left`` and ``right``): it leases them all as it makes them,
     up to the worker's in-flight bound rather than one claim's batch, so none goes through the queue and a join's
     parents settle together. Held to the batch, half of them were queued and claimed again (issue 28 point 6)."""
-    target = write_pipeline(tmp_path, FORK)
+    made, queued = _through_the_queue(tmp_path, store_url, FORK, "stage <> 'read'")
+    assert made == 48 and queued == [], f"tasks that went through the queue: {queued}"
+
+
+def _through_the_queue(tmp_path: Path, store_url: str, source: str, where: str) -> tuple[int, list[str]]:
+    """16 documents through ``source`` with claims of 4 and room for 64 in flight: the tasks ``where`` selects,
+    and the stages of those that were queued and claimed again (a task leased as it was made started when it was
+    created)."""
+    target = write_pipeline(tmp_path, source)
     done = submit_and_work(target, make_docs(tmp_path / "docs", 16), store_url, tmp_path / "blobs",
                            batch_size=4, max_inflight=64)
     assert reconciled(store_url, done.run_id)["unaccounted"] == 0
-    rows = query(store_url, "SELECT stage, started_at = created_at FROM tasks WHERE run_id = ? AND stage <> 'read'",
+    rows = query(store_url, f"SELECT stage, started_at = created_at FROM tasks WHERE run_id = ? AND {where}",
                  done.run_id)
-    assert len(rows) == 48
-    queued = sorted(stage for stage, leased_as_made in rows if not leased_as_made)
-    assert queued == [], f"tasks that went through the queue: {queued}"
+    return len(rows), sorted(stage for stage, leased_as_made in rows if not leased_as_made)
 
 
 FAN = """
@@ -567,11 +573,5 @@ def test_a_fanout_leases_its_children_s_tasks_beyond_one_batch(tmp_path: Path, s
     """A fan-out of two makes twice the tasks its commit settled: a stage's cap on the tasks a commit leases as it
     makes them is the worker's in-flight room (within the stage's pace), not one batch, so the children's tasks
     skip the queue. Capped at the batch, half of them were queued and claimed again (issue 28 point 6)."""
-    target = write_pipeline(tmp_path, FAN)
-    done = submit_and_work(target, make_docs(tmp_path / "docs", 16), store_url, tmp_path / "blobs",
-                           batch_size=4, max_inflight=64)
-    assert reconciled(store_url, done.run_id)["unaccounted"] == 0
-    rows = query(store_url, "SELECT stage, started_at = created_at FROM tasks WHERE run_id = ? AND stage = 'mark'",
-                 done.run_id)
-    assert len(rows) == 32
-    assert [stage for stage, leased_as_made in rows if not leased_as_made] == []
+    made, queued = _through_the_queue(tmp_path, store_url, FAN, "stage = 'mark'")
+    assert made == 32 and queued == [], f"tasks that went through the queue: {queued}"
