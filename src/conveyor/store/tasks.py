@@ -192,15 +192,24 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
+# What a claim sets on the rows it leases (parameters: owner, lease expiry, now): every claim statement's SET.
+LEASE = """status = 'running', attempts = attempts + 1, lease_token = lease_token + 1, lease_owner = ?,
+    lease_expires_at = ?, started_at = ?"""
+
+
+def _queued_at_stage(declared: bool) -> str:
+    """The condition a claim picks a stage's runnable tasks by (parameters: pipeline, stage, and with ``declared``
+    the stage's version and config hash: tasks made under one declaration of it)."""
+    declaration = "AND stage_version = ? AND config_hash = ?" if declared else ""
+    return f"status = 'queued' AND crashes = 0 AND pipeline = ? AND stage = ? {declaration}"
+
+
 def _claim_sql(run_filter: str, skip_locked: str, lane: str, declared: bool) -> str:
     """Lease up to ? queued tasks of a stage (made under one declaration of it: ``declared``), in lane then age
     order (``lane``: one lane, from its floor)."""
-    declaration = "AND stage_version = ? AND config_hash = ?" if declared else ""
-    return f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
-        lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
-    WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
-        AND stage = ? {declaration} {lane} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at
-        LIMIT ? {skip_locked})
+    return f"""UPDATE tasks SET {LEASE}
+    WHERE id IN (SELECT id FROM tasks WHERE {_queued_at_stage(declared)} {lane} AND available_at <= ? {run_filter}
+        ORDER BY lane_rank, available_at LIMIT ? {skip_locked})
     RETURNING {CLAIM_COLUMNS}"""
 
 
@@ -457,11 +466,10 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         params: list[Any] = []
         for n, (stage, cap) in enumerate(wanted):
             held = paused if paused_stages is None or stage in paused_stages else ()
-            declaration = "AND stage_version = ? AND config_hash = ?" if declared is not None else ""
             taken = " + ".join(f"(SELECT COUNT(*) FROM s{k})" for k in range(n)) or "0"
             picks.append(
-                f"s{n} AS MATERIALIZED (SELECT id FROM tasks WHERE status = 'queued' AND crashes = 0 "
-                f"AND pipeline = ? AND stage = ? {declaration} AND available_at <= ? "
+                f"s{n} AS MATERIALIZED (SELECT id FROM tasks WHERE {_queued_at_stage(declared is not None)} "
+                f"AND available_at <= ? "
                 f"{'AND run_id = ?' if run_id else ''}{_not_paused(held)} ORDER BY lane_rank, available_at "
                 f"LIMIT GREATEST(0, LEAST(CAST(? AS bigint), CEIL((CAST(? AS bigint) - ({taken})) / "
                 f"CAST(? AS numeric)))) {self.db.skip_locked})")
@@ -471,8 +479,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         started = time.perf_counter()
         rows = self.db.execute(
             f"""WITH {', '.join(picks)}
-            UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-                lease_owner = ?, lease_expires_at = ?, started_at = ?
+            UPDATE tasks SET {LEASE}
             WHERE id IN ({union})
             RETURNING {CLAIM_COLUMNS}""", [*params, owner, now + lease_seconds, now])
         by_stage: dict[str, list[ClaimedTask]] = {stage: [] for stage, _ in wanted}
@@ -522,16 +529,12 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         in more time (0.3 us a task: its RETURNING rows are gathered apart before they are handed over); the
         caller's write transaction holds the store's one writer lock, so no row changes between the two. A task's
         claim columns are its row's, its attempts and lease token one more."""
-        declaration = "AND stage_version = ? AND config_hash = ?" if declared else ""
         picked = self.db.execute(
-            f"""SELECT {CLAIM_COLUMNS} FROM tasks WHERE status = 'queued' AND crashes = 0 AND pipeline = ?
-            AND stage = ? {declaration} AND available_at <= ? {run_filter} ORDER BY lane_rank, available_at
-            LIMIT ?""", [*head[3:], *tail, want])
+            f"""SELECT {CLAIM_COLUMNS} FROM tasks WHERE {_queued_at_stage(declared)} AND available_at <= ?
+            {run_filter} ORDER BY lane_rank, available_at LIMIT ?""", [*head[3:], *tail, want])
         for part in chunks([row[0] for row in picked], self.db.max_params - 3):
-            self.db.execute(
-                f"""UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-                lease_owner = ?, lease_expires_at = ?, started_at = ? WHERE id IN ({','.join('?' * len(part))})""",
-                [*head[:3], *part])
+            self.db.execute(f"UPDATE tasks SET {LEASE} WHERE id IN ({','.join('?' * len(part))})",
+                            [*head[:3], *part])
         return [ClaimedTask._make((*r[:10], r[10] + 1, r[11], r[12] + 1, *r[13:])) for r in picked]
 
     def claim_suspect(
@@ -546,8 +549,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                              *among]
         with self.db.transaction():
             rows = self.db.execute(
-                f"""UPDATE tasks SET status = 'running', attempts = attempts + 1,
-                    lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ?, started_at = ?
+                f"""UPDATE tasks SET {LEASE}
                 WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' AND crashes > 0 AND pipeline = ?
                     AND available_at <= ? {run_filter} ORDER BY available_at LIMIT 1 {self.db.skip_locked})
                 RETURNING {CLAIM_COLUMNS}""",
