@@ -257,6 +257,22 @@ def workers_until_idle(run_id: str, db: str, blobs: Path, count: int = 2,
     return timing, stats
 
 
+def submit_noop(manifest: Path, db: str, blobs: Path) -> str:
+    """``conveyor submit`` of ``manifest`` through bench/noop_pipeline.py (three stages); the run's id."""
+    _, out = cli_json("submit", TARGET, "--input", str(manifest), "--db", db, "--blobs", str(blobs))
+    return str(out["run_id"])
+
+
+def drain_noop(run_id: str, db: str, blobs: Path, tasks: int, what: str) -> Timing:
+    """Two workers through a run of ``submit_noop`` until idle (``workers_until_idle``), checked to have made
+    ``tasks`` stage calls."""
+    timing, stats = workers_until_idle(run_id, db, blobs)
+    calls = sum(s.get("stage_calls", 0) for s in stats)
+    if calls != tasks:
+        raise SystemExit(f"{what}: expected {tasks} stage calls, the workers made {calls}")
+    return timing
+
+
 # --- 1-3: engine figures on one backend --------------------------------------------
 
 

@@ -15,7 +15,6 @@ load; a profiled run is several times slower, so the times are not printed. ``--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pstats
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from graph import manifest  # noqa: E402
 from results import pg_database  # noqa: E402
 
 ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -65,10 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-profile-") as scratch:
         work = Path(scratch)
-        items = work / "items.jsonl"
-        with items.open("w") as out:
-            for i in range(args.items):
-                out.write(json.dumps({"key": f"item-{i:07d}", "text": f"document {i}"}) + "\n")
+        items = manifest(work / "items.jsonl", args.items)
         per = {name: calls(args.tree.resolve(), args.backend, name, items, args.items, work) for name in PIPELINES}
     for name, (python, every) in per.items():
         print(f"{args.backend:8} {name:7} {python:7.1f} Python calls/item  {every:7.1f} calls/item", flush=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from graph import manifest  # noqa: E402
 from results import pg_database  # noqa: E402
 
 ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -81,10 +82,7 @@ def main() -> None:
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-statements-") as scratch:
         work = Path(scratch)
-        items = work / "items.jsonl"
-        with items.open("w") as out:
-            for i in range(args.items):
-                out.write(json.dumps({"key": f"item-{i:07d}", "text": f"document {i}"}) + "\n")
+        items = manifest(work / "items.jsonl", args.items)
         for r in range(args.rounds):
             for name in names:
                 for label, tree in trees.items():
