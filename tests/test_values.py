@@ -8,12 +8,23 @@ import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import orjson
 import pytest
 
 from conveyor.blobs.memory import MemoryBlobs
 from conveyor.errors import TerminalError
 from conveyor.runtime.classify import classify
-from conveyor.runtime.values import decode, encode, fanout_refs
+from conveyor.runtime.values import (
+    PARTS,
+    Ref,
+    decode,
+    encode,
+    fanout_refs,
+    load_parts,
+    parse_parts,
+    parts_ref,
+    store_value,
+)
 from tests.helpers import reconciled, submit_and_work, write_pipeline
 
 
@@ -190,3 +201,29 @@ def test_unserialisable_outputs_fail_their_items_once_and_run_again_after_a_fix(
     assert second["outcomes"] == {"completed": 5}, "the refusal must not be memoised as the content's"
     again = set(calls.read_text().splitlines())
     assert {"inline inline-when", "guarded guarded-tags", "split split-when"} <= again
+
+
+def _ref_json_dumped(parts: list[Ref], lost: list[tuple[str, str]]) -> bytes:
+    """The parts bytes as dicts dumped by orjson: what parts_ref formats by hand must be these, byte for byte (the
+    digest of a join's or gather's input, hence its task key, is their hash)."""
+    body: dict[str, Any] = {"p": [{"k": r.kind, "d": r.digest, "n": r.size} if r.inline is None else
+                                  {"k": r.kind, "d": r.digest, "n": r.size, "v": r.inline.hex()} for r in parts]}
+    if lost:
+        body["l"] = [list(pair) for pair in lost]
+    return orjson.dumps(body)
+
+
+def test_parts_bytes_are_orjsons_and_load_back() -> None:
+    blobs = MemoryBlobs()
+    big = store_value("bytes", b"x" * 9000, blobs)  # a blob, not inline
+    parts = [store_value(*encode(b"raw \x00 \"bytes\""), blobs), store_value(*encode({"a": [1, "\u00e9"]}), blobs),
+             store_value(*encode(None), blobs), big,
+             Ref("fanout", "ab" * 32, 2, b"[]")]
+    for lost in ([], [("doc\u00b60", "timeout"), ('we"ird\\key', "bad_input")]):
+        kind, data = parts_ref(parts, lost)
+        assert kind == PARTS and data == _ref_json_dumped(parts, lost)
+        assert parse_parts(data) == (parts, lost)
+        loaded = load_parts(data, blobs)
+        assert loaded.values == [b'raw \x00 "bytes"', {"a": [1, "\u00e9"]}, None, b"x" * 9000, []]
+        assert loaded.lost == lost
+    assert parts_ref([]) == (PARTS, b'{"p":[]}')

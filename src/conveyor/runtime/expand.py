@@ -10,6 +10,7 @@ copied (store/replay.py). Planning only reads; runtime/transitions.py writes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ from conveyor.pipeline.graph import GROUP_KINDS
 from conveyor.runtime import provenance
 from conveyor.runtime.lanes import LANE_RANKS
 from conveyor.runtime.memo import StageMemo
-from conveyor.runtime.values import Ref, parse_fanout, parts_ref
+from conveyor.runtime.values import PARTS, Ref, parse_fanout, parts_bytes, parts_ref
 from conveyor.store import CHILD_MARK, NewItem, NewTasks, SqlStore
 from conveyor.store.provenance import rows_for
 
@@ -58,7 +59,8 @@ class Arrival(NamedTuple):
 
 
 class Fanned(NamedTuple):
-    """A fan-out stage made ``children`` children of ``item_key``: what its gathers wait for."""
+    """A fan-out stage made ``children`` children of ``item_key`` (planned only when it made none: its gathers are
+    ready at once; with children, their arrivals carry the count)."""
 
     run_id: str
     item_key: str
@@ -160,6 +162,7 @@ class Expander:
         # or gather): what ``successors`` would plan, as a commit's hot loop asks it once per success.
         self.children: dict[str, tuple[str, ...]] = {
             name: p.children for name, p in self._plans.items() if not (p.fanout or p.joins or p.gathers)}
+        self.fanouts = frozenset(name for name, p in self._plans.items() if p.fanout)
         self._provenance_bases: dict[str, bool] = {}
 
     @property
@@ -221,17 +224,9 @@ class Expander:
         plan = self._plans[seed.stage]
         run_id, item_key, root_key = seed.run_id, seed.item_key, seed.root_key
         if not plan.fanout:
-            seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, seed.siblings) for c in plan.children]
-            for j in plan.joins:  # inline: once per parent's success
-                seeds.append(Arrival(run_id, item_key, root_key, j, seed.stage, output, None, None, seed.siblings))
-            if plan.gathers:
-                parent = item_key.rpartition(CHILD_MARK)[0]
-                for g in plan.gathers:
-                    seeds.append(Arrival(run_id, parent, root_key, g, seed.stage, output, item_key, None,
-                                         seed.siblings))
-            return seeds, []
+            return self.follow(run_id, item_key, root_key, seed.stage, output, seed.siblings), []
         assert output.inline is not None, "fan-out reference lists are always stored inline"
-        seeds = []
+        seeds: list[Planned] = []
         items: list[NewItem] = []
         elements = parse_fanout(output.inline)
         count = len(elements)  # each child's tasks carry it: a gather is decided from it (see _decide)
@@ -240,8 +235,22 @@ class Expander:
             items.append(NewItem(run_id, key, item_key, root_key, element.digest, element.size, now))
             seeds.extend(Seed(run_id, key, root_key, c, element, count) for c in plan.children)
             seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element, siblings=count) for j in plan.joins)
-        seeds.extend(Fanned(run_id, item_key, root_key, seed.stage, len(elements)) for _ in plan.fanned[:1])
+        if not elements and plan.fanned:  # no child will arrive at its gathers: they are ready now (with one,
+            seeds.append(Fanned(run_id, item_key, root_key, seed.stage, 0))  # its arrivals carry the count)
         return seeds, items
+
+    def follow(self, run_id: str, item_key: str, root_key: str, stage: str, output: Ref, siblings: int
+               ) -> list[Planned]:
+        """``successors`` of a stage that is not a fan-out (a commit's hot loop calls it once per such success)."""
+        plan = self._plans[stage]
+        seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, siblings) for c in plan.children]
+        for j in plan.joins:  # inline: once per parent's success
+            seeds.append(Arrival(run_id, item_key, root_key, j, stage, output, None, None, siblings))
+        if plan.gathers:
+            parent = item_key.rpartition(CHILD_MARK)[0]
+            for g in plan.gathers:
+                seeds.append(Arrival(run_id, parent, root_key, g, stage, output, item_key, None, siblings))
+        return seeds
 
     def ended(self, run_id: str, item_key: str, root_key: str, stage: str, error_class: str,
               siblings: int = 0) -> list[Planned]:
@@ -309,7 +318,7 @@ class Expander:
         fanned: dict[tuple[str, str, str], int] = {}
         while frontier or barriers:
             while frontier:
-                frontier, more = self._plan_round(frontier, tasks, new_items, known, now)
+                frontier, more = self._plan_round(frontier, tasks, new_items, now)
                 cached += more[0]
                 barriers += more[1]
             if barriers:
@@ -318,8 +327,7 @@ class Expander:
                 barriers = []
         return tasks, new_items, cached
 
-    def _plan_round(self, frontier: list[Seed], tasks: NewTasks, new_items: list[NewItem],
-                    known: dict[tuple[str, str, str], Any] | None, now: float
+    def _plan_round(self, frontier: list[Seed], tasks: NewTasks, new_items: list[NewItem], now: float
                     ) -> tuple[list[Seed], tuple[int, list[Planned]]]:
         """One breadth of the plan: the memo lookups of ``frontier``, its rows, and what follows its hits."""
         queued, answered, refused = tasks.queued, tasks.cached, tasks.failed
@@ -344,8 +352,6 @@ class Expander:
             if hit is None:
                 queued.append((run_id, pipeline, stage, item_key, root_key, key, p.version, p.config_hash,
                                ref.digest, ref.kind, ref.inline, ref.size, p.max_attempts, rank, now, now, siblings))
-                if known is not None:
-                    known[run_id, item_key, stage] = QUEUED
                 continue
             cached += 1
             _, kind, digest, inline, size, code, made_by = hit
@@ -385,53 +391,79 @@ class Expander:
         """The joins and gathers ``barriers`` arrived at that this plan can decide: seeds of those ready, a failed
         row for a gather that fails on its children; the rest are pending (decided in the transaction).
 
-        A gather knows how many children it waits for from its fan-out in this plan or else from its arrivals:
-        every task of a child carries the count (Seed.siblings), so a commit that settles every child of a parent
-        (siblings are claimed and committed together, mostly) decides its gather without reading the run."""
+        A gather knows how many children it waits for from its arrivals: every task of a child carries the count
+        (Seed.siblings), so a commit that settles every child of a parent (siblings are claimed and committed
+        together, mostly) decides its gather without reading the run; a fan-out that made no child says so
+        (Fanned), and its gathers are ready at once.
+
+        This runs once per arrival of every join and gather, so the common case (every parent or child succeeded,
+        and this plan knows it) is inline: the parts' bytes formatted straight from their references."""
         targets: dict[tuple[str, str, str], tuple[str, int]] = {}  # -> (root key, siblings), in arrival order
         counts: dict[tuple[str, str, str], int] = {}  # a gather -> its children, as its arrivals say (-1: disagree)
         for b in barriers:
-            if type(b) is Fanned:
-                fanned[b.run_id, b.item_key, b.fanout] = b.children
-                if b.children == 0:  # no child will ever arrive: its gathers are ready now
-                    for g in self._plans[b.fanout].fanned:
-                        targets[b.run_id, b.item_key, g] = (b.root_key, 0)
+            if type(b) is Arrival:
+                run_id, item_key, root_key, stage, parent, ref, child, ended, siblings = b
+                if child is None:  # a join runs on the item its parents ran on: its task carries their count
+                    known[run_id, item_key, parent] = ref if ended is None else Ended(ended)
+                    targets[run_id, item_key, stage] = (root_key, siblings)
+                    continue
+                known[run_id, child, parent] = ref if ended is None else Ended(ended)
+                target = (run_id, item_key, stage)
+                targets[target] = (root_key, 0)  # a gather's own item: its count is not its children's
+                counts[target] = siblings if counts.get(target, siblings) == siblings else -1
                 continue
-            assert type(b) is Arrival
-            known[b.run_id, b.child or b.item_key, b.parent] = b.ref if b.ended is None else Ended(b.ended)
-            target = (b.run_id, b.item_key, b.stage)
-            if b.child is None:  # a join runs on the item its parents ran on: its task carries their count
-                targets[target] = (b.root_key, b.siblings)
-                continue
-            targets[target] = (b.root_key, 0)  # a gather's own item: its count is not its children's
-            counts[target] = b.siblings if counts.get(target, b.siblings) == b.siblings else -1
+            assert type(b) is Fanned and b.children == 0  # no child will ever arrive: its gathers are ready now
+            fanned[b.run_id, b.item_key, b.fanout] = 0
+            for g in self._plans[b.fanout].fanned:
+                targets[b.run_id, b.item_key, g] = (b.root_key, 0)
         ready: list[Seed] = []
-        joins = self.join_parents
-        for (run_id, item_key, stage), (root_key, siblings) in targets.items():
-            if stage in joins:  # the common case, inline (this runs once per arrival): see joined
-                refs: list[Any] = [known.get((run_id, item_key, parent)) for parent in joins[stage]]
-                unknown = refs.count(None)
-                if not unknown and len([r for r in refs if type(r) is Ref]) == len(refs):
-                    verdict: Verdict | None = Verdict(refs, [], None)
-                elif len([r for r in refs if type(r) is not Ref]) > unknown:
-                    continue  # WAIT: a parent is queued or ended
-                else:
-                    verdict = None
-            else:
-                def state(item: str, at: str, run_id: str = run_id) -> Any:
-                    return known.get((run_id, item, at))
+        joins, get, sha256 = self.join_parents, known.get, hashlib.sha256
+        queued: set[tuple[str, str, str]] | None = None
 
+        def state(run_id: str, item: str, at: str) -> Any:
+            """What this plan knows of ``item``'s task at ``at``: its output, Ended, QUEUED (planned to run by this
+            plan), or None (settled or open before it: the transaction reads it)."""
+            nonlocal queued
+            known_here = get((run_id, item, at))
+            if known_here is None:
+                if queued is None:  # asked only when the inline cases below cannot decide: the plan's rows, once
+                    queued = {(row[0], row[3], row[2]) for row in tasks.queued}
+                if (run_id, item, at) in queued:
+                    return QUEUED
+            return known_here
+
+        for target, (root_key, siblings) in targets.items():
+            run_id, item_key, stage = target
+            parents = joins.get(stage)
+            verdict: Verdict | None = None
+            if parents is not None:
+                parts: list[Any] = [get((run_id, item_key, parent)) for parent in parents]
+                for r in parts:  # see joined
+                    if type(r) is not Ref:
+                        break
+                else:
+                    data = parts_bytes(parts)
+                    ready.append(Seed(run_id, item_key, root_key, stage,
+                                      Ref(PARTS, sha256(data).hexdigest(), len(data), data), siblings))
+                    continue
+                verdict = self.joined(stage, functools.partial(state, run_id, item_key))
+            else:
                 gather = self.gathers[stage]
                 count = fanned.get((run_id, item_key, gather.fanout))
-                if count is None and counts.get((run_id, item_key, stage), 0) > 0:
-                    count = counts[run_id, item_key, stage]
-                if count is None:
-                    verdict = None
-                else:  # every child succeeded, the common case, inline (see gathered)
-                    parts: list[Any] = [known.get((run_id, f"{item_key}{CHILD_MARK}{i}", gather.stage))
-                                        for i in range(count)]
-                    verdict = (Verdict(parts, [], None) if len([r for r in parts if type(r) is Ref]) == count
-                               else self.gathered(stage, item_key, count, state))
+                if count is None and counts.get(target, 0) > 0:
+                    count = counts[target]
+                if count is not None:  # every child succeeded, the common case, inline (see gathered)
+                    at = gather.stage
+                    parts = [get((run_id, f"{item_key}{CHILD_MARK}{i}", at)) for i in range(count)]
+                    for r in parts:
+                        if type(r) is not Ref:
+                            break
+                    else:
+                        data = parts_bytes(parts)
+                        ready.append(Seed(run_id, item_key, root_key, stage,
+                                          Ref(PARTS, sha256(data).hexdigest(), len(data), data), siblings))
+                        continue
+                    verdict = self.gathered(stage, item_key, count, functools.partial(state, run_id))
             if verdict is None:
                 self._pending.append(Pending(run_id, item_key, root_key, stage))
             elif verdict is not WAIT:

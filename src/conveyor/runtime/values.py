@@ -108,12 +108,20 @@ class Parts(NamedTuple):
 def parts_ref(parts: Sequence[Ref], lost: Sequence[tuple[str, str]] = ()) -> tuple[str, bytes]:
     """(kind, bytes) of an input made of ``parts``: its digest hashes every part's kind and digest in order (and
     the keys left out), so it is the same whichever process builds it."""
-    # _ref_json, inline (once per part of every join and gather): the same bytes
-    body: dict[str, Any] = {"p": [{"k": r.kind, "d": r.digest, "n": r.size} if r.inline is None else
-                                  {"k": r.kind, "d": r.digest, "n": r.size, "v": r.inline.hex()} for r in parts]}
+    data = parts_bytes(parts)
     if lost:
-        body["l"] = [list(pair) for pair in lost]
-    return PARTS, orjson.dumps(body)
+        data = data[:-1] + b',"l":' + orjson.dumps([list(pair) for pair in lost]) + b"}"
+    return PARTS, data
+
+
+def parts_bytes(parts: Sequence[Ref]) -> bytes:
+    """The bytes of a ``parts`` input that leaves no key out: ``{"p":[...]}``, each part as ``_ref_json`` makes it
+    (orjson's compact JSON of the same dict, byte for byte; tests/test_values.py holds them equal). Formatted here
+    rather than built as dicts and dumped: this runs once per join and gather of every run. A kind is one of this
+    module's names and a digest is hex, so neither needs escaping."""
+    return ('{"p":[' + ",".join([
+        f'{{"k":"{r.kind}","d":"{r.digest}","n":{r.size}}}' if r.inline is None else
+        f'{{"k":"{r.kind}","d":"{r.digest}","n":{r.size},"v":"{r.inline.hex()}"}}' for r in parts]) + "]}").encode()
 
 
 def parse_parts(data: bytes) -> tuple[list[Ref], list[tuple[str, str]]]:
@@ -124,8 +132,13 @@ def parse_parts(data: bytes) -> tuple[list[Ref], list[tuple[str, str]]]:
 def load_parts(data: bytes, blobs: Blobs) -> Parts:
     body = orjson.loads(data)
     # parse_parts and load_value, inline (once per join and gather task): a part's value is inline or a blob
-    values = [decode(r["k"], bytes.fromhex(r["v"]) if "v" in r else blobs.get(r["d"])) for r in body["p"]]
-    return Parts(values, [(k, c) for k, c in body.get("l", ())])
+    values = []
+    for r in body["p"]:
+        kind, inline = r["k"], r.get("v")
+        value = bytes.fromhex(inline) if inline is not None else blobs.get(r["d"])
+        values.append(value if kind == "bytes" else None if kind == "none" else orjson.loads(value))
+    lost = body.get("l")
+    return Parts(values, [(k, c) for k, c in lost] if lost else [])
 
 
 def failure_ref(data: bytes) -> Ref:

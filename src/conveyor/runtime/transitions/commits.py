@@ -322,6 +322,7 @@ class Commits(JobEvents, Readiness):
         seeds: list[Planned] = []
         outputs, succeeded, plain, items = w.outputs, w.succeeded, w.plain_attempts, w.items
         made_by, children, worker, cached = self.made_by, self.expander.children, self.worker, 0
+        fanouts = self.expander.fanouts
         for o in done:
             task, out = o.task, o.output
             assert out is not None
@@ -343,11 +344,13 @@ class Commits(JobEvents, Readiness):
             after = children.get(stage)
             if after is not None:  # what Expander.successors plans for a stage whose output goes nowhere else
                 seeds += [Seed(task.run_id, task.item_key, task.root_key, c, out, task.siblings) for c in after]
-            else:
+            elif stage in fanouts:
                 more, fanned = self.expander.successors(
                     Seed(task.run_id, task.item_key, task.root_key, stage, out, task.siblings), out, now)
                 seeds += more
                 items += fanned
+            else:
+                seeds += self.expander.follow(task.run_id, task.item_key, task.root_key, stage, out, task.siblings)
             if (o.usage is None or not o.usage.calls) and o.verdict is None and o.provenance is None and not _logged(o):
                 plain.append(PlainAttempt(
                     task.id, task.run_id, task.attempts, "cached" if o.cached else "succeeded", int(o.invoked),
