@@ -243,7 +243,8 @@ class Expander:
                ) -> list[Planned]:
         """``successors`` of a stage that is not a fan-out (a commit's hot loop calls it once per such success)."""
         plan = self._plans[stage]
-        seeds: list[Planned] = [Seed(run_id, item_key, root_key, c, output, siblings) for c in plan.children]
+        seeds: list[Planned] = ([Seed(run_id, item_key, root_key, c, output, siblings) for c in plan.children]
+                                if plan.children else [])
         for j in plan.joins:  # inline: once per parent's success
             seeds.append(Arrival(run_id, item_key, root_key, j, stage, output, None, None, siblings))
         if plan.gathers:
