@@ -78,6 +78,27 @@ def run(pipeline: str, items: Path, db: str, blobs: Path, cpu: dict[str, float] 
     return wall, json.loads(done.stdout)
 
 
+def run_instrumented(name: str, items: Path, backend: str, out: Path, env: dict[str, str], tree: Path = ROOT,
+                     label: str = "graph") -> float:
+    """One `conveyor run --workers 2` of bench/graph_pipelines.py's ``name`` by ``tree``'s code (the same pipelines),
+    with ``env`` (a bench's sitecustomize on its PYTHONPATH, say), in a fresh store: SQLite in ``out``, or a fresh
+    PostgreSQL database named after ``label``. Its wall seconds; a failed run stops the bench with its error."""
+
+    def run(db: str) -> float:
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"{ROOT}/bench/graph_pipelines.py:{name}",
+                               "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(out / "blobs"),
+                               "--json"], cwd=tree, env=env, text=True, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{name} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
+        return time.perf_counter() - started
+
+    if backend == "sqlite":
+        return run(f"sqlite:///{out / 'store.db'}")
+    with pg_database(ADMIN, label) as url:
+        return run(url)
+
+
 def side_by_side(work: Path, n: int, rounds: int, backends: tuple[str, ...]
                  ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
     """Each pipeline on each backend, alternated ``rounds`` times: (tasks/s, CPU µs an item) by backend, by pipeline.

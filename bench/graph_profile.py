@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,10 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from graph import manifest  # noqa: E402
-from results import pg_database  # noqa: E402
+from graph import manifest, run_instrumented  # noqa: E402
 
-ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
 PIPELINES = ("chain", "chain4", "join", "fanout", "gather")
 
 
@@ -38,18 +35,7 @@ def calls(tree: Path, backend: str, name: str, items: Path, count: int, work: Pa
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'bench' / 'profile_calls'}:{tree / 'src'}",
            "CONVEYOR_BENCH_PROFILE": str(out)}
 
-    def run(db: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"{ROOT}/bench/graph_pipelines.py:{name}",
-                               "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(out / "blobs"),
-                               "--json"], cwd=tree, env=env, text=True, capture_output=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"{name} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
-
-    if backend == "sqlite":
-        run(f"sqlite:///{out / 'store.db'}")
-    else:
-        with pg_database(ADMIN, "profile") as url:
-            run(url)
+    run_instrumented(name, items, backend, out, env, tree, "profile")
     stats = pstats.Stats(*map(str, out.glob("*.prof")))
     entries = stats.stats.items()  # type: ignore[attr-defined]
     python = sum(nc for (path, _, _), (_, nc, _, _, _) in entries if path != "~")

@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from graph import ADMIN, manifest  # noqa: E402
-from results import pg_database  # noqa: E402
+from graph import manifest, run_instrumented  # noqa: E402
 
 MEASURED = {
     "decide": "conveyor.runtime.expand:Expander._decide",
@@ -104,18 +102,7 @@ def run_costs(name: str, items: Path, count: int, backend: str, work: Path) -> d
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'bench' / 'thread_cpu'}:{ROOT / 'src'}",
            "CONVEYOR_BENCH_THREAD_CPU_OUT": str(out), "CONVEYOR_BENCH_THREAD_CPU": ",".join(MEASURED.values())}
 
-    def run(db: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"bench/graph_pipelines.py:{name}",
-                               "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(out / "blobs"),
-                               "--json"], cwd=ROOT, env=env, text=True, capture_output=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"{name} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
-
-    if backend == "sqlite":
-        run(f"sqlite:///{out / 'store.db'}")
-    else:
-        with pg_database(ADMIN, "readiness") as url:
-            run(url)
+    run_instrumented(name, items, backend, out, env, label="readiness")
     totals: dict[str, float] = {}
     for path in out.glob("*.json"):
         for function, (_, seconds) in json.loads(path.read_text()).items():

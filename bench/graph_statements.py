@@ -23,19 +23,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from graph import manifest  # noqa: E402
-from results import pg_database  # noqa: E402
+from graph import manifest, run_instrumented  # noqa: E402
 
-ADMIN = os.environ.get("CONVEYOR_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/postgres"
 PIPELINES = ("chain", "chain4", "join", "fanout", "gather")
 READS = ("in_transaction", "lock_items", "stage_states", "children_states")
 
@@ -45,20 +41,7 @@ def measure(tree: Path, backend: str, name: str, items: Path, count: int, work: 
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'bench' / 'statement_count'}:{tree / 'src'}",
            "CONVEYOR_BENCH_STATEMENTS": str(counts)}
 
-    def run(db: str) -> float:
-        started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "conveyor", "run", f"{ROOT}/bench/graph_pipelines.py:{name}",
-                               "--input", str(items), "--workers", "2", "--db", db, "--blobs", str(counts / "blobs"),
-                               "--json"], cwd=tree, env=env, text=True, capture_output=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"{name} on {db} exited {done.returncode}: {done.stderr[-2000:]}")
-        return time.perf_counter() - started
-
-    if backend == "sqlite":
-        wall = run(f"sqlite:///{counts / 'store.db'}")
-    else:
-        with pg_database(ADMIN, "statements") as url:
-            wall = run(url)
+    wall = run_instrumented(name, items, backend, counts, env, tree, "statements")
     total: dict[str, float] = {"wall": wall}
     for path in counts.glob("*.json"):
         for key, value in json.loads(path.read_text()).items():

@@ -10,9 +10,13 @@ from typing import Any
 
 OUT = os.environ.get("CONVEYOR_BENCH_PROFILE")
 if OUT:
-    import atexit
     import cProfile
+    import sys
     import threading
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for this import only
+    from exithook import on_exit
+    del sys.path[0]
 
     profilers: list[cProfile.Profile] = []
 
@@ -57,13 +61,4 @@ if OUT:
         profilers.clear()
         stats.dump_stats(os.path.join(OUT, f"{os.getpid()}.prof"))
 
-    atexit.register(_dump)
-    _exit = os._exit
-
-    def _dump_and_exit(code: int) -> None:
-        try:
-            _dump()
-        finally:
-            _exit(code)
-
-    os._exit = _dump_and_exit
+    on_exit(_dump)

@@ -8,16 +8,20 @@ way). Nothing without that variable."""
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import resource
+import sys
 import time
 from typing import Any
 
 OUT = os.environ.get("CONVEYOR_BENCH_STATEMENTS")
 if OUT:
     import multiprocessing.util
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for this import only
+    from exithook import on_exit
+    del sys.path[0]
 
     from conveyor.store import barriers, dialect
 
@@ -102,13 +106,5 @@ if OUT:
         with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as out:
             json.dump(counts, out)
         counts["statements"] = 0  # written once (atexit and the worker's finaliser may both run)
-    atexit.register(_dump)
+    on_exit(_dump)
     multiprocessing.util.Finalize(None, _dump, exitpriority=100)  # a worker process ends without atexit
-    _exit = os._exit
-
-    def _dump_and_exit(code: int) -> None:  # a forked worker (service/forks.py) and quick_exit end this way
-        try:
-            _dump()
-        finally:
-            _exit(code)
-    os._exit = _dump_and_exit

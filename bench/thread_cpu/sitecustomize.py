@@ -6,16 +6,19 @@ from another one measured is counted in both. Nothing without those variables.""
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import json
 import os
+import sys
 import time
 from typing import Any
 
 OUT = os.environ.get("CONVEYOR_BENCH_THREAD_CPU_OUT")
 NAMES = os.environ.get("CONVEYOR_BENCH_THREAD_CPU", "")
 if OUT and NAMES:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, for this import only
+    from exithook import on_exit
+    del sys.path[0]
     folder = OUT
     spent: dict[str, list[float]] = {}
 
@@ -42,12 +45,4 @@ if OUT and NAMES:
             with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as out:
                 json.dump(spent, out)
             spent.clear()
-    atexit.register(_dump)
-    _exit = os._exit
-
-    def _dump_and_exit(code: int) -> None:
-        try:
-            _dump()
-        finally:
-            _exit(code)
-    os._exit = _dump_and_exit  # type: ignore[assignment]
+    on_exit(_dump)

@@ -435,11 +435,20 @@ class Expander:
 
         for target, (root_key, siblings) in targets.items():
             run_id, item_key, stage = target
-            parents = joins.get(stage)
-            verdict: Verdict | None = None
-            if parents is not None:
-                parts: list[Any] = [get((run_id, item_key, parent)) for parent in parents]
-                for r in parts:  # see joined
+            parents, count = joins.get(stage), None
+            parts: list[Any] | None = None
+            if parents is not None:  # a join: its parents' outputs, in declared order
+                parts = [get((run_id, item_key, parent)) for parent in parents]
+            else:  # a gather: its children's, in child order, once their count is known
+                gather = self.gathers[stage]
+                count = fanned.get((run_id, item_key, gather.fanout))
+                if count is None and counts.get(target, 0) > 0:
+                    count = counts[target]
+                if count is not None:
+                    at = gather.stage
+                    parts = [get((run_id, f"{item_key}{CHILD_MARK}{i}", at)) for i in range(count)]
+            if parts is not None:
+                for r in parts:  # every one succeeded, the common case, inline (see joined and gathered)
                     if type(r) is not Ref:
                         break
                 else:
@@ -447,24 +456,11 @@ class Expander:
                     ready.append(Seed(run_id, item_key, root_key, stage,
                                       Ref(PARTS, sha256(data).hexdigest(), len(data), data), siblings))
                     continue
+            verdict: Verdict | None = None
+            if parents is not None:
                 verdict = self.joined(stage, functools.partial(state, run_id, item_key))
-            else:
-                gather = self.gathers[stage]
-                count = fanned.get((run_id, item_key, gather.fanout))
-                if count is None and counts.get(target, 0) > 0:
-                    count = counts[target]
-                if count is not None:  # every child succeeded, the common case, inline (see gathered)
-                    at = gather.stage
-                    parts = [get((run_id, f"{item_key}{CHILD_MARK}{i}", at)) for i in range(count)]
-                    for r in parts:
-                        if type(r) is not Ref:
-                            break
-                    else:
-                        data = parts_bytes(parts)
-                        ready.append(Seed(run_id, item_key, root_key, stage,
-                                          Ref(PARTS, sha256(data).hexdigest(), len(data), data), siblings))
-                        continue
-                    verdict = self.gathered(stage, item_key, count, functools.partial(state, run_id))
+            elif count is not None:
+                verdict = self.gathered(stage, item_key, count, functools.partial(state, run_id))
             if verdict is None:
                 self._pending.append(Pending(run_id, item_key, root_key, stage))
             elif verdict is not WAIT:
