@@ -59,14 +59,13 @@ class Arrival(NamedTuple):
 
 
 class Fanned(NamedTuple):
-    """A fan-out stage made ``children`` children of ``item_key`` (planned only when it made none: its gathers are
-    ready at once; with children, their arrivals carry the count)."""
+    """A fan-out stage made no child of ``item_key``: its gathers are ready at once (when it made some, their
+    arrivals carry the count)."""
 
     run_id: str
     item_key: str
     root_key: str
     fanout: str
-    children: int
 
 
 Planned = Seed | Arrival | Fanned
@@ -235,8 +234,8 @@ class Expander:
             items.append(NewItem(run_id, key, item_key, root_key, element.digest, element.size, now))
             seeds.extend(Seed(run_id, key, root_key, c, element, count) for c in plan.children)
             seeds.extend(Arrival(run_id, key, root_key, j, seed.stage, element, siblings=count) for j in plan.joins)
-        if not elements and plan.fanned:  # no child will arrive at its gathers: they are ready now (with one,
-            seeds.append(Fanned(run_id, item_key, root_key, seed.stage, 0))  # its arrivals carry the count)
+        if not elements and plan.fanned:  # no child will arrive at its gathers: they are ready now
+            seeds.append(Fanned(run_id, item_key, root_key, seed.stage))
         return seeds, items
 
     def follow(self, run_id: str, item_key: str, root_key: str, stage: str, output: Ref, siblings: int
@@ -316,7 +315,6 @@ class Expander:
         frontier = [s for s in seeds if type(s) is Seed]
         barriers: list[Planned] = [s for s in seeds if type(s) is not Seed]
         known: dict[tuple[str, str, str], Any] | None = {} if self.has_barriers else None
-        fanned: dict[tuple[str, str, str], int] = {}
         while frontier or barriers:
             while frontier:
                 frontier, more = self._plan_round(frontier, tasks, new_items, now)
@@ -324,7 +322,7 @@ class Expander:
                 barriers += more[1]
             if barriers:
                 assert known is not None
-                frontier = self._decide(barriers, known, fanned, tasks, now)
+                frontier = self._decide(barriers, known, tasks, now)
                 barriers = []
         return tasks, new_items, cached
 
@@ -388,7 +386,7 @@ class Expander:
         return next_frontier, (cached, barriers)
 
     def _decide(self, barriers: list[Planned], known: dict[tuple[str, str, str], Any],
-                fanned: dict[tuple[str, str, str], int], tasks: NewTasks, now: float) -> list[Seed]:
+                tasks: NewTasks, now: float) -> list[Seed]:
         """The joins and gathers ``barriers`` arrived at that this plan can decide: seeds of those ready, a failed
         row for a gather that fails on its children; the rest are pending (decided in the transaction).
 
@@ -401,6 +399,7 @@ class Expander:
         and this plan knows it) is inline: the parts' bytes formatted straight from their references."""
         targets: dict[tuple[str, str, str], tuple[str, int]] = {}  # -> (root key, siblings), in arrival order
         counts: dict[tuple[str, str, str], int] = {}  # a gather -> its children, as its arrivals say (-1: disagree)
+        childless: set[tuple[str, str, str]] = set()  # gathers whose fan-out made no child (Fanned)
         for b in barriers:
             if type(b) is Arrival:
                 run_id, item_key, root_key, stage, parent, ref, child, ended, siblings = b
@@ -413,10 +412,10 @@ class Expander:
                 targets[target] = (root_key, 0)  # a gather's own item: its count is not its children's
                 counts[target] = siblings if counts.get(target, siblings) == siblings else -1
                 continue
-            assert type(b) is Fanned and b.children == 0  # no child will ever arrive: its gathers are ready now
-            fanned[b.run_id, b.item_key, b.fanout] = 0
+            assert type(b) is Fanned  # no child will ever arrive: its gathers are ready now
             for g in self._plans[b.fanout].fanned:
                 targets[b.run_id, b.item_key, g] = (b.root_key, 0)
+                childless.add((b.run_id, b.item_key, g))
         ready: list[Seed] = []
         joins, get, sha256 = self.join_parents, known.get, hashlib.sha256
         queued: set[tuple[str, str, str]] | None = None
@@ -441,9 +440,7 @@ class Expander:
                 parts = [get((run_id, item_key, parent)) for parent in parents]
             else:  # a gather: its children's, in child order, once their count is known
                 gather = self.gathers[stage]
-                count = fanned.get((run_id, item_key, gather.fanout))
-                if count is None and counts.get(target, 0) > 0:
-                    count = counts[target]
+                count = 0 if target in childless else counts[target] if counts.get(target, 0) > 0 else None
                 if count is not None:
                     at = gather.stage
                     parts = [get((run_id, f"{item_key}{CHILD_MARK}{i}", at)) for i in range(count)]

@@ -124,14 +124,9 @@ def parts_bytes(parts: Sequence[Ref]) -> bytes:
         f'{{"k":"{r.kind}","d":"{r.digest}","n":{r.size},"v":"{r.inline.hex()}"}}' for r in parts]) + "]}").encode()
 
 
-def parse_parts(data: bytes) -> tuple[list[Ref], list[tuple[str, str]]]:
-    body = orjson.loads(data)
-    return [Ref(r["k"], r["d"], r["n"], _inline(r)) for r in body["p"]], [(k, c) for k, c in body.get("l", ())]
-
-
 def load_parts(data: bytes, blobs: Blobs) -> Parts:
     body = orjson.loads(data)
-    # parse_parts and load_value, inline (once per join and gather task): a part's value is inline or a blob
+    # load_value, inline (once per join and gather task): a part's value is inline or a blob
     values = []
     for r in body["p"]:
         kind, inline = r["k"], r.get("v")

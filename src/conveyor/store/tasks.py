@@ -314,7 +314,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
         with self.db.transaction():
             self._insert_queued(tasks.queued, totals, opened)
             self._insert_counted(INSERT_CACHED, tasks.cached, totals, "succeeded", 1)
-            newest = newest_task(self.db) if tasks.failed or tasks.bad else 0
+            newest = newest_task(self.db) if tasks.failed or tasks.bad else None  # rows with an error to index
             self._insert_counted(INSERT_FAILED, tasks.failed, totals, "failed", 1)
             rejected = [(r[0], r[4], r[3], r[2]) for r in tasks.failed if r[12] == "rejected"]
             if rejected:  # a memoised rejection (by a reviewer or a review deadline) ends its task rejected
@@ -324,7 +324,7 @@ class TaskQueries(RunTotalsQueries, QueueCountQueries):
                         "AND stage = ? AND status = 'failed'", rows)
                     totals.move(run_id, stage, ("failed", 1), ("rejected", 1), moved)
             self._insert_counted(INSERT_BAD, tasks.bad, totals, "failed", 0)
-            if tasks.failed or tasks.bad:
+            if newest is not None:
                 index_new_errors(self.db, newest)  # the rows with an error this insert made (store/errortext.py)
             if tasks.provenance:
                 self.db.executemany(INSERT_PROVENANCE, tasks.provenance)
